@@ -1,0 +1,266 @@
+"""Reverse-mode autodiff shared by both interpreters.
+
+The eager tape and the graph IR both answer ``producer(t)`` (which primitive
+made ``t`` and from what); ``backward`` walks that DAG in reverse
+topological order applying the single VJP rule set of ``ops/vjp.py``. In
+eager mode the walk executes NumPy at once; in graph mode it *builds* the
+backward graph. The sort is iterative, so 100k-op chains are fine.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from shapegrad import tree
+from shapegrad.ops import prims
+from shapegrad.ops.eager import EAGER, STATE, tensor
+from shapegrad.ops.protocol import Prim
+from shapegrad.ops.vjp import vjp_rule
+from shapegrad.shapes import ShapeError, fmt
+from shapegrad.tensor import Tensor
+
+
+def _topological_order(outputs: Sequence[Tensor], leaf_keys: set[Any]) -> list[Tensor]:
+    """Tensors reachable from ``outputs``, inputs before their users (iterative DFS)."""
+    order: list[Tensor] = []
+    visited: set[Any] = set()
+    for root in outputs:
+        ops = root._ops
+        stack: list[tuple[Tensor, bool]] = [(root, False)]
+        while stack:
+            t, expanded = stack.pop()
+            key = ops.identity(t)  # type: ignore[attr-defined]
+            if expanded:
+                order.append(t)
+                continue
+            if key in visited:
+                continue
+            visited.add(key)
+            stack.append((t, True))
+            if key in leaf_keys:
+                continue
+            made_by = ops.producer(t)  # type: ignore[attr-defined]
+            if made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:
+                for parent in made_by[1]:
+                    if ops.identity(parent) not in visited:  # type: ignore[attr-defined]
+                        stack.append((parent, False))
+    return order
+
+
+def backward(
+    outputs: Sequence[Tensor], cotangents: Sequence[Tensor], leaves: Sequence[Tensor]
+) -> list[Tensor]:
+    """Cotangents of ``leaves`` given cotangents of ``outputs`` (zeros where unconnected)."""
+    if not outputs:
+        return [prims.zeros_like(leaf) for leaf in leaves]
+    ops = outputs[0]._ops
+    ident = ops.identity  # type: ignore[attr-defined]
+    leaf_keys = {ident(leaf) for leaf in leaves}
+    order = _topological_order(outputs, leaf_keys)
+
+    # Which tensors depend on a leaf: only those need cotangents.
+    relevant: set[Any] = set()
+    for t in order:
+        key = ident(t)
+        if key in leaf_keys:
+            relevant.add(key)
+            continue
+        made_by = ops.producer(t)  # type: ignore[attr-defined]
+        if (
+            made_by is not None
+            and made_by[0] is not Prim.STOP_GRADIENT
+            and any(ident(p) in relevant for p in made_by[1])
+        ):
+            relevant.add(key)
+
+    grads: dict[Any, Tensor] = {}
+    for out, ct in zip(outputs, cotangents, strict=True):
+        key = ident(out)
+        if key in relevant:
+            grads[key] = grads[key] + ct if key in grads else ct
+
+    for t in reversed(order):
+        key = ident(t)
+        if key in leaf_keys or key not in grads:
+            continue
+        made_by = ops.producer(t)  # type: ignore[attr-defined]
+        if made_by is None:
+            continue
+        prim, inputs, attrs = made_by
+        needs = [ident(p) in relevant and p.dtype.is_float for p in inputs]
+        if not any(needs):
+            continue
+        ct = grads.pop(key)
+        input_cts = vjp_rule(prim)(inputs, t, ct, attrs, needs)
+        for parent, need, g in zip(inputs, needs, input_cts, strict=True):
+            if not need or g is None:
+                continue
+            pkey = ident(parent)
+            grads[pkey] = grads[pkey] + g if pkey in grads else g
+
+    if ops is EAGER:
+        EAGER.release(order)
+    result = []
+    for leaf in leaves:
+        g = grads.get(ident(leaf))
+        result.append(g if g is not None else prims.zeros_like(leaf))
+    return result
+
+
+# ---------------------------------------------------------------------------
+# User-facing transformations
+# ---------------------------------------------------------------------------
+
+
+def _as_tensor_leaf(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else tensor(np.asarray(x))
+
+
+def _prepare_args(
+    args: tuple[Any, ...], argnums: tuple[int, ...]
+) -> tuple[list[Any], list[Tensor], list[tree.TreeDef]]:
+    """Replace the differentiated arguments by leaves the autodiff can find."""
+    new_args = list(args)
+    all_leaves: list[Tensor] = []
+    treedefs: list[tree.TreeDef] = []
+    for i in argnums:
+        if i >= len(args):
+            raise TypeError(
+                f"grad: argnums={i} but the function was called with {len(args)} arguments"
+            )
+        leaves, td = tree.flatten(args[i])
+        tensors = [_as_tensor_leaf(leaf) for leaf in leaves]
+        for t in tensors:
+            if not t.dtype.is_float:
+                raise TypeError(
+                    f"grad: cannot differentiate with respect to a {t.dtype} input (argument {i})"
+                )
+        tensors = [EAGER.make_leaf(t) if not t.is_traced else t for t in tensors]
+        new_args[i] = tree.unflatten(td, tensors)
+        all_leaves.extend(tensors)
+        treedefs.append(td)
+    return new_args, all_leaves, treedefs
+
+
+def _check_scalar(value: Any, fname: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{fname}: the function must return a scalar Tensor, got {type(value).__name__}"
+        )
+    if value.size != 1:
+        raise ShapeError(
+            fname,
+            f"the function must return a scalar, got shape {fmt(value.shape)}; "
+            "reduce it (e.g. .sum() or .mean()) or use sg.vjp with a cotangent",
+        )
+    if not value.dtype.is_float:
+        raise TypeError(f"{fname}: the output must be floating point, got {value.dtype}")
+    return value
+
+
+def value_and_grad(
+    fn: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False
+) -> Callable[..., tuple[Any, Any]]:
+    """Transform ``fn`` into ``(value, gradients)``; gradients have the structure of the arguments.
+
+    Args:
+        fn: function returning a scalar Tensor (or ``(scalar, aux)`` with ``has_aux``).
+        argnums: which positional argument(s) to differentiate.
+        has_aux: ``fn`` returns ``(loss, aux)``; the value returned is then ``(loss, aux)``.
+    Example:
+        >>> loss, g = sg.value_and_grad(lambda w: (w * w).sum())(sg.tensor([1.0, 2.0]))
+        >>> g.numpy()
+        array([2., 4.], dtype=float32)
+    """
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        STATE.grad_depth += 1
+        try:
+            new_args, leaves, treedefs = _prepare_args(args, nums)
+            result = fn(*new_args, **kwargs)
+            value, aux = result if has_aux else (result, None)
+            value = _check_scalar(value, "grad")
+            one = prims.full(value.shape, 1, value.dtype, like=value)
+            previous = STATE.grad_enabled
+            STATE.grad_enabled = STATE.grad_depth > 1  # record only when an outer grad needs it
+            try:
+                grads = backward([value], [one], leaves)
+            finally:
+                STATE.grad_enabled = previous
+        finally:
+            STATE.grad_depth -= 1
+        structured = []
+        offset = 0
+        for td in treedefs:
+            structured.append(tree.unflatten(td, grads[offset : offset + td.num_leaves]))
+            offset += td.num_leaves
+        out_grads = structured[0] if isinstance(argnums, int) else tuple(structured)
+        if not value.is_traced and STATE.grad_depth == 0:
+            value = prims.stop_gradient(value)
+        return ((value, aux) if has_aux else value), out_grads
+
+    return wrapped
+
+
+def grad(
+    fn: Callable[..., Any], argnums: int | Sequence[int] = 0, has_aux: bool = False
+) -> Callable[..., Any]:
+    """Transform ``fn`` into a function returning the gradient of its scalar output.
+
+    Example:
+        >>> sg.grad(lambda x: (x ** 2).sum())(sg.tensor([3.0])).item()
+        6.0
+    """
+    vg = value_and_grad(fn, argnums, has_aux)
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        value, g = vg(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
+
+    return wrapped
+
+
+def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[[Any], tuple[Any, ...]]]:
+    """``(fn(*args), pullback)``; ``pullback(cotangent)`` returns one gradient per argument."""
+    STATE.grad_depth += 1
+    try:
+        new_args, leaves, treedefs = _prepare_args(args, tuple(range(len(args))))
+        out = fn(*new_args)
+    finally:
+        STATE.grad_depth -= 1
+    out_leaves, out_td = tree.flatten(out)
+
+    def pullback(cotangent: Any) -> tuple[Any, ...]:
+        ct_leaves, ct_td = tree.flatten(cotangent)
+        if ct_td.signature() != out_td.signature():
+            raise TypeError("vjp: the cotangent must have the structure of the output")
+        cts = []
+        for o, c in zip(out_leaves, ct_leaves, strict=True):
+            c = prims.coerce(c, o) if not isinstance(c, Tensor) else c
+            if c.shape != o.shape:
+                raise ShapeError(
+                    "vjp",
+                    f"cotangent shape {fmt(c.shape)} differs from output shape {fmt(o.shape)}",
+                )
+            cts.append(c)
+        previous = STATE.grad_enabled
+        STATE.grad_enabled = STATE.grad_depth > 0
+        try:
+            grads = backward(out_leaves, cts, leaves)
+        finally:
+            STATE.grad_enabled = previous
+        result = []
+        offset = 0
+        for td in treedefs:
+            result.append(tree.unflatten(td, grads[offset : offset + td.num_leaves]))
+            offset += td.num_leaves
+        return tuple(result)
+
+    return out, pullback

@@ -1,0 +1,93 @@
+"""The five tensor element types and the promotion rule.
+
+shapegrad does not promote silently between tensors: ``a + b`` with
+``a.dtype != b.dtype`` is a :class:`DTypeError`; cast explicitly with
+``x.astype(sg.float64)``. Python scalars are *weak*: ``x * 2`` takes the
+dtype of ``x``. Comparisons return ``bool``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from shapegrad.shapes import describe_caller
+
+
+@dataclass(frozen=True)
+class DType:
+    """An element type: its name, NumPy equivalent and C spelling."""
+
+    name: str
+    numpy: np.dtype[np.generic]
+    c_name: str
+    is_float: bool
+
+    def __repr__(self) -> str:
+        return f"sg.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+float32: Final = DType("float32", np.dtype(np.float32), "float", True)
+float16: Final = DType("float16", np.dtype(np.float16), "_Float16", True)
+float64: Final = DType("float64", np.dtype(np.float64), "double", True)
+int32: Final = DType("int32", np.dtype(np.int32), "int32_t", False)
+bool_: Final = DType("bool", np.dtype(np.bool_), "uint8_t", False)
+
+ALL_DTYPES: Final = (float32, float16, float64, int32, bool_)
+_BY_NAME: Final = {d.name: d for d in ALL_DTYPES} | {"bool_": bool_, "float": float32}
+
+
+class DTypeError(TypeError):
+    """Two operands of one op disagree in element type, or a dtype is unsupported."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}{describe_caller()}")
+
+
+DTypeLike = DType | str | type | np.dtype[np.generic]
+
+
+def as_dtype(value: DTypeLike) -> DType:
+    """Normalise ``sg.float32``, ``"float32"``, ``np.float32`` or ``np.dtype`` to a :class:`DType`."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        if value in _BY_NAME:
+            return _BY_NAME[value]
+        raise DTypeError(f"unknown dtype {value!r}; expected one of {sorted(_BY_NAME)}")
+    np_dtype = np.dtype(value)
+    if np_dtype == np.dtype(np.bool_):
+        return bool_
+    for d in ALL_DTYPES:
+        if d.numpy == np_dtype:
+            return d
+    raise DTypeError(
+        f"unsupported dtype {np_dtype}; shapegrad supports {[d.name for d in ALL_DTYPES]}"
+    )
+
+
+def dtype_of_array(array: npt.NDArray[np.generic]) -> DType:
+    """The shapegrad dtype of a NumPy array (int64 maps to int32, as for Python ints)."""
+    kind = array.dtype.kind
+    if kind == "i" or kind == "u":
+        return int32
+    if kind == "f" and array.dtype.itemsize == 8:
+        return float64
+    return as_dtype(array.dtype)
+
+
+def infer_dtype(value: object) -> DType:
+    """Dtype for ``sg.tensor(value)``: NumPy arrays keep theirs (int64 -> int32);
+    Python floats and lists of them become float32, ints int32, bools bool."""
+    if isinstance(value, np.ndarray | np.generic):
+        return dtype_of_array(np.asarray(value))
+    array = np.asarray(value)
+    if array.dtype.kind == "f":
+        return float32
+    return dtype_of_array(array)

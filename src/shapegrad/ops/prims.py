@@ -1,0 +1,242 @@
+"""Typed wrappers that bind one primitive each, plus the dispatch rule ``bind``.
+
+Every higher layer (Tensor operators, VJP rules, functional ops) builds on
+these. ``bind`` picks the interpreter of the operands: a graph tensor wins
+over eager ones (eager tensors captured by a traced function become graph
+constants); tensors from two different traces may not be mixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shapegrad.dtypes import DType, DTypeError, as_dtype, float32, infer_dtype
+from shapegrad.ops.protocol import ConstValue, Ops, Prim
+from shapegrad.shapes import Shape, ShapeError, broadcast_shapes, fmt
+from shapegrad.tensor import Tensor
+
+Scalar = int | float | bool
+
+
+def default_ops() -> Ops:
+    from shapegrad.ops.eager import EAGER
+
+    return EAGER
+
+
+def pick_ops(inputs: Sequence[Tensor]) -> Ops:
+    """The interpreter that runs an op over ``inputs`` (highest priority wins)."""
+    chosen: Ops | None = None
+    for t in inputs:
+        ops = t._ops
+        if chosen is None or ops is chosen:
+            chosen = ops
+            continue
+        p_new, p_old = getattr(ops, "priority", 0), getattr(chosen, "priority", 0)
+        if p_new == p_old:
+            raise ValueError(
+                "cannot mix tensors from two different traces (or interpreters) in one op; "
+                "pass values into the compiled function as arguments instead of capturing them"
+            )
+        if p_new > p_old:
+            chosen = ops
+    return chosen if chosen is not None else default_ops()
+
+
+def bind(prim: Prim, inputs: Sequence[Tensor], ops: Ops | None = None, **attrs: Any) -> Tensor:
+    """Apply ``prim`` through the interpreter of its inputs (or ``ops`` for sources)."""
+    interpreter = ops if ops is not None else pick_ops(inputs)
+    return interpreter.apply(prim, inputs, attrs)
+
+
+# --- sources ---------------------------------------------------------------
+
+
+def constant(value: Any, dtype: DType | str | None = None, like: Tensor | None = None) -> Tensor:
+    """A constant tensor on the interpreter of ``like`` (eager when None)."""
+    target = as_dtype(dtype) if dtype is not None else infer_dtype(value)
+    return bind(
+        Prim.CONSTANT,
+        [],
+        ops=like._ops if like is not None else None,
+        value=ConstValue(value, target),
+    )
+
+
+def full(shape: Sequence[int], value: Scalar, dtype: DType, like: Tensor | None = None) -> Tensor:
+    """``value`` broadcast to ``shape`` (a scalar constant plus a BROADCAST node)."""
+    scalar = constant(value, dtype, like=like)
+    return broadcast_in_dim(scalar, tuple(shape), ()) if shape else scalar
+
+
+def iota(shape: Sequence[int], axis: int, dtype: DType, like: Tensor | None = None) -> Tensor:
+    return bind(
+        Prim.IOTA,
+        [],
+        ops=like._ops if like is not None else None,
+        shape=tuple(shape),
+        axis=axis,
+        dtype=dtype,
+    )
+
+
+def random_uniform(
+    shape: Sequence[int], seed: int, dtype: DType = float32, like: Tensor | None = None
+) -> Tensor:
+    return bind(
+        Prim.RANDOM,
+        [],
+        ops=like._ops if like is not None else None,
+        shape=tuple(shape),
+        seed=int(seed),
+        dtype=dtype,
+    )
+
+
+# --- scalars and coercion --------------------------------------------------
+
+
+def coerce(value: Any, like: Tensor) -> Tensor:
+    """Turn a Python scalar / NumPy array / list into a tensor of ``like``'s dtype (weak typing)."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, bool | int | float | np.generic | np.ndarray | list | tuple):
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and not like.dtype.is_float:
+            raise DTypeError(
+                f"cannot combine a float value with a {like.dtype} tensor; cast with .astype()"
+            )
+        return constant(array, like.dtype, like=like)
+    raise TypeError(f"unsupported operand type {type(value).__name__} for a shapegrad op")
+
+
+def broadcast_in_dim(x: Tensor, shape: Shape, dims: Sequence[int]) -> Tensor:
+    if x.shape == shape:
+        return x
+    return bind(Prim.BROADCAST, [x], shape=tuple(shape), dims=tuple(dims))
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int], op: str = "broadcast_to") -> Tensor:
+    """NumPy-style broadcast of ``x`` to ``shape`` (trailing alignment)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    offset = len(shape) - len(x.shape)
+    if offset < 0:
+        raise ShapeError(op, f"cannot broadcast {fmt(x.shape)} to lower-rank {fmt(shape)}")
+    for i, d in enumerate(x.shape):
+        if d not in (1, shape[offset + i]):
+            raise ShapeError(
+                op,
+                f"cannot broadcast {fmt(x.shape)} to {fmt(shape)}: dimension {offset + i} is {d} vs {shape[offset + i]}",
+            )
+    return broadcast_in_dim(x, shape, tuple(range(offset, len(shape))))
+
+
+def broadcast_all(op: str, *tensors: Tensor) -> list[Tensor]:
+    shape = broadcast_shapes(op, *(t.shape for t in tensors))
+    return [broadcast_to(t, shape, op) for t in tensors]
+
+
+# --- elementwise -----------------------------------------------------------
+
+
+def unary(prim: Prim, x: Tensor) -> Tensor:
+    return bind(prim, [x])
+
+
+def binary(prim: Prim, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """Elementwise ``prim`` with weak scalars and NumPy broadcasting."""
+    if not isinstance(a, Tensor):
+        if not isinstance(b, Tensor):
+            raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
+        a = coerce(a, b)
+    elif not isinstance(b, Tensor):
+        b = coerce(b, a)
+    if a.shape != b.shape:
+        a, b = broadcast_all(prim.value, a, b)
+    return bind(prim, [a, b])
+
+
+def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    if not isinstance(a, Tensor):
+        a = coerce(a, b) if isinstance(b, Tensor) else constant(a, float32, like=cond)
+    if not isinstance(b, Tensor):
+        b = coerce(b, a)
+    if not (cond.shape == a.shape == b.shape):
+        cond, a, b = broadcast_all("where", cond, a, b)
+    return bind(Prim.WHERE, [cond, a, b])
+
+
+def cast(x: Tensor, dtype: DType) -> Tensor:
+    return x if x.dtype == dtype else bind(Prim.CAST, [x], dtype=dtype)
+
+
+# --- reductions and contractions --------------------------------------------
+
+
+def reduce_sum(x: Tensor, axes: Sequence[int]) -> Tensor:
+    return bind(Prim.REDUCE_SUM, [x], axes=tuple(sorted(axes))) if axes else x
+
+
+def reduce_max(x: Tensor, axes: Sequence[int]) -> Tensor:
+    return bind(Prim.REDUCE_MAX, [x], axes=tuple(sorted(axes))) if axes else x
+
+
+def einsum(spec: str, *operands: Tensor) -> Tensor:
+    return bind(Prim.EINSUM, list(operands), spec=spec)
+
+
+# --- layout ---------------------------------------------------------------
+
+
+def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    return (
+        x
+        if tuple(shape) == x.shape
+        else bind(Prim.RESHAPE, [x], shape=tuple(int(d) for d in shape))
+    )
+
+
+def permute(x: Tensor, perm: Sequence[int]) -> Tensor:
+    perm = tuple(perm)
+    return x if perm == tuple(range(len(perm))) else bind(Prim.PERMUTE, [x], perm=perm)
+
+
+def slice_(x: Tensor, starts: Sequence[int], stops: Sequence[int], steps: Sequence[int]) -> Tensor:
+    if tuple(starts) == (0,) * x.ndim and tuple(stops) == x.shape and set(steps) <= {1}:
+        return x
+    return bind(Prim.SLICE, [x], starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
+
+def pad(x: Tensor, low: Sequence[int], high: Sequence[int], value: float = 0.0) -> Tensor:
+    if not any(low) and not any(high):
+        return x
+    return bind(Prim.PAD, [x], low=tuple(low), high=tuple(high), value=float(value))
+
+
+def concat(tensors: Sequence[Tensor], axis: int) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else bind(Prim.CONCAT, list(tensors), axis=axis)
+
+
+def gather(x: Tensor, idx: Tensor, axis: int) -> Tensor:
+    return bind(Prim.GATHER, [x, idx], axis=axis)
+
+
+def scatter_add(updates: Tensor, idx: Tensor, axis: int, size: int) -> Tensor:
+    return bind(Prim.SCATTER_ADD, [updates, idx], axis=axis, size=size)
+
+
+def stop_gradient(x: Tensor) -> Tensor:
+    return bind(Prim.STOP_GRADIENT, [x])
+
+
+def zeros_like(x: Tensor) -> Tensor:
+    return full(x.shape, 0, x.dtype, like=x)
+
+
+def ones_like(x: Tensor) -> Tensor:
+    return full(x.shape, 1, x.dtype, like=x)

@@ -1,0 +1,335 @@
+"""The primitive set every interpreter implements, and their shape/dtype rules.
+
+A *primitive* is one of :class:`Prim`. Every Tensor operation, composite op,
+loss, layer and optimizer is built from these. Interpreters (eager NumPy,
+graph builder) implement :class:`Ops`; shape and dtype inference lives here
+once, so both interpreters raise the same errors at the same point.
+
+Conventions the rest of the system relies on:
+
+* Elementwise binary primitives take operands of *equal* shape and dtype;
+  broadcasting is made explicit by ``BROADCAST`` nodes inserted by Tensor's
+  operators (so gradients of broadcasts are plain ``REDUCE_SUM``).
+* ``REDUCE_*`` remove the reduced axes (keepdims is a later ``RESHAPE``).
+* ``EINSUM`` takes one or two operands and a spec with explicit letters, no
+  ``...`` and no letter repeated inside one operand (``functional.einsum``
+  rewrites those forms); letters absent from the output are summed.
+* ``BROADCAST(shape, dims)`` is XLA's broadcast_in_dim: operand axis ``i``
+  becomes output axis ``dims[i]``; its size must equal the output's or be 1.
+* ``RANDOM`` is a counter-based hash of (flat index, seed): every backend
+  produces identical bits (see ``reference.random_uniform``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from shapegrad.dtypes import DType, DTypeError, bool_, int32
+from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
+
+if TYPE_CHECKING:
+    from shapegrad.tensor import Tensor
+
+Attrs = Mapping[str, Any]
+
+
+class Prim(enum.Enum):
+    """Primitive operations. The value is the name printed in IR dumps."""
+
+    # elementwise unary
+    NEG = "neg"
+    EXP = "exp"
+    LOG = "log"
+    SIN = "sin"
+    COS = "cos"
+    SQRT = "sqrt"
+    TANH = "tanh"
+    ABS = "abs"
+    # elementwise binary (equal shapes)
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MAX = "maximum"
+    MIN = "minimum"
+    LT = "less"
+    LE = "less_equal"
+    EQ = "equal"
+    NE = "not_equal"
+    # selection
+    WHERE = "where"
+    # reductions
+    REDUCE_SUM = "reduce_sum"
+    REDUCE_MAX = "reduce_max"
+    # contraction
+    EINSUM = "einsum"
+    # layout (index maps, never arithmetic)
+    RESHAPE = "reshape"
+    PERMUTE = "permute"
+    BROADCAST = "broadcast"
+    SLICE = "slice"
+    PAD = "pad"
+    CONCAT = "concat"
+    # types and indexing
+    CAST = "cast"
+    GATHER = "gather"
+    SCATTER_ADD = "scatter_add"
+    # sources
+    CONSTANT = "constant"
+    IOTA = "iota"
+    RANDOM = "random_uniform"
+    # autodiff frontier (identity forward, zero gradient)
+    STOP_GRADIENT = "stop_gradient"
+    # graph-only: a named input of a compiled graph
+    INPUT = "input"
+
+
+UNARY = frozenset(
+    {Prim.NEG, Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH, Prim.ABS}
+)
+FLOAT_ONLY_UNARY = frozenset({Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH})
+ARITHMETIC = frozenset({Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.POW, Prim.MAX, Prim.MIN})
+COMPARISON = frozenset({Prim.LT, Prim.LE, Prim.EQ, Prim.NE})
+BINARY = ARITHMETIC | COMPARISON
+ELEMENTWISE = UNARY | BINARY | {Prim.WHERE, Prim.CAST, Prim.STOP_GRADIENT}
+REDUCTIONS = frozenset({Prim.REDUCE_SUM, Prim.REDUCE_MAX})
+LAYOUT = frozenset({Prim.RESHAPE, Prim.PERMUTE, Prim.BROADCAST, Prim.SLICE, Prim.PAD, Prim.CONCAT})
+SOURCES = frozenset({Prim.CONSTANT, Prim.IOTA, Prim.RANDOM, Prim.INPUT})
+NON_DIFFERENTIABLE = COMPARISON | {Prim.IOTA, Prim.RANDOM, Prim.CONSTANT, Prim.STOP_GRADIENT}
+
+
+@dataclass(frozen=True)
+class AVal:
+    """Abstract value: what is known about a tensor without its data."""
+
+    shape: Shape
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}{fmt(self.shape)}"
+
+
+class Ops(Protocol):
+    """An interpreter of primitives. ``apply`` is the single entry point."""
+
+    def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
+        """Run (eager) or record (graph) ``prim`` on ``inputs``; shapes are checked first."""
+        ...
+
+
+# ---------------------------------------------------------------------------
+# Shape and dtype inference: one rule per primitive family.
+# ---------------------------------------------------------------------------
+
+
+def _same_dtype(prim: Prim, avals: Sequence[AVal]) -> DType:
+    dtypes = {a.dtype for a in avals}
+    if len(dtypes) != 1:
+        shown = ", ".join(str(a) for a in avals)
+        raise DTypeError(f"{prim.value}: operands must share one dtype, got {shown}; use .astype()")
+    return avals[0].dtype
+
+
+def _same_shape(prim: Prim, avals: Sequence[AVal]) -> Shape:
+    first = avals[0].shape
+    for other in avals[1:]:
+        if other.shape != first:
+            raise ShapeError(
+                prim.value, f"operand shapes differ: {fmt(first)} vs {fmt(other.shape)}"
+            )
+    return first
+
+
+def _infer_elementwise(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    if prim is Prim.WHERE:
+        cond, a, b = avals
+        if cond.dtype != bool_:
+            raise DTypeError(f"where: condition must be bool, got {cond.dtype}")
+        return AVal(_same_shape(prim, avals), _same_dtype(prim, [a, b]))
+    if prim is Prim.CAST:
+        return AVal(avals[0].shape, attrs["dtype"])
+    shape = _same_shape(prim, avals)
+    dtype = _same_dtype(prim, avals)
+    if prim in FLOAT_ONLY_UNARY and not dtype.is_float:
+        raise DTypeError(f"{prim.value}: needs a floating-point operand, got {dtype}")
+    return AVal(shape, bool_ if prim in COMPARISON else dtype)
+
+
+def _infer_reduce(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    (x,) = avals
+    axes: tuple[int, ...] = attrs["axes"]
+    if any(not 0 <= a < len(x.shape) for a in axes):
+        raise ShapeError(prim.value, f"axes {axes} out of range for shape {fmt(x.shape)}")
+    if prim is Prim.REDUCE_MAX and any(x.shape[a] == 0 for a in axes):
+        raise ShapeError(prim.value, f"max over an empty axis of shape {fmt(x.shape)}")
+    return AVal(tuple(d for i, d in enumerate(x.shape) if i not in axes), x.dtype)
+
+
+def parse_einsum_spec(spec: str, n_operands: int) -> tuple[list[str], str]:
+    """Split a primitive einsum spec ``"ij,jk->ik"`` into operand letters and output letters."""
+    if "->" not in spec:
+        raise ShapeError("einsum", f"primitive spec {spec!r} needs an explicit '->'")
+    lhs, out = spec.split("->")
+    terms = lhs.split(",")
+    if len(terms) != n_operands:
+        raise ShapeError("einsum", f"spec {spec!r} names {len(terms)} operands, got {n_operands}")
+    return terms, out
+
+
+def _infer_einsum(avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    spec: str = attrs["spec"]
+    terms, out = parse_einsum_spec(spec, len(avals))
+    sizes: dict[str, int] = {}
+    for term, aval in zip(terms, avals, strict=True):
+        if len(term) != len(aval.shape):
+            raise ShapeError(
+                "einsum", f"operand {term!r} has rank {len(term)} but shape {fmt(aval.shape)}"
+            )
+        if len(set(term)) != len(term):
+            raise ShapeError("einsum", f"primitive operand {term!r} repeats a letter")
+        for letter, size in zip(term, aval.shape, strict=True):
+            if sizes.setdefault(letter, size) != size:
+                shown = " and ".join(fmt(a.shape) for a in avals)
+                raise ShapeError(
+                    "einsum",
+                    f"{spec!r}: index {letter!r} is {sizes[letter]} in one operand and {size} in another ({shown})",
+                )
+    if any(letter not in sizes for letter in out) or len(set(out)) != len(out):
+        raise ShapeError("einsum", f"{spec!r}: output letters must appear once and in an operand")
+    return AVal(tuple(sizes[letter] for letter in out), _same_dtype(Prim.EINSUM, avals))
+
+
+def _infer_layout(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    x = avals[0]
+    rank = len(x.shape)
+    if prim is Prim.RESHAPE:
+        return AVal(resolve_reshape("reshape", x.shape, attrs["shape"]), x.dtype)
+    if prim is Prim.PERMUTE:
+        perm: tuple[int, ...] = attrs["perm"]
+        if sorted(perm) != list(range(rank)):
+            raise ShapeError(
+                "permute", f"{perm} is not a permutation of the axes of {fmt(x.shape)}"
+            )
+        return AVal(tuple(x.shape[p] for p in perm), x.dtype)
+    if prim is Prim.BROADCAST:
+        shape: Shape = attrs["shape"]
+        dims: tuple[int, ...] = attrs["dims"]
+        if (
+            len(dims) != rank
+            or list(dims) != sorted(set(dims))
+            or any(d >= len(shape) for d in dims)
+        ):
+            raise ShapeError(
+                "broadcast", f"dims {dims} do not map {fmt(x.shape)} into {fmt(shape)}"
+            )
+        for i, d in enumerate(dims):
+            if x.shape[i] not in (1, shape[d]):
+                raise ShapeError(
+                    "broadcast",
+                    f"cannot broadcast {fmt(x.shape)} to {fmt(shape)}: dimension {i} is {x.shape[i]} vs {shape[d]}",
+                )
+        return AVal(tuple(shape), x.dtype)
+    if prim is Prim.SLICE:
+        starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+        if not len(starts) == len(stops) == len(steps) == rank:
+            raise ShapeError(
+                "slice", f"needs {rank} (start, stop, step) triples for {fmt(x.shape)}"
+            )
+        out = []
+        for d, (lo, hi, st) in enumerate(zip(starts, stops, steps, strict=True)):
+            if st < 1 or not 0 <= lo <= hi <= x.shape[d]:
+                raise ShapeError(
+                    "slice", f"bad range {lo}:{hi}:{st} for dimension {d} of {fmt(x.shape)}"
+                )
+            out.append(max(0, -(-(hi - lo) // st)))
+        return AVal(tuple(out), x.dtype)
+    if prim is Prim.PAD:
+        low, high = attrs["low"], attrs["high"]
+        if len(low) != rank or len(high) != rank or min((*low, *high), default=0) < 0:
+            raise ShapeError(
+                "pad", f"needs {rank} non-negative (low, high) pairs for {fmt(x.shape)}"
+            )
+        return AVal(
+            tuple(d + lo + hi for d, lo, hi in zip(x.shape, low, high, strict=True)), x.dtype
+        )
+    # CONCAT
+    axis: int = attrs["axis"]
+    dtype = _same_dtype(prim, avals)
+    for other in avals[1:]:
+        if len(other.shape) != rank or any(
+            a != b for i, (a, b) in enumerate(zip(x.shape, other.shape, strict=True)) if i != axis
+        ):
+            shown = ", ".join(fmt(a.shape) for a in avals)
+            raise ShapeError("concat", f"shapes {shown} differ outside axis {axis}")
+    total = sum(a.shape[axis] for a in avals)
+    return AVal(x.shape[:axis] + (total,) + x.shape[axis + 1 :], dtype)
+
+
+def _infer_indexing(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    x, idx = avals
+    axis: int = attrs["axis"]
+    if idx.dtype != int32:
+        raise DTypeError(f"{prim.value}: indices must be int32, got {idx.dtype}")
+    if prim is Prim.GATHER:
+        return AVal(x.shape[:axis] + idx.shape + x.shape[axis + 1 :], x.dtype)
+    # SCATTER_ADD: x are the updates shaped like a gather result; output has `size` on axis.
+    size: int = attrs["size"]
+    n = len(idx.shape)
+    out = x.shape[:axis] + (size,) + x.shape[axis + n :]
+    return AVal(out, x.dtype)
+
+
+def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    """Output shape and dtype of ``prim`` applied to ``avals``; raises ShapeError/DTypeError."""
+    if prim in ELEMENTWISE:
+        return _infer_elementwise(prim, avals, attrs)
+    if prim in REDUCTIONS:
+        return _infer_reduce(prim, avals, attrs)
+    if prim is Prim.EINSUM:
+        return _infer_einsum(avals, attrs)
+    if prim in LAYOUT:
+        return _infer_layout(prim, avals, attrs)
+    if prim in (Prim.GATHER, Prim.SCATTER_ADD):
+        return _infer_indexing(prim, avals, attrs)
+    if prim in SOURCES:
+        if prim is Prim.CONSTANT:
+            value = attrs["value"]
+            return AVal(value.shape, value.dtype)
+        return AVal(tuple(attrs["shape"]), attrs["dtype"])
+    raise NotImplementedError(f"no shape rule for {prim}")
+
+
+class ConstValue:
+    """A constant's data, hashable by content so equal constants hash-cons to one node."""
+
+    __slots__ = ("_hash", "array", "dtype", "shape")
+
+    def __init__(self, array: Any, dtype: DType) -> None:
+        import numpy as np
+
+        self.array = np.array(array, dtype=dtype.numpy, order="C", copy=True)
+        self.array.setflags(write=False)
+        self.dtype = dtype
+        self.shape: Shape = tuple(self.array.shape)
+        self._hash = hash((self.shape, dtype.name, self.array.tobytes()))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ConstValue)
+            and self._hash == other._hash
+            and self.dtype == other.dtype
+            and self.shape == other.shape
+            and self.array.tobytes() == other.array.tobytes()
+        )
+
+    def __repr__(self) -> str:
+        if self.array.size == 1:
+            return repr(self.array.reshape(()).item())
+        return f"<{self.dtype.name}{fmt(self.shape)} constant>"

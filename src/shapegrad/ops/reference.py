@@ -1,0 +1,144 @@
+"""NumPy semantics of every primitive: the eager interpreter and the reference backend run this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shapegrad.dtypes import DType
+from shapegrad.ops.protocol import Attrs, Prim
+
+Array = npt.NDArray[Any]
+
+_UNARY: dict[Prim, Callable[[Array], Array]] = {
+    Prim.NEG: np.negative,
+    Prim.EXP: np.exp,
+    Prim.LOG: np.log,
+    Prim.SIN: np.sin,
+    Prim.COS: np.cos,
+    Prim.SQRT: np.sqrt,
+    Prim.TANH: np.tanh,
+    Prim.ABS: np.abs,
+}
+
+_BINARY: dict[Prim, Callable[[Array, Array], Array]] = {
+    Prim.ADD: np.add,
+    Prim.SUB: np.subtract,
+    Prim.MUL: np.multiply,
+    Prim.POW: np.power,
+    Prim.MAX: np.maximum,
+    Prim.MIN: np.minimum,
+    Prim.LT: np.less,
+    Prim.LE: np.less_equal,
+    Prim.EQ: np.equal,
+    Prim.NE: np.not_equal,
+}
+
+
+def _divide(a: Array, b: Array) -> Array:
+    if a.dtype.kind in "iu":
+        # C semantics (truncation toward zero), which every backend shares.
+        return np.asarray(np.trunc(np.divide(a, np.where(b == 0, 1, b))), dtype=a.dtype)
+    return np.divide(a, b)
+
+
+def random_uniform(shape: Sequence[int], seed: int, dtype: DType) -> Array:
+    """Counter-based uniform [0, 1) numbers: murmur3's finaliser over (flat index + seed * golden)."""
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    with np.errstate(over="ignore"):
+        x = np.arange(n, dtype=np.uint32) + np.uint32((seed * 0x9E3779B9) & 0xFFFFFFFF)
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(0x85EBCA6B)
+        x ^= x >> np.uint32(13)
+        x *= np.uint32(0xC2B2AE35)
+        x ^= x >> np.uint32(16)
+    values = (x >> np.uint32(8)).astype(np.float64) * (1.0 / (1 << 24))
+    return values.astype(dtype.numpy).reshape(tuple(shape))
+
+
+def _gather(x: Array, idx: Array, axis: int) -> Array:
+    n = x.shape[axis]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(
+            f"gather: index out of range [{-n}, {n}) on axis {axis} of shape {list(x.shape)}"
+        )
+    return np.take(x, np.where(idx < 0, idx + n, idx), axis=axis)
+
+
+def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
+    out_shape = updates.shape[:axis] + (size,) + updates.shape[axis + idx.ndim :]
+    out = np.zeros(out_shape, dtype=updates.dtype)
+    flat_idx = np.where(idx < 0, idx + size, idx).reshape(-1)
+    moved = np.moveaxis(out, axis, 0)
+    upd = updates.reshape(
+        updates.shape[:axis] + (flat_idx.size,) + updates.shape[axis + idx.ndim :]
+    )
+    np.add.at(moved, flat_idx, np.moveaxis(upd, axis, 0))
+    return out
+
+
+def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> Array:
+    """Compute ``prim`` on NumPy arrays; ``dtype`` is the inferred output dtype."""
+    if prim in _UNARY:
+        result = _UNARY[prim](args[0])
+    elif prim in _BINARY:
+        result = _BINARY[prim](args[0], args[1])
+    elif prim is Prim.DIV:
+        result = _divide(args[0], args[1])
+    elif prim is Prim.WHERE:
+        result = np.where(args[0], args[1], args[2])
+    elif prim is Prim.REDUCE_SUM:
+        result = np.sum(args[0], axis=attrs["axes"], dtype=dtype.numpy)
+    elif prim is Prim.REDUCE_MAX:
+        result = np.max(args[0], axis=attrs["axes"]) if args[0].size else np.zeros((), dtype.numpy)
+    elif prim is Prim.EINSUM:
+        result = np.einsum(attrs["spec"], *args, optimize=len(args) > 1)
+    elif prim is Prim.RESHAPE:
+        result = np.reshape(args[0], attrs["shape"])
+    elif prim is Prim.PERMUTE:
+        result = np.transpose(args[0], attrs["perm"])
+    elif prim is Prim.BROADCAST:
+        result = _broadcast_in_dim(args[0], attrs["shape"], attrs["dims"])
+    elif prim is Prim.SLICE:
+        index = tuple(
+            slice(lo, hi, st)
+            for lo, hi, st in zip(attrs["starts"], attrs["stops"], attrs["steps"], strict=True)
+        )
+        result = args[0][index]
+    elif prim is Prim.PAD:
+        widths = list(zip(attrs["low"], attrs["high"], strict=True))
+        result = np.pad(args[0], widths, constant_values=attrs["value"])
+    elif prim is Prim.CONCAT:
+        result = np.concatenate(args, axis=attrs["axis"])
+    elif prim is Prim.CAST:
+        result = args[0].astype(dtype.numpy)
+    elif prim is Prim.GATHER:
+        result = _gather(args[0], args[1], attrs["axis"])
+    elif prim is Prim.SCATTER_ADD:
+        result = _scatter_add(args[0], args[1], attrs["axis"], attrs["size"])
+    elif prim is Prim.CONSTANT:
+        result = attrs["value"].array
+    elif prim is Prim.IOTA:
+        shape = tuple(attrs["shape"])
+        axis = attrs["axis"]
+        line = np.arange(shape[axis], dtype=dtype.numpy)
+        result = np.broadcast_to(
+            line.reshape([-1 if i == axis else 1 for i in range(len(shape))]), shape
+        )
+    elif prim is Prim.RANDOM:
+        result = random_uniform(attrs["shape"], attrs["seed"], dtype)
+    elif prim is Prim.STOP_GRADIENT:
+        result = args[0]
+    else:
+        raise NotImplementedError(f"reference: no NumPy rule for {prim}")
+    return np.asarray(result, dtype=dtype.numpy)
+
+
+def _broadcast_in_dim(x: Array, shape: Sequence[int], dims: Sequence[int]) -> Array:
+    expanded = [1] * len(shape)
+    for i, d in enumerate(dims):
+        expanded[d] = x.shape[i]
+    return np.broadcast_to(x.reshape(expanded), tuple(shape))
