@@ -111,12 +111,16 @@ class Graph:
 
     ``inputs`` are ``INPUT`` nodes whose ``name`` attr is the user-facing path
     (``"params[0]"``, ``"x"``, ``"lr"``); ``outputs`` may repeat nodes or
-    name inputs directly.
+    name inputs directly. ``aliases`` lists ``(output_index, input_index)``
+    pairs where the output is the updated value of that input.
     """
 
     inputs: list[Node]
     outputs: list[Node]
     table: NodeTable = field(default_factory=NodeTable)
+    # (output k, input i): output k is the new value of input i, so a backend may
+    # write it into input i's buffer in place (optimizer state). Optional to honour.
+    aliases: list[tuple[int, int]] = field(default_factory=list)
 
     def nodes(self) -> list[Node]:
         """Every node the outputs depend on, in topological order."""
