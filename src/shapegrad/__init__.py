@@ -35,6 +35,7 @@ from shapegrad.functional import (
     var,
     where,
 )
+from shapegrad.jit import compile
 from shapegrad.ops.eager import check_numerics, no_grad, tensor
 from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
@@ -54,6 +55,7 @@ __all__ = [
     "argmax",
     "bool_",
     "check_numerics",
+    "compile",
     "cos",
     "detach",
     "exp",

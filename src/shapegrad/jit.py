@@ -1,0 +1,350 @@
+"""``sg.compile``: trace a function into a typed graph, optimize it, run it on a backend.
+
+The first call with a new *signature* (argument structure, shapes, dtypes
+and static arguments) traces the function with graph tensors, runs the pass
+pipeline and asks the backend for an executable; later calls with the same
+signature reuse it. ``Compiled.trace_count`` counts traces (for tests).
+
+Arguments may be eager Tensors, NumPy arrays, Python scalars and nested
+tuples/lists/dicts/ParamList/TList of them. Python scalars become scalar
+graph inputs (``float`` -> float32, ``int`` -> int32, ``bool`` -> bool), so
+changing a learning rate does not retrace; pass ``np.float64(x)`` for a
+float64 scalar, or list the argument in ``static_argnums`` to bake it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shapegrad import tree
+from shapegrad.backends.base import (
+    Array,
+    CompileOptions,
+    Executable,
+    available_backends,
+    get_backend,
+    validate_inputs,
+)
+from shapegrad.compiler.debug import GraphDumper, debug_root
+from shapegrad.compiler.passes import PassStat, count_nodes, optimize
+from shapegrad.dtypes import bool_, dtype_of_array, float32, int32
+from shapegrad.ir import Graph
+from shapegrad.ops.eager import EAGER
+from shapegrad.ops.graph import GraphOps
+from shapegrad.ops.protocol import AVal
+from shapegrad.tensor import Tensor, TraceError
+
+
+class _Static:
+    """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def _key(self) -> Any:
+        try:
+            hash(self.value)
+            return (type(self.value), self.value)
+        except TypeError:
+            return ("id", id(self.value))
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and self._key() == other._key()
+
+    def __repr__(self) -> str:
+        return f"static({self.value!r})"
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, bool | int | float | np.generic)
+
+
+def _flatten_args(obj: Any) -> tuple[list[Any], tree.TreeDef]:
+    """``tree.flatten`` that also makes Python/NumPy scalars leaves (they become inputs)."""
+    leaves, td = tree.flatten(obj)
+    out: list[Any] = []
+    return out, _promote_scalars(td, iter(leaves), out)
+
+
+def _promote_scalars(td: tree.TreeDef, leaves: Any, out: list[Any]) -> tree.TreeDef:
+    if td.kind == "leaf":
+        out.append(next(leaves))
+        return td
+    if td.kind == "static":
+        if _is_scalar(td.static):
+            out.append(td.static)
+            return tree.TreeDef("leaf")
+        return td
+    children = tuple(_promote_scalars(c, leaves, out) for c in td.children)
+    return dataclasses.replace(td, children=children)
+
+
+def _aval_of(leaf: Any) -> AVal:
+    if isinstance(leaf, Tensor):
+        return leaf.aval
+    if isinstance(leaf, bool):
+        return AVal((), bool_)
+    if isinstance(leaf, int):
+        return AVal((), int32)
+    if isinstance(leaf, float):
+        return AVal((), float32)
+    array = np.asarray(leaf)
+    return AVal(tuple(array.shape), dtype_of_array(array))
+
+
+def _to_array(leaf: Any, aval: AVal) -> Array:
+    if isinstance(leaf, Tensor):
+        leaf = leaf.numpy()
+    return np.ascontiguousarray(leaf, dtype=aval.dtype.numpy)
+
+
+def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
+    if td.kind == "leaf":
+        out.append(prefix)
+    elif td.kind == "seq":
+        for i, child in enumerate(td.children):
+            _leaf_paths(child, f"{prefix}[{i}]", out)
+    elif td.kind == "dict":
+        for key, child in zip(td.keys, td.children, strict=True):
+            _leaf_paths(child, f"{prefix}[{key!r}]", out)
+
+
+@dataclass
+class Lowered:
+    """Everything one signature compiled to: graphs before/after the passes, stats, executable.
+
+    Attributes:
+        traced: the graph as traced (before optimization).
+        graph: the optimized graph the backend compiled; ``print(lowered.graph)``.
+        stats: one :class:`PassStat` per pass application.
+        recorded_nodes: nodes the trace created (including dead ones).
+        trace_seconds / optimize_seconds / backend_seconds: where compile time went.
+    """
+
+    traced: Graph
+    graph: Graph
+    stats: list[PassStat]
+    executable: Executable
+    recorded_nodes: int
+    trace_seconds: float
+    optimize_seconds: float
+    backend_seconds: float
+    out_treedef: tree.TreeDef
+
+    def summary(self) -> str:
+        """Node counts and timings as a few readable lines."""
+        return (
+            f"recorded {self.recorded_nodes} nodes, live {count_nodes(self.traced)} after trace, "
+            f"{count_nodes(self.graph)} after passes; trace {self.trace_seconds * 1e3:.1f} ms, "
+            f"optimize {self.optimize_seconds * 1e3:.1f} ms, backend {self.backend_seconds * 1e3:.1f} ms"
+        )
+
+
+class Compiled:
+    """A compiled function (see :func:`compile`). Call it like the original."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        backend: str,
+        static_argnums: Sequence[int],
+        options: CompileOptions,
+    ) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.backend = backend
+        self.static_argnums = tuple(static_argnums)
+        self.options = options
+        self.trace_count = 0
+        self._cache: dict[Any, Lowered] = {}
+        try:
+            self._param_names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            self._param_names = []
+
+    # --- public -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, td, key = self._signature(args, kwargs)
+        if any(isinstance(leaf, Tensor) and leaf.is_traced for leaf in leaves):
+            return self.fn(*args, **kwargs)  # called inside another trace: inline it
+        lowered = self._lower(leaves, td, key, args, kwargs)
+        arrays = [
+            _to_array(leaf, n.aval) for leaf, n in zip(leaves, lowered.graph.inputs, strict=True)
+        ]
+        validate_inputs(lowered.graph, arrays)
+        results = lowered.executable(arrays)
+        tensors = [
+            Tensor(EAGER, a, AVal(tuple(a.shape), n.aval.dtype))
+            for a, n in zip(results, lowered.graph.outputs, strict=True)
+        ]
+        return tree.unflatten(lowered.out_treedef, tensors)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Trace/optimize/compile for these arguments (or fetch from the cache) without running."""
+        leaves, td, key = self._signature(args, kwargs)
+        return self._lower(leaves, td, key, args, kwargs)
+
+    def graph(self, *args: Any, **kwargs: Any) -> Graph:
+        """The optimized graph for these arguments (``print(fast.graph(params, x, y))``)."""
+        return self.lower(*args, **kwargs).graph
+
+    def stats(self, *args: Any, **kwargs: Any) -> list[PassStat]:
+        """Per-pass node counts for these arguments."""
+        return self.lower(*args, **kwargs).stats
+
+    # --- internals ----------------------------------------------------------------
+
+    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        for i in self.static_argnums:
+            if not -len(args) <= i < len(args):
+                raise TypeError(
+                    f"static_argnums contains {i} but {self.options.name} got {len(args)} positional arguments"
+                )
+        statics = {i % len(args) for i in self.static_argnums}
+        return (tuple(_Static(a) if i in statics else a for i, a in enumerate(args)), kwargs)
+
+    def _signature(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], tree.TreeDef, Any]:
+        leaves, td = _flatten_args(self._split(args, kwargs))
+        key = (td.signature(), tuple(_aval_of(leaf) for leaf in leaves))
+        return leaves, td, key
+
+    def _input_names(self, td: tree.TreeDef) -> list[str]:
+        names: list[str] = []
+        positional, keywords = td.children
+        for i, child in enumerate(positional.children):
+            base = self._param_names[i] if i < len(self._param_names) else f"arg{i}"
+            _leaf_paths(child, base, names)
+        for key, child in zip(keywords.keys, keywords.children, strict=True):
+            _leaf_paths(child, str(key), names)
+        return names
+
+    def _lower(
+        self,
+        leaves: list[Any],
+        td: tree.TreeDef,
+        key: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Lowered:
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        backend = get_backend(self.backend)
+        self.trace_count += 1
+        t0 = time.perf_counter()
+        traced, out_td, recorded = self._trace(leaves, td)
+        t1 = time.perf_counter()
+        root = debug_root()
+        dumper = GraphDumper(root, self.options.name, key) if root else None
+        if dumper is not None:
+            dumper.dump("traced", traced)
+        graph, stats = optimize(traced, on_pass=dumper.on_pass if dumper else None)
+        t2 = time.perf_counter()
+        options = dataclasses.replace(self.options, debug_dir=dumper.folder if dumper else None)
+        executable = backend.compile(graph, options)
+        t3 = time.perf_counter()
+        lowered = Lowered(
+            traced, graph, stats, executable, recorded, t1 - t0, t2 - t1, t3 - t2, out_td
+        )
+        self._cache[key] = lowered
+        return lowered
+
+    def _trace(self, leaves: list[Any], td: tree.TreeDef) -> tuple[Graph, tree.TreeDef, int]:
+        ops = GraphOps()
+        names = self._input_names(td)
+        inputs = [ops.add_input(n, _aval_of(leaf)) for n, leaf in zip(names, leaves, strict=True)]
+        traced_args, traced_kwargs = tree.unflatten(td, inputs)
+        call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
+        out = self.fn(*call_args, **traced_kwargs)
+        _check_not_mutated(td, inputs, (traced_args, traced_kwargs), names)
+        out_leaves, out_td = tree.flatten(out)
+        _check_outputs(out_td, self.options.name)
+        graph = Graph(list(ops.inputs), [ops.lift_value(leaf) for leaf in out_leaves], ops.table)
+        return graph, out_td, len(ops.table.table) + len(ops.inputs)
+
+
+def _check_not_mutated(
+    td: tree.TreeDef, inputs: list[Tensor], traced: Any, names: list[str]
+) -> None:
+    after, td_after = _flatten_args(traced)
+    if td_after.signature() != td.signature() or len(after) != len(inputs):
+        raise TraceError(
+            "the compiled function changed the structure of an argument in place (e.g. "
+            "list.append or dict assignment); compiled functions must be pure: return the "
+            "new value instead"
+        )
+    for name, before, now in zip(names, inputs, after, strict=True):
+        if now is not before:
+            raise TraceError(
+                f"the compiled function replaced argument element {name!r} in place; compiled "
+                "functions must be pure: return the new value instead"
+            )
+
+
+def _check_outputs(td: tree.TreeDef, fname: str) -> None:
+    if td.kind == "static":
+        if td.static is not None:
+            raise TraceError(
+                f"{fname} returned a {type(td.static).__name__} ({td.static!r}) from a compiled "
+                "function; compiled functions must return tensors (or containers of tensors)"
+            )
+        return
+    for child in td.children:
+        _check_outputs(child, fname)
+
+
+def compile(
+    fn: Callable[..., Any] | None = None,
+    *,
+    backend: str = "numpy",
+    static_argnums: int | Sequence[int] = (),
+    name: str | None = None,
+    **backend_options: Any,
+) -> Any:
+    """Compile ``fn`` (written against Tensor) into a cached, optimized executable.
+
+    Args:
+        fn: the function; may return a tensor or a nested tuple/list/dict of tensors
+            (``None`` entries are allowed and returned as ``None``).
+        backend: ``"numpy"`` (reference), ``"c"``, ``"cuda"`` or ``"ane"``.
+        static_argnums: positional arguments baked into the trace (retrace when they change;
+            must be hashable to be cached by value).
+        name: readable name for debug dumps (defaults to ``fn.__name__``).
+        backend_options: backend-specific settings passed as ``CompileOptions.extra``.
+    Returns:
+        A :class:`Compiled` callable returning eager tensors in ``fn``'s output structure,
+        with ``.lower(*args)``, ``.graph(*args)``, ``.stats(*args)`` and ``.trace_count``.
+    Example:
+        >>> fast = sg.compile(sg.value_and_grad(loss))
+        >>> value, grads = fast(params, x, y)
+        >>> print(fast.graph(params, x, y))   # the optimized training step
+    """
+    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    if backend not in available_backends():
+        raise ValueError(f"unknown backend {backend!r}; choose one of {available_backends()}")
+
+    def make(f: Callable[..., Any]) -> Compiled:
+        label = name or str(getattr(f, "__name__", "fn"))
+        options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
+        return Compiled(f, backend, nums, options)
+
+    return make if fn is None else make(fn)
+
+
+__all__ = ["Compiled", "Lowered", "compile"]

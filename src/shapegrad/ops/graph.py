@@ -1,0 +1,97 @@
+"""The graph interpreter: every primitive call records a typed, hash-consed IR node.
+
+This is the second implementation of the ``Ops`` protocol (the first is
+``ops/eager.py``). ``sg.compile`` creates one :class:`GraphOps` per trace,
+adds named ``INPUT`` nodes for the arguments and calls the user's function
+with graph tensors. Eager tensors and NumPy arrays the function captures are
+lifted to ``CONSTANT`` nodes. ``producer``/``identity`` let the shared
+autodiff (``autodiff.backward``) build backward graphs from the same VJP
+rules as the eager tape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shapegrad.ir import Graph, Node, NodeTable
+from shapegrad.ops.protocol import SOURCES, Attrs, AVal, ConstValue, Prim, infer_aval
+from shapegrad.tensor import Tensor
+
+
+class GraphOps:
+    """Records primitives as IR nodes in one :class:`NodeTable` (one instance per trace).
+
+    Example:
+        >>> ops = GraphOps()
+        >>> x = ops.add_input("x", AVal((3,), sg.float32))
+        >>> y = (x * 2.0).sum()
+        >>> print(ops.to_graph([y]))   # doctest: +SKIP
+    """
+
+    priority = 1  # beats the eager interpreter: captured eager tensors become constants
+    name = "graph"
+
+    def __init__(self) -> None:
+        self.table = NodeTable()
+        self.inputs: list[Node] = []
+
+    # --- the Ops protocol ------------------------------------------------------------
+
+    def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
+        nodes = [self.lift(t) for t in inputs]
+        aval = infer_aval(prim, [n.aval for n in nodes], attrs)
+        return self.wrap(self.table.make(prim, nodes, attrs, aval))
+
+    # --- building ------------------------------------------------------------------
+
+    def add_input(self, name: str, aval: AVal) -> Tensor:
+        """A new named graph input (never hash-consed: two inputs are two values)."""
+        node = self.table.make(Prim.INPUT, [], {"name": name}, aval)
+        self.inputs.append(node)
+        return self.wrap(node)
+
+    def wrap(self, node: Node) -> Tensor:
+        return Tensor(self, node, node.aval)
+
+    def lift(self, t: Tensor) -> Node:
+        """The node of ``t`` in this trace; eager tensors become CONSTANT nodes."""
+        if t._ops is self:
+            node: Node = t._payload
+            return node
+        if isinstance(t._payload, np.ndarray):
+            value = ConstValue(t._payload, t.dtype)
+            return self.table.make(Prim.CONSTANT, [], {"value": value}, t.aval)
+        raise ValueError(
+            "a tensor from another trace was used inside this sg.compile trace; pass it in "
+            "as an argument instead of capturing it"
+        )
+
+    def lift_value(self, value: Any) -> Node:
+        """A Tensor or NumPy array as a node of this trace (arrays become constants)."""
+        if isinstance(value, Tensor):
+            return self.lift(value)
+        array = np.asarray(value)
+        from shapegrad.dtypes import dtype_of_array
+
+        dtype = dtype_of_array(array)
+        const = ConstValue(array, dtype)
+        return self.table.make(Prim.CONSTANT, [], {"value": const}, AVal(const.shape, dtype))
+
+    def to_graph(self, outputs: Sequence[Tensor]) -> Graph:
+        """The graph of this trace with ``outputs`` (graph tensors or eager constants)."""
+        return Graph(list(self.inputs), [self.lift(t) for t in outputs], self.table)
+
+    # --- hooks used by the shared autodiff -----------------------------------------
+
+    def producer(self, t: Tensor) -> tuple[Prim, Sequence[Tensor], Attrs] | None:
+        node = self.lift(t)
+        if node.prim in SOURCES:
+            return None
+        return node.prim, [self.wrap(i) for i in node.inputs], node.attr
+
+    def identity(self, t: Tensor) -> Any:
+        # Hash-consing makes the node the value: equal nodes are one tensor for autodiff.
+        return self.lift(t).id
