@@ -7,10 +7,11 @@ from the primitives in ``ops/prims.py``; none touches NumPy data directly.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from shapegrad.dtypes import int32
+from shapegrad.dtypes import DTypeError, int32
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt, normalize_axes, normalize_axis
@@ -257,3 +258,332 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if b.ndim == 1:
         product = p.reshape(product, product.shape[:-1])
     return product
+
+
+def gelu(x: Tensor) -> Tensor:
+    """GELU activation, **tanh approximation** (PyTorch's ``approximate="tanh"``).
+
+    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``.
+    Example:
+        >>> round(sg.gelu(sg.tensor(1.0)).item(), 4)
+        0.8412
+    """
+    x = _t(x)
+    inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+    return x * (tanh(inner) + 1.0) * 0.5
+
+
+# --- joining, padding, slicing, indexing ---------------------------------------------
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join tensors along an existing ``axis`` (``np.concatenate``).
+
+    Example:
+        >>> sg.concat([sg.ones((2, 3)), sg.zeros((1, 3))], axis=0).shape
+        (3, 3)
+    """
+    xs = [_t(x) for x in tensors]
+    if not xs:
+        raise ValueError("concat: needs at least one tensor")
+    rank = xs[0].ndim
+    if rank == 0:
+        raise ShapeError("concat", "cannot concatenate 0-d tensors; use stack")
+    for x in xs[1:]:
+        if x.ndim != rank:
+            shown = ", ".join(fmt(t.shape) for t in xs)
+            raise ShapeError("concat", f"all inputs need rank {rank}, got {shown}")
+    return p.concat(xs, normalize_axis("concat", axis, rank))
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Join equally shaped tensors along a new ``axis`` (``np.stack``).
+
+    Example:
+        >>> sg.stack([sg.ones(3), sg.zeros(3)], axis=1).shape
+        (3, 2)
+    """
+    xs = [_t(x) for x in tensors]
+    if not xs:
+        raise ValueError("stack: needs at least one tensor")
+    for x in xs[1:]:
+        if x.shape != xs[0].shape:
+            shown = ", ".join(fmt(t.shape) for t in xs)
+            raise ShapeError("stack", f"all inputs need the same shape, got {shown}")
+    axis = normalize_axis("stack", axis, xs[0].ndim + 1)
+    shape = list(xs[0].shape)
+    shape.insert(axis, 1)
+    return p.concat([p.reshape(x, shape) for x in xs], axis)
+
+
+PadWidth = int | Sequence[int] | Sequence[Sequence[int]]
+
+
+def _pad_pairs(pad_width: PadWidth, rank: int) -> list[tuple[int, int]]:
+    """Expand NumPy's ``pad_width`` forms (n, (b, a), ((b0, a0), ...)) to one pair per axis."""
+    if isinstance(pad_width, int):
+        return [(pad_width, pad_width)] * rank
+    items: list[Any] = list(pad_width)
+    if all(isinstance(v, int) for v in items) and len(items) in (1, 2):
+        return [(int(items[0]), int(items[-1]))] * rank
+    pairs: list[tuple[Any, ...]] = [tuple(v) for v in items]
+    if len(pairs) != rank or any(len(pair) != 2 for pair in pairs):
+        raise ShapeError("pad", f"pad_width {pad_width!r} needs {rank} (before, after) pairs")
+    return [(int(a), int(b)) for a, b in pairs]
+
+
+def pad(
+    x: Tensor, pad_width: PadWidth, mode: str = "constant", constant_values: float = 0.0
+) -> Tensor:
+    """Constant padding with NumPy's ``np.pad`` argument form.
+
+    ``pad_width`` is an int (all sides), a ``(before, after)`` pair for every
+    axis, or one pair per axis ``((before_0, after_0), ...)``. (This is
+    NumPy's layout, not PyTorch's reversed flat list.)
+    Example:
+        >>> sg.pad(sg.ones((2, 3)), ((1, 1), (0, 2))).shape
+        (4, 5)
+    """
+    if mode != "constant":
+        raise ValueError(f"pad: only mode='constant' is supported, got {mode!r}")
+    x = _t(x)
+    pairs = _pad_pairs(pad_width, x.ndim)
+    if any(a < 0 or b < 0 for a, b in pairs):
+        raise ShapeError("pad", f"negative pad_width {pad_width!r} for {fmt(x.shape)}")
+    return p.pad(x, [a for a, _ in pairs], [b for _, b in pairs], value=constant_values)
+
+
+def slice(
+    x: Tensor, start: int | None = None, stop: int | None = None, step: int = 1, axis: int = 0
+) -> Tensor:
+    """``x[..., start:stop:step, ...]`` on one ``axis`` (Python slice rules, positive step).
+
+    Example:
+        >>> sg.slice(sg.arange(10), 2, 8, 3).tolist()
+        [2, 5]
+    """
+    x = _t(x)
+    axis = normalize_axis("slice", axis, x.ndim)
+    if step < 1:
+        raise ValueError(f"slice: step must be positive, got {step}")
+    lo, hi, st = builtins.slice(start, stop, step).indices(x.shape[axis])
+    starts = [lo if a == axis else 0 for a in range(x.ndim)]
+    stops = [builtins.max(hi, lo) if a == axis else d for a, d in enumerate(x.shape)]
+    steps = [st if a == axis else 1 for a in range(x.ndim)]
+    return p.slice_(x, starts, stops, steps)
+
+
+def _indices(op: str, indices: Any, like: Tensor) -> Tensor:
+    idx = indices if isinstance(indices, Tensor) else p.constant(indices, int32, like=like)
+    if idx.dtype != int32:
+        raise DTypeError(f"{op}: indices must be int32, got {idx.dtype}")
+    return idx
+
+
+def take(x: Tensor, indices: Any, axis: int | None = None) -> Tensor:
+    """``np.take``: pick entries of ``x`` along ``axis`` (flattened ``x`` when None).
+
+    The result has shape ``x.shape[:axis] + indices.shape + x.shape[axis + 1:]``;
+    negative indices count from the end. Example:
+        >>> sg.take(sg.tensor([[1, 2], [3, 4]]), [1, 0], axis=1).tolist()
+        [[2, 1], [4, 3]]
+    """
+    x = _t(x)
+    if axis is None:
+        x, axis = p.reshape(x, [x.size]), 0
+    idx = _indices("take", indices, x)
+    return p.gather(x, idx, normalize_axis("take", axis, x.ndim))
+
+
+def gather(x: Tensor, indices: Any, axis: int) -> Tensor:
+    """Gather slices of ``x`` along ``axis`` (TensorFlow's ``gather``; same as ``take``)."""
+    return take(x, indices, axis)
+
+
+def embedding(table: Tensor, ids: Any) -> Tensor:
+    """Rows of ``table [V, D]`` for integer ``ids`` of any shape: ``ids.shape + [D]``.
+
+    Example:
+        >>> sg.embedding(sg.eye(3), [[2, 0]]).shape
+        (1, 2, 3)
+    """
+    if table.ndim != 2:
+        raise ShapeError("embedding", f"table must be [V, D], got {fmt(table.shape)}")
+    return p.gather(table, _indices("embedding", ids, table), 0)
+
+
+def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
+    """``[..., num_classes]`` with a 1 at each label (all zeros for out-of-range labels)."""
+    from shapegrad.dtypes import as_dtype
+
+    labels = _t(labels)
+    shape = (*labels.shape, num_classes)
+    classes = p.iota(shape, len(shape) - 1, int32, like=labels)
+    spread = p.broadcast_in_dim(labels, shape, tuple(range(labels.ndim)))
+    return p.cast(p.binary(Prim.EQ, spread, classes), as_dtype(dtype))
+
+
+# --- losses and normalisation ------------------------------------------------------------
+
+
+def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean softmax cross-entropy of ``logits [b, c]``.
+
+    ``labels`` are either int32 class indices ``[b]`` or float targets
+    ``[b, c]`` (one-hot or probabilities). Eagerly, an out-of-range class index
+    raises IndexError; in a compiled graph its row contributes NaN.
+    Example:
+        >>> x = sg.tensor([[0.0, 0.0]])
+        >>> round(sg.cross_entropy(x, sg.tensor([1])).item(), 4)
+        0.6931
+    """
+    logits, labels = _t(logits), _t(labels)
+    if logits.ndim != 2:
+        raise ShapeError("cross_entropy", f"logits must be [b, c], got {fmt(logits.shape)}")
+    b, c = logits.shape
+    logp = log_softmax(logits, axis=-1)
+    if labels.dtype.is_float:
+        if labels.shape != logits.shape:
+            raise ShapeError(
+                "cross_entropy",
+                f"float targets must match logits: {fmt(labels.shape)} vs {fmt(logits.shape)}",
+            )
+        return -mean(sum(labels * logp, axis=-1))
+    if labels.shape != (b,):
+        raise ShapeError(
+            "cross_entropy",
+            f"integer labels must be [{b}] for logits {fmt(logits.shape)}, got {fmt(labels.shape)}",
+        )
+    if labels.dtype != int32:
+        raise DTypeError(f"cross_entropy: labels must be int32 or float, got {labels.dtype}")
+    valid = where(labels >= 0, labels < c, False)
+    if not labels.is_traced and labels.size and not bool(valid.all()):
+        raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")
+    picked = sum(one_hot(labels, c, logits.dtype) * logp, axis=-1)
+    return -mean(where(valid, picked, math.nan))
+
+
+def mse(pred: Tensor, target: Tensor) -> Tensor:
+    """Mean squared error ``mean((pred - target) ** 2)``; shapes must match exactly."""
+    pred, target = _t(pred), _t(target)
+    if pred.shape != target.shape:
+        raise ShapeError("mse", f"pred {fmt(pred.shape)} and target {fmt(target.shape)} differ")
+    diff = pred - target
+    return mean(diff * diff)
+
+
+def hinge(scores: Tensor, labels: Tensor) -> Tensor:
+    """Mean hinge loss ``mean(relu(1 - labels * scores))`` with labels in {-1, +1}."""
+    scores, labels = _t(scores), _t(labels)
+    if scores.shape != labels.shape:
+        raise ShapeError(
+            "hinge", f"scores {fmt(scores.shape)} and labels {fmt(labels.shape)} differ"
+        )
+    return mean(relu(1.0 - labels.astype(scores.dtype) * scores))
+
+
+def layer_norm(
+    x: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    axis: int | Sequence[int] = -1,
+) -> Tensor:
+    """Normalise over ``axis`` to zero mean / unit (population) variance, then scale and shift.
+
+    ``weight``/``bias`` have the shape of the normalised axes (``[d]`` for ``axis=-1``).
+    Example:
+        >>> sg.layer_norm(sg.ones((4, 8)), sg.ones(8), sg.zeros(8)).shape
+        (4, 8)
+    """
+    x = _t(x)
+    axes = normalize_axes("layer_norm", axis, x.ndim)
+    centered = x - mean(x, axis=axes, keepdims=True)
+    variance = mean(centered * centered, axis=axes, keepdims=True)
+    y = centered / sqrt(variance + eps)
+    param_shape = tuple(x.shape[a] for a in axes)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        if param.shape != param_shape:
+            raise ShapeError(
+                "layer_norm",
+                f"{name} must be {fmt(param_shape)} for x {fmt(x.shape)} over axes {axes}, "
+                f"got {fmt(param.shape)}",
+            )
+        spread = p.broadcast_in_dim(param, x.shape, axes)
+        y = y * spread if name == "weight" else y + spread
+    return y
+
+
+from shapegrad._conv import avg_pool2d, conv2d, max_pool2d  # noqa: E402
+from shapegrad._creation import (  # noqa: E402
+    arange,
+    dropout,
+    eye,
+    full,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    zeros,
+    zeros_like,
+)
+from shapegrad._einsum import einsum  # noqa: E402
+
+__all__ = [
+    "abs",
+    "arange",
+    "argmax",
+    "avg_pool2d",
+    "concat",
+    "conv2d",
+    "cos",
+    "cross_entropy",
+    "dropout",
+    "einsum",
+    "embedding",
+    "exp",
+    "eye",
+    "full",
+    "gather",
+    "gelu",
+    "hinge",
+    "layer_norm",
+    "log",
+    "log_softmax",
+    "logsumexp",
+    "matmul",
+    "max",
+    "max_pool2d",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "mse",
+    "neg",
+    "one_hot",
+    "ones",
+    "ones_like",
+    "pad",
+    "pow",
+    "rand",
+    "randn",
+    "relu",
+    "reshape",
+    "sigmoid",
+    "sin",
+    "slice",
+    "softmax",
+    "sqrt",
+    "stack",
+    "stop_gradient",
+    "sum",
+    "take",
+    "tanh",
+    "transpose",
+    "var",
+    "where",
+    "zeros",
+    "zeros_like",
+]
