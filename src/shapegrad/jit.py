@@ -108,15 +108,19 @@ def _aval_of(leaf: Any) -> AVal:
 def _to_array(leaf: Any, aval: AVal) -> Array:
     if isinstance(leaf, Tensor):
         leaf = leaf.numpy()
-    return np.ascontiguousarray(leaf, dtype=aval.dtype.numpy)
+    array = np.asarray(leaf, dtype=aval.dtype.numpy)
+    # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
     if td.kind == "leaf":
         out.append(prefix)
     elif td.kind == "seq":
+        names = getattr(td.template, "_sg_names", None)  # ParamList: params.w1, params.b1
         for i, child in enumerate(td.children):
-            _leaf_paths(child, f"{prefix}[{i}]", out)
+            label = f".{names[i]}" if names is not None and i < len(names) else f"[{i}]"
+            _leaf_paths(child, prefix + label, out)
     elif td.kind == "dict":
         for key, child in zip(td.keys, td.children, strict=True):
             _leaf_paths(child, f"{prefix}[{key!r}]", out)

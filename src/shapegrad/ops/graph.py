@@ -62,12 +62,26 @@ class GraphOps:
             node: Node = t._payload
             return node
         if isinstance(t._payload, np.ndarray):
-            value = ConstValue(t._payload, t.dtype)
-            return self.table.make(Prim.CONSTANT, [], {"value": value}, t.aval)
+            return self._constant(t._payload, t.aval)
         raise ValueError(
             "a tensor from another trace was used inside this sg.compile trace; pass it in "
             "as an argument instead of capturing it"
         )
+
+    def _constant(self, array: np.ndarray[Any, Any], aval: AVal) -> Node:
+        """A CONSTANT node; arrays of one repeated value stay a scalar plus a BROADCAST.
+
+        Eager scalars meeting a traced tensor get broadcast eagerly before they are
+        lifted, so without this ``x + 1.0`` would embed a full-size array in the graph.
+        """
+        flat = array.reshape(-1)
+        if flat.size > 1 and bool(np.all(flat == flat[0])):
+            scalar = ConstValue(flat[0], aval.dtype)
+            node = self.table.make(Prim.CONSTANT, [], {"value": scalar}, AVal((), aval.dtype))
+            attrs = {"shape": aval.shape, "dims": ()}
+            return self.table.make(Prim.BROADCAST, [node], attrs, aval)
+        value = ConstValue(array, aval.dtype)
+        return self.table.make(Prim.CONSTANT, [], {"value": value}, aval)
 
     def lift_value(self, value: Any) -> Node:
         """A Tensor or NumPy array as a node of this trace (arrays become constants)."""
@@ -76,9 +90,7 @@ class GraphOps:
         array = np.asarray(value)
         from shapegrad.dtypes import dtype_of_array
 
-        dtype = dtype_of_array(array)
-        const = ConstValue(array, dtype)
-        return self.table.make(Prim.CONSTANT, [], {"value": const}, AVal(const.shape, dtype))
+        return self._constant(array, AVal(tuple(array.shape), dtype_of_array(array)))
 
     def to_graph(self, outputs: Sequence[Tensor]) -> Graph:
         """The graph of this trace with ``outputs`` (graph tensors or eager constants)."""
