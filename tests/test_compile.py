@@ -68,6 +68,10 @@ def test_python_scalars_are_inputs_not_constants() -> None:
     assert fast.trace_count == 1
     names = [n.attr["name"] for n in fast.graph(x, 1.0).inputs]
     assert names == ["x", "lr"]
+    # A Python float follows the arrays' float dtype (weak typing, as in eager mode).
+    assert fast(rand(3), 0.5).dtype == sg.float64
+    with pytest.raises(sg.DTypeError, match=r"float64.*float32|float32.*float64"):
+        fast(rand(3), np.float32(0.5))
 
 
 def test_static_argnums_retrace_on_change() -> None:
@@ -229,3 +233,17 @@ def test_numpy_backend_runs_a_graph_directly() -> None:
     (out,) = executable([rand(3)])
     np.testing.assert_allclose(out, np.exp(rand(3)) + rand(3))
     assert any(n.prim is Prim.EXP for n in executable.graph.nodes())
+
+
+def test_donate_argnums_records_aliases_for_updated_state() -> None:
+    def step(params: Any, x: Tensor, y: Tensor, lr: float) -> tuple[Tensor, Any]:
+        loss, grads = sg.value_and_grad(mlp_loss)(params, x, y)
+        return loss, params.map(lambda p, g: p - lr * g, grads)
+
+    params, x, y = make_params(), rand(8, 4), rand(8, 2)
+    graph = sg.compile(step, donate_argnums=0).graph(params, x, y, 0.1)
+    assert graph.aliases == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    for out_k, in_i in graph.aliases:
+        assert graph.outputs[out_k].aval == graph.inputs[in_i].aval
+    with pytest.raises(sg.TraceError, match="donate_argnums"):
+        sg.compile(step, donate_argnums=1).graph(params, x, y, 0.1)

@@ -7,9 +7,10 @@ signature reuse it. ``Compiled.trace_count`` counts traces (for tests).
 
 Arguments may be eager Tensors, NumPy arrays, Python scalars and nested
 tuples/lists/dicts/ParamList/TList of them. Python scalars become scalar
-graph inputs (``float`` -> float32, ``int`` -> int32, ``bool`` -> bool), so
-changing a learning rate does not retrace; pass ``np.float64(x)`` for a
-float64 scalar, or list the argument in ``static_argnums`` to bake it in.
+graph inputs (``int`` -> int32, ``bool`` -> bool, ``float`` -> the float dtype
+of the array arguments when they all share one, else float32), so changing a
+learning rate does not retrace. Pass ``np.float64(x)`` to force a dtype, or
+list the argument in ``static_argnums`` to bake it in.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from shapegrad.backends.base import (
 )
 from shapegrad.compiler.debug import GraphDumper, debug_root
 from shapegrad.compiler.passes import PassStat, count_nodes, optimize
-from shapegrad.dtypes import bool_, dtype_of_array, float32, int32
+from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32
 from shapegrad.ir import Graph
 from shapegrad.ops.eager import EAGER
 from shapegrad.ops.graph import GraphOps
@@ -92,7 +93,7 @@ def _promote_scalars(td: tree.TreeDef, leaves: Any, out: list[Any]) -> tree.Tree
     return dataclasses.replace(td, children=children)
 
 
-def _aval_of(leaf: Any) -> AVal:
+def _aval_of(leaf: Any, float_dtype: DType = float32) -> AVal:
     if isinstance(leaf, Tensor):
         return leaf.aval
     if isinstance(leaf, bool):
@@ -100,9 +101,31 @@ def _aval_of(leaf: Any) -> AVal:
     if isinstance(leaf, int):
         return AVal((), int32)
     if isinstance(leaf, float):
-        return AVal((), float32)
+        return AVal((), float_dtype)
     array = np.asarray(leaf)
     return AVal(tuple(array.shape), dtype_of_array(array))
+
+
+def _leaf_avals(leaves: Sequence[Any]) -> list[AVal]:
+    """Types of the flattened arguments; Python floats follow the arrays' float dtype.
+
+    Python scalars are weakly typed eagerly (``params - lr * g`` keeps the params'
+    dtype); as graph inputs they need one dtype, so a Python float takes the float
+    dtype of the array arguments when they all agree, else float32.
+    """
+    avals = [_aval_of(leaf) for leaf in leaves]
+    floats = {
+        a.dtype
+        for leaf, a in zip(leaves, avals, strict=True)
+        if a.dtype.is_float and not isinstance(leaf, float)
+    }
+    if len(floats) == 1 and float32 not in floats:
+        (common,) = floats
+        avals = [
+            _aval_of(leaf, common) if isinstance(leaf, float) else a
+            for leaf, a in zip(leaves, avals, strict=True)
+        ]
+    return avals
 
 
 def _to_array(leaf: Any, aval: AVal) -> Array:
@@ -166,11 +189,13 @@ class Compiled:
         backend: str,
         static_argnums: Sequence[int],
         options: CompileOptions,
+        donate_argnums: Sequence[int] = (),
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.backend = backend
         self.static_argnums = tuple(static_argnums)
+        self.donate_argnums = tuple(donate_argnums)
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
@@ -225,7 +250,7 @@ class Compiled:
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[Any], tree.TreeDef, Any]:
         leaves, td = _flatten_args(self._split(args, kwargs))
-        key = (td.signature(), tuple(_aval_of(leaf) for leaf in leaves))
+        key = (td.signature(), tuple(_leaf_avals(leaves)))
         return leaves, td, key
 
     def _input_names(self, td: tree.TreeDef) -> list[str]:
@@ -272,7 +297,8 @@ class Compiled:
     def _trace(self, leaves: list[Any], td: tree.TreeDef) -> tuple[Graph, tree.TreeDef, int]:
         ops = GraphOps()
         names = self._input_names(td)
-        inputs = [ops.add_input(n, _aval_of(leaf)) for n, leaf in zip(names, leaves, strict=True)]
+        avals = _leaf_avals(leaves)
+        inputs = [ops.add_input(n, a) for n, a in zip(names, avals, strict=True)]
         traced_args, traced_kwargs = tree.unflatten(td, inputs)
         call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
         out = self.fn(*call_args, **traced_kwargs)
@@ -280,6 +306,7 @@ class Compiled:
         out_leaves, out_td = tree.flatten(out)
         _check_outputs(out_td, self.options.name)
         graph = Graph(list(ops.inputs), [ops.lift_value(leaf) for leaf in out_leaves], ops.table)
+        graph.aliases = _find_aliases(graph, td, out_td, self.donate_argnums)
         return graph, out_td, len(ops.table.table) + len(ops.inputs)
 
 
@@ -301,6 +328,43 @@ def _check_not_mutated(
             )
 
 
+def _find_aliases(
+    graph: Graph, td: tree.TreeDef, out_td: tree.TreeDef, donated: Sequence[int]
+) -> list[tuple[int, int]]:
+    """``(output leaf, input leaf)`` pairs: each donated argument's updated value in the output.
+
+    The new value of donated argument ``i`` is the first output subtree (the whole
+    output or one of its top-level entries) with the same structure and types.
+    """
+    positional = td.children[0].children
+    starts = [0]
+    for child in positional:
+        starts.append(starts[-1] + child.num_leaves)
+    candidates = [(0, out_td)]
+    offset = 0
+    for child in out_td.children if out_td.kind in ("seq", "dict") else ():
+        candidates.append((offset, child))
+        offset += child.num_leaves
+    aliases: list[tuple[int, int]] = []
+    used: set[int] = set()
+    for i in donated:
+        arg_td, first = positional[i], starts[i]
+        in_avals = [n.aval for n in graph.inputs[first : first + arg_td.num_leaves]]
+        for out_first, cand in candidates:
+            out_avals = [n.aval for n in graph.outputs[out_first : out_first + cand.num_leaves]]
+            if out_first in used or cand.signature() != arg_td.signature() or out_avals != in_avals:
+                continue
+            used.add(out_first)
+            aliases += [(out_first + k, first + k) for k in range(arg_td.num_leaves)]
+            break
+        else:
+            raise TraceError(
+                f"donate_argnums: no output has the structure and types of argument {i}; "
+                "a donated argument must be returned updated (e.g. new params)"
+            )
+    return aliases
+
+
 def _check_outputs(td: tree.TreeDef, fname: str) -> None:
     if td.kind == "static":
         if td.static is not None:
@@ -318,6 +382,7 @@ def compile(
     *,
     backend: str = "numpy",
     static_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
     name: str | None = None,
     **backend_options: Any,
 ) -> Any:
@@ -329,6 +394,10 @@ def compile(
         backend: ``"numpy"`` (reference), ``"c"``, ``"cuda"`` or ``"ane"``.
         static_argnums: positional arguments baked into the trace (retrace when they change;
             must be hashable to be cached by value).
+        donate_argnums: positional arguments whose buffers the backend may overwrite with
+            their updated values (``graph.aliases``); the returned output with the same
+            structure and types is taken as the new value. Donated eager tensors must not
+            be used after the call (the NumPy backend never overwrites; the C backend may).
         name: readable name for debug dumps (defaults to ``fn.__name__``).
         backend_options: backend-specific settings passed as ``CompileOptions.extra``.
     Returns:
@@ -340,13 +409,14 @@ def compile(
         >>> print(fast.graph(params, x, y))   # the optimized training step
     """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     if backend not in available_backends():
         raise ValueError(f"unknown backend {backend!r}; choose one of {available_backends()}")
 
     def make(f: Callable[..., Any]) -> Compiled:
         label = name or str(getattr(f, "__name__", "fn"))
         options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
-        return Compiled(f, backend, nums, options)
+        return Compiled(f, backend, nums, options, donate)
 
     return make if fn is None else make(fn)
 
