@@ -4,6 +4,8 @@ Write a model once against :class:`Tensor` and the functional ops; run it
 eagerly (NumPy + tape) or compiled (``sg.compile``).
 """
 
+from shapegrad import nn
+from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad.autodiff import grad, value_and_grad, vjp
 from shapegrad.dtypes import DType, DTypeError, bool_, float16, float32, float64, int32
 from shapegrad.functional import (
@@ -66,15 +68,23 @@ from shapegrad.jit import compile
 from shapegrad.ops.eager import check_numerics, no_grad, tensor
 from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
+from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 
 detach = stop_gradient
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bool",
     "DType",
     "DTypeError",
+    "Float",
+    "Int",
+    "ParamList",
     "ShapeError",
+    "ShapeTypeError",
+    "Shaped",
+    "TList",
     "Tensor",
     "TraceError",
     "__version__",
@@ -117,6 +127,7 @@ __all__ = [
     "minimum",
     "mse",
     "neg",
+    "nn",
     "no_grad",
     "one_hot",
     "ones",
@@ -139,6 +150,7 @@ __all__ = [
     "tanh",
     "tensor",
     "transpose",
+    "typechecked",
     "value_and_grad",
     "var",
     "vjp",
