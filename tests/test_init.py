@@ -116,3 +116,17 @@ def test_bad_arguments_raise() -> None:
         init.uniform(1.0, 0.0)
     with pytest.raises(ValueError, match="seed"):
         init.normal()((2,), seed=-1)
+
+
+def test_linear_and_mlp_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x, w1, b1 = rng.standard_normal((4, 3)), rng.standard_normal((5, 3)), rng.standard_normal(5)
+    w2, b2 = rng.standard_normal((2, 5)), rng.standard_normal(2)
+    params = [sg.tensor(a) for a in (w1, b1, w2, b2)]
+    got = sg.nn.mlp(params, sg.tensor(x)).numpy()
+    expected = np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    with pytest.raises(sg.ShapeError, match="linear"):
+        sg.nn.linear(sg.tensor(x), sg.tensor(w2))
+    with pytest.raises(ValueError, match="pairs"):
+        sg.nn.mlp(params[:3], sg.tensor(x))

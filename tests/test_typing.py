@@ -283,3 +283,27 @@ def test_typechecked_checks_return_values_and_plain_hints() -> None:
     assert "return value[1]" in message and "'i+1' = 4" in message and "shape [3]" in message
     with pytest.raises(sg.ShapeTypeError, match="scale"):
         _layer(_t(4, 3), _t(5, 3), "fast")  # type: ignore[arg-type]
+
+
+def test_typechecked_rejects_unresolvable_annotations() -> None:
+    def f(x: "NotDefinedAnywhere") -> None:  # type: ignore[name-defined]  # noqa: F821
+        return None
+
+    with pytest.raises(TypeError, match="NotDefinedAnywhere"):
+        sg.typechecked(f)
+
+
+def test_compiled_grad_wrt_paramlist_keeps_type_with_traced_rebuild() -> None:
+    x = _t(5, 2, seed=2)
+    p = MLP.init(init.kaiming, seed=0, h=8).freeze("b2")
+
+    @sg.typechecked
+    def loss(p: MLP, x: Float[Tensor, "b 2"]) -> Float[Tensor, ""]:
+        return (sg.nn.mlp(p, x) ** 2).mean()
+
+    eager_value, eager_grads = sg.value_and_grad(loss)(p, x)
+    value, grads = sg.compile(sg.value_and_grad(loss), backend="numpy")(p, x)
+    assert type(grads) is MLP and grads.requires_grad == p.requires_grad
+    np.testing.assert_allclose(np.asarray(value), eager_value.numpy(), rtol=1e-5)
+    for a, b in zip(grads.numpy(), eager_grads.numpy(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

@@ -152,7 +152,13 @@ def typechecked(fn: F) -> F:
         raise TypeError(f"sg.typechecked decorates functions, got {fn!r}")
     name = fn.__qualname__
     signature = inspect.signature(fn)
-    hints = typing.get_type_hints(fn, include_extras=True)
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except NameError as error:  # string annotations naming a function-local type
+        raise TypeError(
+            f"sg.typechecked({name}): cannot resolve an annotation ({error}); "
+            "define the annotated types at module level"
+        ) from error
     arg_hints = {k: h for k, h in hints.items() if k != "return" and handles(h)}
     return_hint = hints.get("return", inspect.Signature.empty)
     ours_return = "return" in hints and handles(return_hint)

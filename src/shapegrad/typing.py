@@ -180,6 +180,17 @@ class TList(tuple[*Ts]):
         return f"{type(self).__name__.split('[')[0]}({body})"
 
 
+class _Names:
+    """``names``: the instance's names, or on the class the declared default (or None)."""
+
+    def __get__(self, obj: Any, owner: type) -> tuple[str, ...] | None:
+        if obj is None:
+            declared: tuple[str, ...] | None = getattr(owner, "_sg_class_names", None)
+            return declared
+        names: tuple[str, ...] = obj._sg_names
+        return names
+
+
 class ParamList(TList[*Ts]):
     """Model parameters: a typed tuple of tensors plus per-element ``requires_grad`` flags and names.
 
@@ -207,7 +218,7 @@ class ParamList(TList[*Ts]):
         _sg_flags: tuple[bool, ...]
         _sg_names: tuple[str, ...]
     else:
-        names = None  # a subclass may set a tuple; __init_subclass__ keeps it as the default
+        names = _Names()  # a subclass may assign a tuple; __init_subclass__ keeps it as default
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -219,7 +230,8 @@ class ParamList(TList[*Ts]):
                 raise ValueError(
                     f"{cls.__name__}.names has {len(names)} names for {len(specs)} parameters"
                 )
-            type.__setattr__(cls, "names", names)
+            type.__setattr__(cls, "_sg_class_names", names)
+            type.__setattr__(cls, "names", _Names())
 
     def __new__(
         cls,
@@ -232,11 +244,6 @@ class ParamList(TList[*Ts]):
         self._sg_validate()
         object.__setattr__(self, "_sg_flags", _resolve_flags(self._tensors(), requires_grad, cls))
         return self
-
-    def __getattribute__(self, name: str) -> Any:
-        if name == "names":  # instance names shadow the class default
-            return object.__getattribute__(self, "_sg_names")
-        return super().__getattribute__(name)
 
     def _element_label(self, index: int) -> str:
         names = self._sg_names
@@ -373,7 +380,7 @@ def _resolve_flags(
 
 def _resolve_names(count: int, names: Sequence[str] | None, cls: type) -> tuple[str, ...]:
     if names is None:
-        names = getattr(cls, "names", None)  # the class default (instances shadow it)
+        names = getattr(cls, "_sg_class_names", None)
     if names is None:
         return tuple(f"p{i}" for i in range(count))
     resolved = tuple(str(n) for n in names)
