@@ -98,13 +98,17 @@ class BrailleCanvas:
         return ["".join(chr(_BRAILLE_BASE + bits) for bits in row) for row in self.cells]
 
 
-def _value_range(values: Sequence[float], log_y: bool) -> tuple[float, float]:
+def _value_range(
+    values: Sequence[float], log_y: bool, y_min: float | None
+) -> tuple[float, float]:
     finite = [v for v in values if math.isfinite(v) and (v > 0 or not log_y)]
     if not finite:
         raise ValueError(
             "line_chart: no finite values to plot" + (" (log scale needs > 0)" if log_y else "")
         )
     lo, hi = min(finite), max(finite)
+    if y_min is not None and not log_y:
+        lo = min(lo, y_min)
     if log_y:
         lo, hi = math.log10(lo), math.log10(hi)
     if hi == lo:  # a flat series: centre it in a band of +-1 (or +-10% of its magnitude)
@@ -121,6 +125,7 @@ def line_chart(
     title: str = "",
     x_label: str = "step",
     log_y: bool = False,
+    y_min: float | None = None,
 ) -> str:
     """Plot a series as a connected Braille line with labelled axes.
 
@@ -135,6 +140,8 @@ def line_chart(
         title: printed above the chart.
         x_label: name of the horizontal axis.
         log_y: logarithmic vertical axis.
+        y_min: extend the vertical axis down to this value (e.g. 0 for a loss);
+            ignored with ``log_y``.
     Returns:
         the chart as a multi-line string.
     Example:
@@ -144,7 +151,7 @@ def line_chart(
     """
     if not values:
         raise ValueError("line_chart: the series is empty")
-    lo, hi = _value_range(values, log_y)
+    lo, hi = _value_range(values, log_y, y_min)
     canvas = BrailleCanvas(width, height)
     n = len(values)
 
