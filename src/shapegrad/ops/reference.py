@@ -93,7 +93,10 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
     elif prim is Prim.REDUCE_SUM:
         result = np.sum(args[0], axis=attrs["axes"], dtype=dtype.numpy)
     elif prim is Prim.REDUCE_MAX:
-        result = np.max(args[0], axis=attrs["axes"]) if args[0].size else np.zeros((), dtype.numpy)
+        # An empty input (with non-empty reduced axes) gives an empty result of the kept shape.
+        kept = [d for i, d in enumerate(args[0].shape) if i not in attrs["axes"]]
+        empty = np.zeros(kept, dtype.numpy)
+        result = np.max(args[0], axis=attrs["axes"]) if args[0].size else empty
     elif prim is Prim.EINSUM:
         result = np.einsum(attrs["spec"], *args, optimize=len(args) > 1)
     elif prim is Prim.RESHAPE:

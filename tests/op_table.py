@@ -1,0 +1,370 @@
+"""The op table: one Case per (op, shape family), covering every primitive and public op.
+
+Rows are deliberately one line each (formatter off) so the table reads as a
+table. ``tests/test_ops.py`` runs every row in every mode of ``modes.MODES``;
+other suites (compiled backends, benchmarks) import ``CASES`` from here rather
+than copying rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import references as R
+import shapegrad as sg
+from harness import (
+    Case,
+    bools,
+    distinct,
+    fixed,
+    ints,
+    normal,
+    signs,
+    strided,
+    transposed,
+    uniform,
+)
+from shapegrad.ops import prims as P
+
+Gen = Callable[[np.random.Generator], np.ndarray]
+
+# fmt: off
+# --- elementwise families over shapes: scalar, (1,), odd, zero-size, non-contiguous ----------
+
+SHAPES: list[tuple[str, Callable[..., Gen], tuple[int, ...]]] = [
+    ("scalar", normal, ()),
+    ("one", normal, (1,)),
+    ("small", normal, (2, 3)),
+    ("odd", normal, (37, 129)),
+    ("empty", normal, (0, 3)),
+    ("transposed", transposed, (5, 7)),
+    ("strided", strided, (4, 6)),
+]
+
+
+def _positive(gen: Gen) -> Gen:
+    return lambda rng: np.abs(gen(rng)) + 0.5
+
+
+def _away_from_zero(gen: Gen) -> Gen:
+    return lambda rng: np.sign(gen(rng) + 1e-9) * (np.abs(gen(rng)) + 0.25)
+
+
+UNARY: list[
+    tuple[str, Callable[..., Any], Callable[..., Any], Callable[[Gen], Gen], tuple[str, ...]]
+] = [
+    ("neg", sg.neg, np.negative, lambda g: g, ("neg",)),
+    ("exp", sg.exp, np.exp, lambda g: g, ("exp",)),
+    ("log", sg.log, np.log, _positive, ("log",)),
+    ("sin", sg.sin, np.sin, lambda g: g, ("sin",)),
+    ("cos", sg.cos, np.cos, lambda g: g, ("cos",)),
+    ("sqrt", sg.sqrt, np.sqrt, _positive, ("sqrt",)),
+    ("tanh", sg.tanh, np.tanh, lambda g: g, ("tanh",)),
+    ("abs", sg.abs, np.abs, _away_from_zero, ("abs",)),
+    ("sigmoid", sg.sigmoid, R.sigmoid, lambda g: g, ("sigmoid",)),
+    ("relu", sg.relu, lambda x: np.maximum(x, 0.0), _away_from_zero, ("relu", "maximum")),
+    ("gelu", sg.gelu, R.gelu, lambda g: g, ("gelu",)),
+    ("pow2.5", lambda x: x**2.5, lambda x: x**2.5, _positive, ("pow",)),
+    ("pow3", lambda x: sg.pow(x, 3), lambda x: x**3, lambda g: g, ("pow",)),
+]
+
+PAIRS: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = [
+    ("same", (2, 3), (2, 3)),
+    ("scalars", (), ()),
+    ("scalar_vec", (), (3,)),
+    ("outer", (4, 1), (1, 5)),
+    ("trailing", (2, 3, 4), (4,)),
+    ("empty", (0, 3), (1, 3)),
+    ("odd", (37, 129), (129,)),
+]
+
+BINARY: list[
+    tuple[str, Callable[..., Any], Callable[..., Any], Callable[[Gen], Gen], tuple[str, ...]]
+] = [
+    ("add", lambda a, b: a + b, np.add, lambda g: g, ("add",)),
+    ("sub", lambda a, b: a - b, np.subtract, lambda g: g, ("sub",)),
+    ("mul", lambda a, b: a * b, np.multiply, lambda g: g, ("mul",)),
+    ("div", lambda a, b: a / b, np.divide, _away_from_zero, ("div",)),
+    ("pow", lambda a, b: a**b, np.power, _positive, ("pow",)),
+    ("maximum", sg.maximum, np.maximum, lambda g: g, ("maximum",)),
+    ("minimum", sg.minimum, np.minimum, lambda g: g, ("minimum",)),
+]
+
+COMPARISONS = [
+    ("less", lambda a, b: a < b, np.less),
+    ("less_equal", lambda a, b: a <= b, np.less_equal),
+    ("greater", lambda a, b: a > b, np.greater),
+    ("greater_equal", lambda a, b: a >= b, np.greater_equal),
+    ("equal", lambda a, b: a == b, np.equal),
+    ("not_equal", lambda a, b: a != b, np.not_equal),
+]
+
+
+def _small_ints(*shape: int) -> Gen:
+    return lambda rng: rng.integers(0, 3, shape).astype(np.float64)  # ties on purpose
+
+
+def elementwise_cases() -> list[Case]:
+    cases = []
+    for name, fn, ref, domain, covers in UNARY:
+        for label, make, shape in SHAPES:
+            cases.append(Case(f"{name}[{label}]", fn, [domain(make(*shape))], ref, covers))
+    for name, fn, ref, domain, covers in BINARY:
+        for label, sa, sb in PAIRS:
+            gens = (
+                [normal(*sa), domain(normal(*sb))]
+                if name == "div"
+                else [domain(normal(*sa)), domain(normal(*sb))]
+            )
+            cases.append(Case(f"{name}[{label}]", fn, gens, ref, (*covers, "broadcast")))
+    for name, fn, ref in COMPARISONS:
+        cases.append(
+            Case(
+                f"{name}[outer]",
+                fn,
+                [_small_ints(4, 1), _small_ints(1, 5)],
+                ref,
+                (name.replace("greater", "less"),),
+                grad=False,
+            )
+        )
+    cases += [
+        Case("where[broadcast]", lambda c, a, b: sg.where(c, a, b), [bools(3, 1), normal(3, 4), normal(4)], np.where, ("where",)),
+        Case("where[scalar]", lambda c, a: sg.where(c, a, 0.5), [bools(2, 3), normal(2, 3)], lambda c, a: np.where(c, a, 0.5), ("where",)),
+        Case("exp[transpose_slice]", lambda x: sg.exp(x.T[1:, ::2]), [normal(6, 5)], lambda x: np.exp(x.T[1:, ::2]), ("exp", "slice", "permute")),
+        Case("stop_gradient", lambda x: sg.stop_gradient(x) * 2.0, [normal(3)], lambda x: x * 2.0, ("stop_gradient",), grad=False),
+        Case("cast[int]", lambda x: (x * 3.0).astype("int32"), [normal(2, 5)], lambda x: np.trunc(x * 3.0).astype(np.int32), ("cast",), grad=False),
+        Case("cast[f32]", lambda x: x.astype("float32").astype(x.dtype), [normal(2, 5)], lambda x: x.astype(np.float32).astype(np.float64), ("cast",), fd_step=1e-2),
+    ]
+    return cases
+
+
+# --- reductions and normalisers ---------------------------------------------------------
+
+
+def _red(name: str, fn: Any, ref: Any, gen: Gen, covers: tuple[str, ...], **kw: Any) -> Case:
+    return Case(name, fn, [gen], ref, covers, **kw)
+
+
+def reduction_cases() -> list[Case]:
+    return [
+        _red("sum[all]", lambda x: sg.sum(x), lambda x: np.sum(x), normal(3, 4), ("sum", "reduce_sum")),
+        _red("sum[axis]", lambda x: x.sum(axis=(0, 2)), lambda x: x.sum(axis=(0, 2)), normal(2, 3, 4), ("sum",)),
+        _red("sum[keepdims]", lambda x: x.sum(axis=-1, keepdims=True), lambda x: x.sum(-1, keepdims=True), normal(3, 5), ("sum",)),
+        _red("sum[scalar]", lambda x: sg.sum(x), np.sum, normal(), ("sum",)),
+        _red("sum[empty]", lambda x: x.sum(axis=0), lambda x: x.sum(axis=0), normal(0, 3), ("sum",)),
+        _red("sum[odd]", lambda x: x.sum(axis=1), lambda x: x.sum(axis=1), normal(37, 129), ("sum",)),
+        _red("mean", lambda x: sg.mean(x, axis=1), lambda x: x.mean(axis=1), normal(4, 5), ("mean",)),
+        _red("mean[empty_kept]", lambda x: sg.mean(x, axis=1), lambda x: x.mean(axis=1), normal(0, 5), ("mean",)),
+        _red("var", lambda x: sg.var(x, axis=0, keepdims=True), lambda x: x.var(axis=0, keepdims=True), normal(6, 3), ("var",)),
+        _red("max[all]", lambda x: sg.max(x), np.max, distinct(3, 4), ("max", "reduce_max")),
+        _red("max[axis]", lambda x: x.max(axis=1, keepdims=True), lambda x: x.max(1, keepdims=True), distinct(4, 5), ("max",)),
+        _red("max[empty_batch]", lambda x: x.max(axis=1), lambda x: x.max(axis=1), normal(0, 5), ("max",)),
+        _red("min", lambda x: sg.min(x, axis=0), lambda x: x.min(axis=0), distinct(4, 3), ("min",)),
+        _red("argmax", lambda x: sg.argmax(x, axis=0), lambda x: np.argmax(x, axis=0).astype(np.int32), distinct(5, 3), ("argmax",), grad=False),
+        _red("logsumexp", lambda x: sg.logsumexp(x, axis=1), lambda x: R.logsumexp(x, axis=1), normal(3, 7), ("logsumexp",)),
+        _red("logsumexp[all]", lambda x: sg.logsumexp(x), R.logsumexp, normal(2, 3), ("logsumexp",)),
+        _red("logsumexp[large]", lambda x: sg.logsumexp(x, axis=-1), lambda x: R.logsumexp(x, axis=-1), uniform(-1e4, 1e4, 3, 4), ("logsumexp",)),
+        _red("softmax", lambda x: sg.softmax(x, axis=0), lambda x: R.softmax(x, axis=0), normal(4, 3), ("softmax",)),
+        _red("softmax[large]", lambda x: sg.softmax(x), R.softmax, uniform(-50, 50, 2, 5), ("softmax",)),
+        _red("log_softmax", lambda x: sg.log_softmax(x), R.log_softmax, normal(3, 6), ("log_softmax",)),
+        _red("layer_norm", lambda x: sg.layer_norm(x), R.layer_norm, normal(3, 8), ("layer_norm",)),
+        Case("layer_norm[affine]", lambda x, w, b: sg.layer_norm(x, w, b, axis=(1, 2)), [normal(2, 3, 4), normal(3, 4), normal(3, 4)], lambda x, w, b: R.layer_norm(x, w, b, axes=(1, 2)), ("layer_norm",)),
+    ]
+
+
+# --- layout, indexing, contraction -------------------------------------------------------------
+
+
+def layout_cases() -> list[Case]:
+    idx = np.array([2, 0, -1, 2], dtype=np.int32)
+    return [
+        Case("reshape", lambda x: sg.reshape(x, (3, -1)), [normal(2, 3, 2)], lambda x: x.reshape(3, -1), ("reshape",)),
+        Case("reshape[empty]", lambda x: x.reshape(3, 0), [normal(0, 3)], lambda x: x.reshape(3, 0), ("reshape",)),
+        Case("transpose", lambda x: sg.transpose(x, (1, 2, 0)), [normal(2, 3, 4)], lambda x: x.transpose(1, 2, 0), ("transpose", "permute")),
+        Case("T", lambda x: x.T, [normal(3, 5)], lambda x: x.T, ("transpose",)),
+        Case("index[basic]", lambda x: x[1:, None, ::2, -1], [normal(4, 5, 3)], lambda x: x[1:, None, ::2, -1], ("slice", "reshape")),
+        Case("index[advanced]", lambda x: x[:, idx], [normal(2, 3)], lambda x: x[:, idx], ("gather",)),
+        Case("slice", lambda x: sg.slice(x, 1, None, 2, axis=1), [normal(3, 7)], lambda x: x[:, 1::2], ("slice",)),
+        Case("slice[empty]", lambda x: sg.slice(x, 5, 2), [normal(4, 2)], lambda x: x[5:2], ("slice",)),
+        Case("broadcast_to", lambda x: x.broadcast_to((2, 3, 4)), [normal(3, 1)], lambda x: np.broadcast_to(x, (2, 3, 4)), ("broadcast",)),
+        Case("concat", lambda a, b, c: sg.concat([a, b, c], axis=1), [normal(2, 3), normal(2, 0), normal(2, 1)], lambda a, b, c: np.concatenate([a, b, c], 1), ("concat",)),
+        Case("stack", lambda a, b: sg.stack([a, b], axis=-1), [normal(2, 3), normal(2, 3)], lambda a, b: np.stack([a, b], -1), ("stack", "concat")),
+        Case("stack[scalars]", lambda a, b: sg.stack([a, b]), [normal(), normal()], lambda a, b: np.stack([a, b]), ("stack",)),
+        Case("pad[pairs]", lambda x: sg.pad(x, ((1, 0), (2, 3)), constant_values=1.5), [normal(2, 3)], lambda x: np.pad(x, ((1, 0), (2, 3)), constant_values=1.5), ("pad",)),
+        Case("pad[int]", lambda x: sg.pad(x, 1), [normal(2, 2)], lambda x: np.pad(x, 1), ("pad",)),
+        Case("pad[empty]", lambda x: sg.pad(x, (1, 2)), [normal(0, 2)], lambda x: np.pad(x, (1, 2)), ("pad",)),
+        Case("take[flat]", lambda x: sg.take(x, [[5, 0], [-1, 3]]), [normal(2, 3)], lambda x: np.take(x, [[5, 0], [-1, 3]]), ("take",)),
+        Case("take[axis]", lambda x, i: sg.take(x, i, axis=1), [normal(3, 4, 2), ints(-4, 4, 5)], lambda x, i: np.take(x, i, axis=1), ("take",)),
+        Case("gather", lambda x, i: sg.gather(x, i, 0), [normal(5, 3), ints(0, 5, 2, 6)], lambda x, i: np.take(x, i, axis=0), ("gather",)),
+        Case("prim:gather", lambda x, i: P.gather(x, i, 1), [normal(3, 5, 2), ints(0, 5, 2, 3)], lambda x, i: np.take(x, i, axis=1), ("gather",)),
+        Case("prim:scatter_add", lambda u, i: P.scatter_add(u, i, 1, 3), [normal(2, 5, 3), ints(0, 3, 5)], lambda u, i: R.scatter_add(u, i, 1, 3), ("scatter_add",)),
+        Case("embedding", lambda t, i: sg.embedding(t, i), [normal(6, 4), ints(0, 6, 2, 3)], lambda t, i: t[i], ("embedding",)),
+        Case("one_hot", lambda i: sg.one_hot(i, 4), [ints(0, 4, 5)], lambda i: np.eye(4)[i], ("one_hot",), grad=False, keeps_dtype=False),
+        Case("prim:pad", lambda x: P.pad(x, [0, 2], [1, 0], value=-1.0), [normal(3, 2)], lambda x: np.pad(x, ((0, 1), (2, 0)), constant_values=-1.0), ("pad",)),
+        Case("prim:slice", lambda x: P.slice_(x, [1, 0], [6, 3], [2, 3]), [normal(7, 4)], lambda x: x[1:6:2, 0:3:3], ("slice",)),
+        Case("prim:broadcast", lambda x: P.broadcast_in_dim(x, (3, 2, 4), (0, 2)), [normal(3, 1)], lambda x: np.broadcast_to(x[:, None, :], (3, 2, 4)), ("broadcast",)),
+    ]
+
+
+EINSUMS: list[tuple[str, list[tuple[int, ...]]]] = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,jk", [(2, 3), (3, 2)]),
+    ("ba", [(3, 2)]),
+    ("ii->i", [(4, 4)]),
+    ("ii", [(3, 3)]),
+    ("iij,jk->ki", [(3, 3, 2), (2, 4)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),
+    ("...i,i", [(2, 3, 4), (4,)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ("ab,bc,cd,d", [(2, 3), (3, 2), (2, 3), (3,)]),
+    ("ij,ij->", [(0, 3), (0, 3)]),
+    (",ij->ij", [(), (2, 3)]),
+    ("ij,kj->ik", [(37, 129), (3, 129)]),
+]
+
+
+def contraction_cases() -> list[Case]:
+    cases = [
+        Case(
+            f"einsum[{spec}]",
+            lambda *xs, spec=spec: sg.einsum(spec, *xs),
+            [normal(*s) for s in shapes],
+            lambda *xs, spec=spec: np.einsum(spec, *xs),
+            ("einsum",),
+        )
+        for spec, shapes in EINSUMS
+    ]
+    for a, b in [
+        ((3, 4), (4, 5)),
+        ((4,), (4, 5)),
+        ((3, 4), (4,)),
+        ((2, 3, 4), (4, 5)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((0, 4), (4, 2)),
+    ]:
+        cases.append(
+            Case(
+                f"matmul{a}@{b}",
+                lambda x, y: x @ y,
+                [normal(*a), normal(*b)],
+                np.matmul,
+                ("matmul", "einsum"),
+            )
+        )
+    cases.append(
+        Case(
+            "matmul[transposed]",
+            sg.matmul,
+            [transposed(3, 4), strided(4, 2)],
+            np.matmul,
+            ("matmul",),
+        )
+    )
+    cases.append(
+        Case(
+            "prim:einsum",
+            lambda a, b: P.einsum("ijk,kj->ki", a, b),
+            [normal(2, 3, 4), normal(4, 3)],
+            lambda a, b: np.einsum("ijk,kj->ki", a, b),
+            ("einsum",),
+        )
+    )
+    return cases
+
+
+# --- losses, convolution, pooling, constructors ------------------------------------------------------
+
+
+def _probs(*shape: int) -> Gen:
+    return lambda rng: R.softmax(rng.standard_normal(shape))
+
+
+def nn_cases() -> list[Case]:
+    conv = [
+        ("plain", (1, 2, 4, 4), (2, 2, 2, 2), {}),
+        ("stride_pad_bias", (2, 3, 5, 6), (4, 3, 3, 3), {"stride": 2, "padding": 1}),
+        ("rect", (1, 2, 7, 5), (3, 2, 3, 2), {"stride": (2, 1), "padding": (1, 0)}),
+        ("empty_batch", (0, 2, 4, 4), (3, 2, 3, 3), {}),
+    ]
+    cases = []
+    for label, xs, ws, kw in conv:
+        if label == "stride_pad_bias":
+            fn = lambda x, w, b, kw=kw: sg.conv2d(x, w, b, **kw)  # noqa: E731
+            ref = lambda x, w, b, kw=kw: R.conv2d(x, w, b, **_pairs(kw))  # noqa: E731
+            gens = [normal(*xs), normal(*ws), normal(ws[0])]
+        else:
+            fn = lambda x, w, kw=kw: sg.conv2d(x, w, **kw)  # noqa: E731
+            ref = lambda x, w, kw=kw: R.conv2d(x, w, **_pairs(kw))  # noqa: E731
+            gens = [normal(*xs), normal(*ws)]
+        cases.append(Case(f"conv2d[{label}]", fn, gens, ref, ("conv2d",)))
+    for kind, op in (("max", sg.max_pool2d), ("avg", sg.avg_pool2d)):
+        for label, shape, kernel, stride, pad in [
+            ("k2", (1, 2, 4, 6), 2, None, 0),
+            ("k3s2p1", (2, 1, 5, 5), 3, 2, 1),
+            ("rect", (1, 1, 5, 4), (2, 3), (1, 2), (1, 0)),
+        ]:
+            kp = kernel if isinstance(kernel, tuple) else (kernel, kernel)
+            sp = (
+                kp
+                if stride is None
+                else (stride if isinstance(stride, tuple) else (stride, stride))
+            )
+            pp = pad if isinstance(pad, tuple) else (pad, pad)
+            cases.append(
+                Case(
+                    f"{kind}_pool2d[{label}]",
+                    lambda x, op=op, k=kernel, s=stride, p=pad: op(x, k, s, p),
+                    [distinct(*shape)],
+                    lambda x, kind=kind, k=kp, s=sp, p=pp: R.pool2d(x, k, s, p, kind),
+                    (f"{kind}_pool2d",),
+                )
+            )
+    cases += [
+        Case("cross_entropy[int]", sg.cross_entropy, [normal(5, 4), ints(0, 4, 5)], R.cross_entropy_int, ("cross_entropy",)),
+        Case("cross_entropy[soft]", sg.cross_entropy, [normal(3, 4), _probs(3, 4)], R.cross_entropy_soft, ("cross_entropy",)),
+        Case("cross_entropy[large]", sg.cross_entropy, [uniform(-1e3, 1e3, 4, 3), ints(0, 3, 4)], R.cross_entropy_int, ("cross_entropy",)),
+        Case("mse", sg.mse, [normal(4, 3), normal(4, 3)], lambda a, b: np.mean((a - b) ** 2), ("mse",)),
+        Case("hinge", sg.hinge, [normal(6), signs(6)], lambda s, y: np.mean(np.maximum(1 - y * s, 0)), ("hinge",), diff=(True, False)),
+    ]
+    return cases
+
+
+def _pairs(kw: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    return {k: v if isinstance(v, tuple) else (v, v) for k, v in kw.items()}
+
+
+def constructor_cases() -> list[Case]:
+    return [
+        Case("zeros", lambda x: x + sg.zeros(x.shape, x.dtype), [normal(2, 3)], lambda x: x, ("zeros", "constant")),
+        Case("ones", lambda x: x * sg.ones((3,), x.dtype), [normal(2, 3)], lambda x: x, ("ones",)),
+        Case("full", lambda x: x * sg.full((2, 1), 2.5, x.dtype), [normal(2, 3)], lambda x: x * 2.5, ("full",)),
+        Case("zeros_like", lambda x: x + sg.zeros_like(x), [normal(3)], lambda x: x, ("zeros_like",)),
+        Case("ones_like", lambda x: x * sg.ones_like(x), [normal(3)], lambda x: x, ("ones_like",)),
+        Case("constant", lambda x: x * P.constant([1.0, -2.0, 3.0], x.dtype, like=x), [normal(2, 3)], lambda x: x * [1.0, -2.0, 3.0], ("constant",)),
+        Case("arange", lambda x: x * sg.arange(0.5, 3.0, 0.5, dtype=x.dtype), [normal(2, 5)], lambda x: x * np.arange(0.5, 3.0, 0.5), ("arange",)),
+        Case("arange[int]", lambda x: sg.arange(x.shape[0]) * 2, [normal(4)], lambda x: np.arange(4, dtype=np.int32) * 2, ("arange",), grad=False),
+        Case("eye", lambda x: x * sg.eye(3, 4, k=1, dtype=x.dtype), [normal(3, 4)], lambda x: x * np.eye(3, 4, k=1), ("eye",)),
+        Case("iota", lambda x: x * P.iota(x.shape, 1, x.dtype, like=x), [normal(2, 4)], lambda x: x * np.arange(4), ("iota",)),
+        Case("rand", lambda x: x * sg.rand(x.shape, seed=3, dtype=x.dtype), [normal(3, 5)], lambda x: x * R.uniform((3, 5), 3), ("rand", "random_uniform")),
+        Case("prim:random", lambda x: x + P.random_uniform(x.shape, 11, x.dtype, like=x), [normal(4)], lambda x: x + R.uniform((4,), 11), ("random_uniform",)),
+        Case("randn", lambda x: x * sg.randn(x.shape, seed=5, dtype=x.dtype), [normal(2, 3)], lambda x: x * R.normal((2, 3), 5), ("randn",), rtol32=1e-3),
+        Case("dropout", lambda x: sg.dropout(x, 0.25, seed=9), [normal(4, 5)], lambda x: np.where(R.uniform((4, 5), 9) >= 0.25, x / 0.75, 0.0), ("dropout",)),
+        Case("neg[fixed]", lambda x: -x, [fixed([[1.5, -2.0]])], np.negative, ("neg",)),
+    ]
+
+
+CASES: list[Case] = [
+    *elementwise_cases(),
+    *reduction_cases(),
+    *layout_cases(),
+    *contraction_cases(),
+    *nn_cases(),
+    *constructor_cases(),
+]
+GRAD_CASES = [c for c in CASES if c.grad]
+# fmt: on
