@@ -1,0 +1,108 @@
+"""Backend ``"ane"``: graphs lowered to Core ML ML Programs (MIL) for the Apple Neural Engine.
+
+Pipeline: optimized graph -> :func:`lower_to_mil` (fp16 compute, fp32 I/O)
+-> ``ct.convert`` -> ``.mlpackage`` cached by content hash -> on macOS 13+
+``MLModel.predict`` with compute units CPU_AND_NE. On other systems
+compiling works (the package is built and saved) and *calling* raises
+:class:`AneExecutionUnavailable`; there is no silent fallback.
+
+Backend settings (``CompileOptions.extra``): ``precision`` (``"fp16"``
+default, or ``"fp32"``), ``cache_dir``.
+
+Example:
+    >>> f = sg.compile(loss, backend="ane")      # doctest: +SKIP
+    >>> f(params, x, y)                          # macOS only
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shapegrad.backends.base import CompileOptions, register_backend
+from shapegrad.ir import Graph
+
+from .executable import (
+    AneExecutable,
+    AneExecutionUnavailable,
+    IoSignature,
+    MilRunner,
+    can_execute,
+)
+from .lowering import AneLoweringError, MilProgram, lower_to_mil
+from .package import Package, build_package, dump_mil
+
+
+def compile_graph(
+    graph: Graph,
+    name: str = "fn",
+    precision: str = "fp16",
+    cache_dir: str | None = None,
+    debug_dir: str | None = None,
+) -> AneExecutable:
+    """Lower, convert (or load from cache) and wrap ``graph`` as an executable.
+
+    Args:
+        graph: an optimized graph.
+        name: readable name for dumps and the package file.
+        precision: ``"fp16"`` or ``"fp32"`` compute.
+        cache_dir: package cache (default ``$SHAPEGRAD_CACHE_DIR/ane``).
+        debug_dir: where to dump the MIL text (default ``$SHAPEGRAD_DEBUG``).
+    Returns:
+        an :class:`AneExecutable` (callable on macOS 13+).
+    """
+    mil = lower_to_mil(graph, precision)
+    dump_mil(mil, name, debug_dir)
+    signature = IoSignature.of(mil)
+    lowering = dict(mil.lowering)
+    package = build_package(mil, name, Path(cache_dir) if cache_dir else None)
+    stats = {
+        "mil_ops": package.mil_ops,
+        "converted_ops": package.converted_ops,
+        "convert_seconds": package.convert_seconds,
+        "cached": package.cached,
+        "lowering": lowering,
+    }
+    return AneExecutable(graph, signature, package.path, stats)
+
+
+class AneBackend:
+    """Backend ``"ane"``: available wherever coremltools imports (execution needs macOS)."""
+
+    name = "ane"
+
+    def compile(self, graph: Graph, options: CompileOptions) -> AneExecutable:
+        return compile_graph(
+            graph,
+            name=options.name,
+            precision=str(options.get("precision", "fp16")),
+            cache_dir=options.get("cache_dir"),
+            debug_dir=options.debug_dir,
+        )
+
+    def is_available(self) -> tuple[bool, str]:
+        try:
+            from ._mil import coremltools
+
+            coremltools()
+        except ImportError as exc:
+            return False, str(exc)
+        return True, ""
+
+
+register_backend("ane", AneBackend)
+
+__all__ = [
+    "AneBackend",
+    "AneExecutable",
+    "AneExecutionUnavailable",
+    "AneLoweringError",
+    "IoSignature",
+    "MilProgram",
+    "MilRunner",
+    "Package",
+    "build_package",
+    "can_execute",
+    "compile_graph",
+    "dump_mil",
+    "lower_to_mil",
+]
