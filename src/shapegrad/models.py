@@ -1,4 +1,3 @@
-# ruff: noqa: F722  (jaxtyping shape strings such as "b 2" are not Python expressions)
 """The demo models: typed parameter packs and pure forward/loss functions.
 
 Each model is a :class:`~shapegrad.typing.ParamList` subclass whose annotations
