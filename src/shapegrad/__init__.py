@@ -65,9 +65,12 @@ from shapegrad.functional import (
     zeros_like,
 )
 from shapegrad.jit import compile
+from shapegrad.io import load_checkpoint, save_checkpoint
 from shapegrad.ops.eager import check_numerics, no_grad, tensor
 from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
+from shapegrad.train import optim, schedules
+from shapegrad.train.trainer import ScalarTrainer
 from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 
 detach = stop_gradient
@@ -81,6 +84,7 @@ __all__ = [
     "Float",
     "Int",
     "ParamList",
+    "ScalarTrainer",
     "ShapeError",
     "ShapeTypeError",
     "Shaped",
@@ -115,6 +119,7 @@ __all__ = [
     "hinge",
     "int32",
     "layer_norm",
+    "load_checkpoint",
     "log",
     "log_softmax",
     "logsumexp",
@@ -132,12 +137,15 @@ __all__ = [
     "one_hot",
     "ones",
     "ones_like",
+    "optim",
     "pad",
     "pow",
     "rand",
     "randn",
     "relu",
     "reshape",
+    "schedules",
+    "save_checkpoint",
     "sigmoid",
     "sin",
     "slice",

@@ -1,0 +1,100 @@
+"""Dynamic loss scaling for float16 training, written against Tensor (so it compiles).
+
+The state is three 0-d tensors: ``scale`` (float32, starts at 2**15),
+``good`` (int32, finite steps in a row) and ``skipped`` (int32, steps
+thrown away). After each backward pass:
+
+* all gradients finite: the update is applied; after ``window`` finite steps
+  in a row the scale doubles;
+* any gradient Inf/NaN (the scaled float16 backward overflowed): the update is
+  *not* applied (parameters and optimizer state keep their old values), the
+  scale halves and ``skipped`` counts it.
+
+The decision is a ``where`` on a boolean scalar, so it runs in the compiled
+step without any Python control flow on traced values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shapegrad import tree
+from shapegrad.dtypes import int32
+from shapegrad.functional import where
+from shapegrad.ops import prims as p
+from shapegrad.ops.eager import tensor
+from shapegrad.tensor import Tensor
+from shapegrad.train.optim import is_finite_all
+
+ScalerState = dict[str, Tensor]
+
+MIN_SCALE = 1.0  # never scale the loss below 1: that would only lose float16 range
+
+
+def init_state(scale: float = 2.0**15) -> ScalerState:
+    """A fresh loss-scale state.
+
+    Args:
+        scale: the initial loss scale (a power of two keeps scaling exact).
+    Returns:
+        ``{"scale": float32, "good": int32, "skipped": int32}`` eager 0-d tensors.
+    """
+    if not scale >= MIN_SCALE:
+        raise ValueError(f"loss scale must be >= {MIN_SCALE}, got {scale}")
+    return {
+        "scale": tensor(np.float32(scale)),
+        "good": tensor(np.int32(0)),
+        "skipped": tensor(np.int32(0)),
+    }
+
+
+def next_state(finite: Tensor, state: ScalerState, window: int) -> ScalerState:
+    """The scale/counters after a step whose gradients were ``finite`` (bool 0-d tensor)."""
+    scale, good, skipped = state["scale"], state["good"], state["skipped"]
+    streak = good + 1
+    grow = streak >= window
+    grown = where(grow, scale * 2.0, scale)
+    shrunk = where(
+        scale * 0.5 < MIN_SCALE, p.full((), MIN_SCALE, scale.dtype, like=scale), scale * 0.5
+    )
+    zero = p.zeros_like(good)
+    return {
+        "scale": where(finite, grown, shrunk),
+        "good": where(finite, where(grow, zero, streak), zero),
+        "skipped": skipped + (1 - p.cast(finite, int32)),
+    }
+
+
+def select_tree(condition: Tensor, new: Any, old: Any) -> Any:
+    """Leaf-wise ``where(condition, new, old)`` over two trees of the same structure."""
+    new_leaves, treedef = tree.flatten(new)
+    old_leaves, _ = tree.flatten(old)
+    chosen = [
+        a if a is b else where(condition, a, b) for a, b in zip(new_leaves, old_leaves, strict=True)
+    ]
+    return tree.unflatten(treedef, chosen)
+
+
+def apply_or_skip(
+    grads: Sequence[Tensor],
+    old: tuple[Any, Any],
+    new: tuple[Any, Any],
+    state: ScalerState,
+    loss: Tensor,
+    window: int,
+) -> tuple[Tensor, Any, Any, ScalerState]:
+    """Keep ``new`` (params, opt_state) when ``grads`` are finite, else ``old``.
+
+    Returns:
+        ``(loss, params, opt_state, new_scaler_state)``.
+    """
+    finite = is_finite_all(grads)
+    params = select_tree(finite, new[0], old[0])
+    opt_state = select_tree(finite, new[1], old[1])
+    return loss, params, opt_state, next_state(finite, state, window)
+
+
+__all__ = ["MIN_SCALE", "ScalerState", "apply_or_skip", "init_state", "next_state", "select_tree"]

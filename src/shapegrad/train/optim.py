@@ -1,0 +1,327 @@
+"""Optimizers as pure functions over parameter/state trees, written once against Tensor.
+
+An optimizer never mutates anything: ``update(params, grads, state)`` returns
+new parameters and a new state. Because every line is a Tensor operation the
+same code runs eagerly and is traced into a compiled training step.
+
+The state is a dict: ``"step"`` (an int32 scalar, the number of updates
+applied so far) plus one entry per *slot* (``"momentum"``, ``"m"``, ``"v"``),
+each shaped like the parameters (same container, same leaves).
+
+Frozen parameters (``requires_grad`` False) are returned unchanged, and so are
+their slots.
+
+Example:
+    >>> opt = sg.optim.Adam(lr=1e-3)
+    >>> state = opt.init(params)
+    >>> params, state = opt.update(params, grads, state)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from shapegrad import tree
+from shapegrad.dtypes import float32, int32
+from shapegrad.functional import minimum
+from shapegrad.ops import prims as p
+from shapegrad.ops.eager import tensor
+from shapegrad.tensor import Tensor
+
+OptState = dict[str, Any]
+LRLike = float | Tensor
+
+
+def trainable_flags(params: Any, override: Sequence[bool] | None = None) -> tuple[bool, ...]:
+    """One ``requires_grad`` flag per parameter leaf.
+
+    Args:
+        params: a ParamList/TList (its ``requires_grad`` flags are used when present),
+            a list/tuple/dict of tensors, or a single tensor.
+        override: explicit flags; must have one entry per leaf.
+    Returns:
+        A tuple of booleans, one per leaf of ``params`` in flatten order.
+    Raises:
+        ValueError: the number of flags differs from the number of parameters.
+    """
+    leaves, _ = tree.flatten(params)
+    flags: Any = override if override is not None else getattr(params, "requires_grad", None)
+    if flags is None:
+        return (True,) * len(leaves)
+    result = tuple(bool(f) for f in flags)
+    if len(result) != len(leaves):
+        raise ValueError(
+            f"requires_grad has {len(result)} flags but there are {len(leaves)} parameters; "
+            "give exactly one flag per parameter"
+        )
+    return result
+
+
+def _scalar(value: LRLike, like: Tensor) -> Tensor:
+    """``value`` as a 0-d tensor with ``like``'s dtype, on ``like``'s interpreter."""
+    if isinstance(value, Tensor):
+        return p.cast(value, like.dtype)
+    return p.constant(np.asarray(value), like.dtype, like=like)
+
+
+def _zeros_like(x: Tensor) -> Tensor:
+    """Zeros shaped like ``x``. Eager tensors get a real buffer, so state is materialised."""
+    if x.is_traced:
+        return p.zeros_like(x)
+    return tensor(np.zeros(x.shape, x.dtype.numpy))
+
+
+def _step_tensor(state: OptState, step: Tensor | int | None) -> Tensor:
+    """The 1-based index of the update about to be applied (int32 scalar)."""
+    if step is not None:
+        return step if isinstance(step, Tensor) else tensor(np.int32(step))
+    count: Tensor = state["step"]
+    return count + 1
+
+
+def global_norm(grads: Sequence[Tensor]) -> Tensor:
+    """sqrt(sum of squares) over all ``grads`` (in the dtype of the first one)."""
+    if not grads:
+        raise ValueError("global_norm: no gradients")
+    dtype = grads[0].dtype
+    total = p.cast((grads[0] * grads[0]).sum(), dtype)
+    for g in grads[1:]:
+        total = total + p.cast((g * g).sum(), dtype)
+    return total.sqrt()
+
+
+def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> list[Tensor]:
+    """Scale all ``grads`` by ``min(1, max_norm / global_norm)`` (one factor for all).
+
+    Args:
+        grads: gradient tensors (the trainable ones).
+        max_norm: the largest allowed global L2 norm (> 0).
+    Returns:
+        The rescaled gradients, same shapes and dtypes.
+    Example:
+        >>> clip_by_global_norm([sg.tensor([3.0, 4.0])], 1.0)[0].numpy()
+        array([0.6, 0.8], dtype=float32)
+    """
+    if not max_norm > 0:
+        raise ValueError(f"clip_by_global_norm: max_norm must be > 0, got {max_norm}")
+    if not grads:
+        return []
+    norm = global_norm(grads)
+    # The tiny epsilon keeps a zero gradient at zero instead of 0 * inf.
+    scale = minimum(max_norm / (norm + 1e-12), 1.0)
+    return [g * p.cast(scale, g.dtype) for g in grads]
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Base class: subclasses name their slots and implement ``_update_leaf``."""
+
+    lr: float
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """Names of the per-parameter state buffers (none for plain SGD)."""
+        return ()
+
+    def config_key(self) -> tuple[Any, ...]:
+        """Everything that shapes the compiled update except the learning rate."""
+        values = tuple((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "lr")
+        return (type(self).__name__, values)
+
+    def init(self, params: Any) -> OptState:
+        """A fresh state for ``params``: step 0 and zero-filled slots shaped like the params."""
+        leaves, treedef = tree.flatten(params)
+        state: OptState = {"step": tensor(np.int32(0))}
+        for slot in self.slots:
+            state[slot] = tree.unflatten(treedef, [_zeros_like(_as_tensor(x)) for x in leaves])
+        return state
+
+    def update(
+        self,
+        params: Any,
+        grads: Any,
+        state: OptState,
+        lr: LRLike | None = None,
+        step: Tensor | int | None = None,
+        requires_grad: Sequence[bool] | None = None,
+    ) -> tuple[Any, OptState]:
+        """Apply one update.
+
+        Args:
+            params: the parameter tree (ParamList, list, dict...).
+            grads: gradients with the same structure as ``params``.
+            state: from :meth:`init` or a previous ``update``.
+            lr: learning rate (float or 0-d tensor); defaults to ``self.lr``.
+            step: 1-based index of this update; defaults to ``state["step"] + 1``.
+            requires_grad: per-leaf flags; defaults to the flags of ``params``.
+        Returns:
+            ``(new_params, new_state)`` with the structures of ``params`` and ``state``.
+        """
+        p_leaves, treedef = tree.flatten(params)
+        g_leaves, g_def = tree.flatten(grads)
+        if len(g_leaves) != len(p_leaves):
+            raise ValueError(
+                f"{type(self).__name__}.update: {len(g_leaves)} gradients for {len(p_leaves)} parameters"
+            )
+        flags = trainable_flags(params, requires_grad)
+        slot_leaves = [tree.flatten(state[s])[0] for s in self.slots]
+        t = _step_tensor(state, step)
+        rate = self.lr if lr is None else lr
+        new_p: list[Any] = []
+        new_slots: list[list[Any]] = [[] for _ in self.slots]
+        for k, (x, g) in enumerate(zip(p_leaves, g_leaves, strict=True)):
+            old = tuple(s[k] for s in slot_leaves)
+            if flags[k]:
+                x, slots = self._update_leaf(x, p.cast(g, x.dtype), old, _scalar(rate, x), t)
+            else:
+                slots = old
+            new_p.append(x)
+            for j, value in enumerate(slots):
+                new_slots[j].append(value)
+        new_state: OptState = {"step": p.cast(t, int32)}
+        for slot, values in zip(self.slots, new_slots, strict=True):
+            new_state[slot] = tree.unflatten(treedef, values)
+        return tree.unflatten(treedef, new_p), new_state
+
+    def _update_leaf(
+        self, x: Tensor, g: Tensor, slots: tuple[Tensor, ...], lr: Tensor, t: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        raise NotImplementedError
+
+
+def _as_tensor(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else tensor(np.asarray(x))
+
+
+@dataclass(frozen=True)
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and L2 weight decay.
+
+    ``g += weight_decay * p; buf = momentum * buf + g; p -= lr * (g + momentum * buf if
+    nesterov else buf)`` (PyTorch's convention, no dampening).
+
+    Example:
+        >>> opt = sg.optim.SGD(lr=0.1, momentum=0.9, nesterov=True)
+    """
+
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.nesterov and self.momentum <= 0:
+            raise ValueError("SGD: nesterov=True needs momentum > 0")
+        if self.momentum < 0 or self.weight_decay < 0:
+            raise ValueError("SGD: momentum and weight_decay must be >= 0")
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def _update_leaf(
+        self, x: Tensor, g: Tensor, slots: tuple[Tensor, ...], lr: Tensor, t: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if self.weight_decay:
+            g = g + self.weight_decay * x
+        if not self.momentum:
+            return x - lr * g, ()
+        buf = self.momentum * slots[0] + g
+        direction = g + self.momentum * buf if self.nesterov else buf
+        return x - lr * direction, (buf,)
+
+
+@dataclass(frozen=True)
+class Adam(Optimizer):
+    """Adam with bias correction (Kingma & Ba). ``weight_decay`` here is L2 (added to g).
+
+    Example:
+        >>> opt = sg.optim.Adam(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+    """
+
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{type(self).__name__}: {name} must be in [0, 1), got {value}")
+        if self.eps < 0 or self.weight_decay < 0:
+            raise ValueError(f"{type(self).__name__}: eps and weight_decay must be >= 0")
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        return ("m", "v")
+
+    def _moments(
+        self, g: Tensor, slots: tuple[Tensor, ...], t: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """New (m, v) and the bias-corrected step direction m_hat / (sqrt(v_hat) + eps)."""
+        m = self.beta1 * slots[0] + (1.0 - self.beta1) * g
+        v = self.beta2 * slots[1] + (1.0 - self.beta2) * (g * g)
+        tf = p.cast(t, g.dtype)
+        correction1 = 1.0 - self.beta1**tf
+        correction2 = 1.0 - self.beta2**tf
+        direction = (m / correction1) / ((v / correction2).sqrt() + self.eps)
+        return m, v, direction
+
+    def _update_leaf(
+        self, x: Tensor, g: Tensor, slots: tuple[Tensor, ...], lr: Tensor, t: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if self.weight_decay:
+            g = g + self.weight_decay * x
+        m, v, direction = self._moments(g, slots, t)
+        return x - lr * direction, (m, v)
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p -= lr * (adam + wd * p)``.
+
+    Example:
+        >>> opt = sg.optim.AdamW(lr=1e-3, weight_decay=0.01)
+    """
+
+    weight_decay: float = 0.01
+
+    def _update_leaf(
+        self, x: Tensor, g: Tensor, slots: tuple[Tensor, ...], lr: Tensor, t: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        m, v, direction = self._moments(g, slots, t)
+        if self.weight_decay:
+            direction = direction + self.weight_decay * x
+        return x - lr * direction, (m, v)
+
+
+def is_finite_all(values: Sequence[Tensor]) -> Tensor:
+    """A bool scalar: True when every element of every tensor is finite.
+
+    ``sum(x) * 0`` is 0 for finite data and NaN as soon as one element is
+    Inf/NaN, so one reduction per tensor suffices (and it compiles).
+    """
+    if not values:
+        return p.constant(np.bool_(True), "bool")
+    dtype = float32 if not values[0].dtype.is_float else values[0].dtype
+    total = p.cast(values[0].sum(), dtype)
+    for v in values[1:]:
+        total = total + p.cast(v.sum(), dtype)
+    return total * 0.0 == 0.0
+
+
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "OptState",
+    "Optimizer",
+    "clip_by_global_norm",
+    "global_norm",
+    "is_finite_all",
+    "trainable_flags",
+]
