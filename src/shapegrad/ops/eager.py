@@ -80,7 +80,12 @@ class EagerOps:
         return id(t)
 
     def make_leaf(self, t: Tensor) -> Tensor:
-        leaf = Tensor(self, t._payload, t.aval)
+        if STATE.grad_enabled and (t._leaf or t._tape is not None):
+            # Nested grad: an identity node keeps the leaf connected to the outer trace;
+            # the inner backward stops at it (it is a leaf there), the outer one passes through.
+            leaf = self.apply(Prim.RESHAPE, [t], {"shape": t.shape})
+        else:
+            leaf = Tensor(self, t._payload, t.aval)
         leaf._leaf = True
         return leaf
 
