@@ -50,7 +50,13 @@ def compile_graph(
     Returns:
         an :class:`AneExecutable` (callable on macOS 13+).
     """
-    mil = lower_to_mil(graph, precision)
+    return compile_graph_lowered(lower_to_mil(graph, precision), name, cache_dir, debug_dir)
+
+
+def compile_graph_lowered(
+    mil: MilProgram, name: str = "fn", cache_dir: str | None = None, debug_dir: str | None = None
+) -> AneExecutable:
+    """Like :func:`compile_graph` for an already lowered program (which conversion consumes)."""
     dump_mil(mil, name, debug_dir)
     signature = IoSignature.of(mil)
     lowering = dict(mil.lowering)
@@ -62,7 +68,7 @@ def compile_graph(
         "cached": package.cached,
         "lowering": lowering,
     }
-    return AneExecutable(graph, signature, package.path, stats)
+    return AneExecutable(mil.graph, signature, package.path, stats)
 
 
 class AneBackend:
@@ -103,6 +109,7 @@ __all__ = [
     "build_package",
     "can_execute",
     "compile_graph",
+    "compile_graph_lowered",
     "dump_mil",
     "lower_to_mil",
 ]

@@ -1,0 +1,283 @@
+"""Training on the Neural Engine: one fwd+bwd program, fp32 master weights, dynamic loss scaling.
+
+The design (the one that works on the ANE, which computes in fp16 only):
+
+* **Parameters are program inputs.** The forward + backward graph (from
+  shapegrad's graph autodiff) is traced, lowered and converted *once*;
+  feeding new weights each step never recompiles.
+* **fp32 master weights and the optimizer live on the host.** The program
+  returns fp16-computed gradients (as fp32 arrays); the host divides out the
+  loss scale and applies a ``shapegrad.train.optim`` optimizer (SGD, Adam...)
+  eagerly in fp32.
+* **Loss scaling.** The program differentiates ``loss * scale`` (``scale`` is
+  an input, so changing it never recompiles): small gradients stay above the
+  fp16 subnormal range. A non-finite gradient means the scaled backward
+  overflowed: the step is skipped (weights and optimizer state untouched)
+  and the scale halves; after ``growth_interval`` finite steps it doubles.
+* **Fused softmax-cross-entropy gradient.** The graph autodiff of
+  ``logsumexp(z) - z[label]`` gives ``(softmax(z) - onehot) * scale / N``
+  at the logits: bounded by ``scale / N``, so fp16-safe, no ``exp`` overflow.
+* ``device_optimizer=True`` lowers the optimizer update into the program
+  too: it then also takes the optimizer state (and ``lr``) as inputs and
+  returns the new parameters and state. Those update ops are computed in fp32
+  (Core ML places them on the CPU) so master weights keep fp32 precision; the
+  skip decision stays on the host, which still holds the old values.
+
+Example:
+    >>> trainer = AneTrainer(loss, params, (x, y), sg.optim.Adam(lr=1e-2))  # doctest: +SKIP
+    >>> trainer.step(x, y)            # macOS: runs on the engine; returns the loss
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shapegrad import tree
+from shapegrad.backends.base import Array
+from shapegrad.ir import Graph, topological_order
+from shapegrad.shapes import ShapeError, fmt
+from shapegrad.tensor import Tensor
+
+from .executable import AneExecutable, IoSignature, MilRunner
+from .lowering import MilProgram, lower_to_mil
+
+LossFn = Callable[..., Tensor]
+RunnerFactory = Callable[[MilProgram], MilRunner]
+
+
+@dataclass
+class LossScaler:
+    """Dynamic loss scale: halve on overflow (skip the step), double after a run of good steps.
+
+    Attributes:
+        scale: the current scale (powers of two keep scaling exact).
+        growth_interval: finite steps in a row before the scale doubles.
+        min_scale / max_scale: bounds (the scale never leaves them).
+        good_steps: finite steps since the last change; skipped: steps thrown away so far.
+    """
+
+    scale: float = 2.0**15
+    growth_interval: int = 200
+    min_scale: float = 1.0
+    max_scale: float = 2.0**15  # the fp16 program casts the scale: 2**16 would be inf
+    good_steps: int = 0
+    skipped: int = 0
+
+    def update(self, finite: bool) -> None:
+        """Record one step whose (scaled) gradients were ``finite`` or not."""
+        if not finite:
+            self.scale = max(self.min_scale, self.scale / 2.0)
+            self.good_steps = 0
+            self.skipped += 1
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale = min(self.max_scale, self.scale * 2.0)
+            self.good_steps = 0
+
+
+def all_finite(arrays: Sequence[Array]) -> bool:
+    """True when no array holds an Inf or NaN."""
+    return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
+def _trace(fn: Callable[..., Any], *args: Any) -> Graph:
+    """The optimized graph of ``fn(*args)`` (traced and optimized by ``sg.compile``'s pipeline).
+
+    The NumPy backend is only named because ``sg.compile`` needs one; nothing runs on it.
+    """
+    from shapegrad.jit import compile as sg_compile
+    from shapegrad.ops.eager import tensor
+
+    leaves, treedef = tree.flatten(args)
+    graph: Graph = sg_compile(fn, backend="numpy").graph(
+        *tree.unflatten(treedef, [tensor(a) for a in leaves])
+    )
+    return graph
+
+
+def _fp32_update_nodes(graph: Graph, n_forward_outputs: int) -> frozenset[int]:
+    """Nodes that only the optimizer update needs: everything past the loss and scaled grads."""
+    forward = {n.id for n in topological_order(graph.outputs[:n_forward_outputs])}
+    return frozenset(n.id for n in graph.nodes() if n.id not in forward)
+
+
+class AneTrainer:
+    """Trains ``loss_fn(params, *inputs)`` with one compiled ANE program per input signature.
+
+    Args:
+        loss_fn: ``loss_fn(params: list[Tensor], *inputs) -> scalar Tensor``.
+        params: initial parameters (NumPy arrays; kept as fp32 masters).
+        example_inputs: arrays fixing the shapes/dtypes of ``inputs`` (one batch).
+        optimizer: a ``shapegrad.train.optim`` optimizer (``init``/``update``).
+        device_optimizer: lower the update into the program (see module docs).
+        scaler: the :class:`LossScaler` (default: scale 2**15, growth every 200 steps).
+        precision: ``"fp16"`` (default) or ``"fp32"`` compute for the fwd+bwd graph.
+        runner: builds the executor of the lowered program; default Core ML on
+            macOS 13+ (elsewhere ``step`` raises ``AneExecutionUnavailable``).
+            Tests pass a MIL interpreter here.
+        save_package: convert and save the ``.mlpackage`` (on by default).
+        name / cache_dir: package name and cache directory.
+    Raises:
+        AneLoweringError: the loss uses a construct Core ML cannot express.
+    """
+
+    def __init__(
+        self,
+        loss_fn: LossFn,
+        params: Sequence[Array],
+        example_inputs: Sequence[Array],
+        optimizer: Any,
+        *,
+        device_optimizer: bool = False,
+        scaler: LossScaler | None = None,
+        precision: str = "fp16",
+        runner: RunnerFactory | None = None,
+        save_package: bool = True,
+        name: str = "ane_train_step",
+        cache_dir: str | None = None,
+    ) -> None:
+        from shapegrad.ops.eager import tensor
+
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.device_optimizer = device_optimizer
+        self.scaler = scaler or LossScaler()
+        self.params: list[Array] = [np.array(p, dtype=np.float32) for p in params]
+        self.input_avals = [(np.shape(x), np.asarray(x).dtype) for x in example_inputs]
+        self.opt_state: Any = optimizer.init([tensor(p) for p in self.params])
+        self.steps = 0
+        self.last_skipped = False
+        self.graph = self._step_graph(example_inputs)
+        fp32_nodes = (
+            _fp32_update_nodes(self.graph, 1 + len(self.params))
+            if device_optimizer
+            else frozenset()
+        )
+        mil = lower_to_mil(self.graph, precision, fp32_nodes)
+        self.mil_ops = mil.op_count()
+        self.mil_text = mil.text()
+        self.signature = IoSignature.of(mil)
+        self.executable: AneExecutable | None = None
+        if save_package:
+            from . import compile_graph_lowered
+
+            self.executable = compile_graph_lowered(
+                lower_to_mil(self.graph, precision, fp32_nodes), name, cache_dir
+            )
+        self._runner = runner(mil) if runner is not None else None
+
+    # --- the traced step ------------------------------------------------------------------
+
+    def _step_graph(self, example_inputs: Sequence[Array]) -> Graph:
+        loss_fn, optimizer = self.loss_fn, self.optimizer
+        scale0 = np.array(self.scaler.scale, dtype=np.float32)
+
+        def loss_and_scaled_grads(params: Any, inputs: Any, scale: Tensor) -> tuple[Any, Any]:
+            from shapegrad.autodiff import grad
+
+            loss = loss_fn(params, *inputs)
+            scaled = grad(lambda ps: loss_fn(ps, *inputs) * scale)(params)
+            return loss, scaled
+
+        if not self.device_optimizer:
+            return _trace(loss_and_scaled_grads, list(self.params), list(example_inputs), scale0)
+
+        def step(params: Any, state: Any, inputs: Any, scale: Tensor, lr: Tensor) -> Any:
+            loss, scaled = loss_and_scaled_grads(params, inputs, scale)
+            grads = [g / scale for g in scaled]
+            new_params, new_state = optimizer.update(params, grads, state, lr=lr)
+            return loss, scaled, new_params, new_state
+
+        state = tree.tree_map(lambda t: np.asarray(t.numpy()), self.opt_state)
+        lr = np.array(optimizer.lr, dtype=np.float32)
+        return _trace(step, list(self.params), state, list(example_inputs), scale0, lr)
+
+    # --- running --------------------------------------------------------------------------
+
+    def _run(self, arrays: list[Array]) -> list[Array]:
+        if self._runner is not None:
+            return self.signature.fetch(self._runner(self.signature.feeds(arrays)))
+        if self.executable is None:
+            raise RuntimeError("AneTrainer: no runner and no saved package to execute")
+        return self.executable(arrays)
+
+    def _check_inputs(self, inputs: Sequence[Array]) -> list[Array]:
+        if len(inputs) != len(self.input_avals):
+            raise TypeError(
+                f"AneTrainer.step expects {len(self.input_avals)} inputs, got {len(inputs)}"
+            )
+        arrays = []
+        for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.input_avals, strict=True)):
+            array = np.asarray(x)
+            if array.shape != shape:
+                raise ShapeError(
+                    "AneTrainer.step",
+                    f"input {k} has shape {fmt(array.shape)}, the compiled step expects {fmt(shape)}",
+                )
+            arrays.append(array.astype(dtype))
+        return arrays
+
+    def step(self, *inputs: Array, lr: float | None = None) -> float:
+        """One training step on a batch; returns the loss (computed before the update).
+
+        A step whose scaled gradients overflow changes nothing but the loss scale
+        (``last_skipped`` is then True).
+        """
+        arrays = self._check_inputs(inputs)
+        rate = float(self.optimizer.lr if lr is None else lr)
+        scale = np.array(self.scaler.scale, dtype=np.float32)
+        n = len(self.params)
+        if self.device_optimizer:
+            state_leaves, state_def = tree.flatten(self.opt_state)
+            state_arrays = [
+                np.asarray(t.numpy() if isinstance(t, Tensor) else t) for t in state_leaves
+            ]
+            outputs = self._run(
+                [*self.params, *state_arrays, *arrays, scale, np.array(rate, dtype=np.float32)]
+            )
+        else:
+            outputs = self._run([*self.params, *arrays, scale])
+        loss, scaled = float(outputs[0]), outputs[1 : 1 + n]
+        finite = all_finite(scaled)
+        self.scaler.update(finite)
+        self.last_skipped = not finite
+        if finite:
+            if self.device_optimizer:
+                self._accept_device_update(outputs[1 + n :], state_def)
+            else:
+                self._host_update([g / scale for g in scaled], rate)
+        self.steps += 1
+        return loss
+
+    def _host_update(self, grads: list[Array], lr: float) -> None:
+        from shapegrad.ops.eager import tensor
+
+        params = [tensor(p) for p in self.params]
+        new_params, self.opt_state = self.optimizer.update(
+            params, [tensor(g.astype(np.float32)) for g in grads], self.opt_state, lr=lr
+        )
+        self.params = [np.asarray(p.numpy(), dtype=np.float32) for p in new_params]
+
+    def _accept_device_update(self, outputs: list[Array], state_def: tree.TreeDef) -> None:
+        from shapegrad.ops.eager import tensor
+
+        n = len(self.params)
+        self.params = [np.asarray(p, dtype=np.float32) for p in outputs[:n]]
+        self.opt_state = tree.unflatten(state_def, [tensor(np.asarray(a)) for a in outputs[n:]])
+
+    def get_params(self) -> list[Array]:
+        """Copies of the fp32 master weights."""
+        return [p.copy() for p in self.params]
+
+
+def loss_scale_headroom(max_abs_grad: float) -> float:
+    """The largest power-of-two scale keeping ``max_abs_grad * scale`` finite in fp16."""
+    if max_abs_grad <= 0:
+        return math.inf
+    return 2.0 ** math.floor(math.log2(65504.0 / max_abs_grad))
