@@ -86,3 +86,20 @@ def _eager_grad(fn: Fn, args: Sequence[np.ndarray], argnums: tuple[int, ...]) ->
 MODES: dict[str, Runner] = {
     "eager": Runner("eager", call=_eager_call, grad=_eager_grad),
 }
+
+
+def _c_unavailable() -> str | None:
+    from shapegrad.backends.c import CBackend
+
+    ok, reason = CBackend().is_available()
+    return None if ok else reason
+
+
+MODES["c"] = Runner(
+    "c",
+    call=lambda fn, args: outputs(sg.compile(fn, backend="c")(*as_tensors(args))),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="c")(*as_tensors(args))
+    ),
+    unavailable=_c_unavailable,
+)

@@ -1,0 +1,335 @@
+"""Median time per SGD training step: shapegrad eager / compiled C vs NumPy, PyTorch, JAX.
+
+Run: ``.venv/bin/python benchmarks/train_step.py [--quick]``
+
+Workloads (float32, plain SGD, forward + backward + update per step):
+
+* moons MLP 2-16-16-1, hinge loss, batch 10 and 256;
+* MLP 784-512-512-10, softmax cross-entropy, batch 128;
+* CNN 1x28x28 -> conv3x3 16 (pad 1) -> ReLU -> conv3x3 32 (pad 1) -> ReLU ->
+  global average pool -> linear 10, cross-entropy, batch 64.
+
+Columns: shapegrad eager; compiled C with one native call per step
+(``exe.bind(params)(x, y)``) and with K steps per native call
+(``run_steps`` on ``[K, ...]`` stacked batches); hand-written NumPy; PyTorch
+eager and ``jax.jit`` when importable. Then cold compile time (empty cache,
+trace + passes + codegen + cc + dlopen) and warm-cache first call in a fresh
+process. Timings are noisy on a shared machine: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import shapegrad as sg
+import shapegrad.functional as F
+
+LR = 0.05
+Array = np.ndarray
+
+
+# --- models written once against shapegrad -------------------------------------------------
+
+
+def conv3x3(x: sg.Tensor, w: sg.Tensor, b: sg.Tensor) -> sg.Tensor:
+    """3x3 convolution, padding 1, stride 1, as im2col + one einsum (NCHW, OIHW)."""
+    _, c, h, wd = x.shape
+    o = w.shape[0]
+    xp = F.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    cols = F.stack([xp[:, :, dy : dy + h, dx : dx + wd] for dy in range(3) for dx in range(3)], 2)
+    out = F.einsum("bckhw,ock->bohw", cols, w.reshape((o, c, 9)))
+    return out + b.reshape((1, o, 1, 1))
+
+
+def mlp_logits(params: list[sg.Tensor], x: sg.Tensor) -> sg.Tensor:
+    h = x
+    for i in range(0, len(params) - 2, 2):
+        h = sg.relu(h @ params[i] + params[i + 1])
+    return h @ params[-2] + params[-1]
+
+
+def moons_loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    return F.hinge(mlp_logits(params, x).reshape((-1,)), y)
+
+
+def mlp_loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    return F.cross_entropy(mlp_logits(params, x), y)
+
+
+def cnn_loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    w1, b1, w2, b2, w3, b3 = params
+    h = sg.relu(conv3x3(x, w1, b1))
+    h = sg.relu(conv3x3(h, w2, b2))
+    return F.cross_entropy(h.mean(axis=(2, 3)) @ w3 + b3, y)
+
+
+def sgd_step(loss: Callable[..., sg.Tensor]) -> Callable[..., Any]:
+    def step(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> Any:
+        value, grads = sg.value_and_grad(loss)(params, x, y)
+        return [p - LR * g for p, g in zip(params, grads, strict=True)], value
+
+    return step
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def init_params(shapes: list[tuple[int, ...]], seed: int = 0) -> list[Array]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in shapes:
+        fan_in = int(np.prod(s[1:])) if len(s) == 4 else s[0]
+        scale = np.sqrt(2.0 / fan_in) if len(s) > 1 else 0.0
+        out.append((rng.standard_normal(s) * scale).astype(np.float32))
+    return out
+
+
+def workload(name: str, batch: int, k: int, seed: int = 0) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    if name == "moons":
+        shapes = [(2, 16), (16,), (16, 16), (16,), (16, 1), (1,)]
+        xs = rng.standard_normal((k, batch, 2)).astype(np.float32)
+        ys = np.where(rng.random((k, batch)) < 0.5, -1.0, 1.0).astype(np.float32)
+        loss = moons_loss
+    elif name == "mlp":
+        shapes = [(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)]
+        xs = rng.random((k, batch, 784), dtype=np.float32)
+        ys = rng.integers(0, 10, (k, batch)).astype(np.int32)
+        loss = mlp_loss
+    else:
+        shapes = [(16, 1, 3, 3), (16,), (32, 16, 3, 3), (32,), (32, 10), (10,)]
+        xs = rng.random((k, batch, 1, 28, 28), dtype=np.float32)
+        ys = rng.integers(0, 10, (k, batch)).astype(np.int32)
+        loss = cnn_loss
+    return {"params": init_params(shapes, seed), "xs": xs, "ys": ys, "loss": loss}
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def per_call(fn: Callable[[], Any], budget: float = 0.4, repeats: int = 5) -> float:
+    """Median seconds per call of ``fn`` (batched into loops of >= ~budget/repeats seconds)."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, int(budget / repeats / once))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n)
+    return statistics.median(samples)
+
+
+def time_shapegrad_eager(w: dict[str, Any]) -> float:
+    step = sgd_step(w["loss"])
+    params = [sg.tensor(p) for p in w["params"]]
+    x, y = sg.tensor(w["xs"][0]), sg.tensor(w["ys"][0])
+    return per_call(lambda: step(params, x, y))
+
+
+def compiled(w: dict[str, Any]) -> Any:
+    fn = sg.compile(sgd_step(w["loss"]), backend="c", donate_argnums=0)
+    return fn.lower(w["params"], w["xs"][0], w["ys"][0]).executable
+
+
+def time_c_single(w: dict[str, Any]) -> float:
+    bound = compiled(w).bind(w["params"])
+    x, y = w["xs"][0], w["ys"][0]
+    return per_call(lambda: bound(x, y))
+
+
+def time_c_multi(w: dict[str, Any]) -> float:
+    bound = compiled(w).bind(w["params"])
+    k = len(w["xs"])
+    return per_call(lambda: bound.run_steps(w["xs"], w["ys"])) / k
+
+
+def time_numpy(w: dict[str, Any], name: str) -> float | None:
+    if name == "cnn":
+        return None  # no hand-written NumPy convolution backward here
+    params = [p.copy() for p in w["params"]]
+    x, y = w["xs"][0], w["ys"][0]
+
+    def step() -> None:
+        hs = [x]
+        for i in range(0, len(params) - 2, 2):
+            hs.append(np.maximum(hs[-1] @ params[i] + params[i + 1], 0))
+        out = hs[-1] @ params[-2] + params[-1]
+        if name == "moons":
+            s = out[:, 0]
+            margin = 1 - y * s
+            g = np.where(margin > 0, -y, 0).astype(np.float32)[:, None] / len(y)
+        else:
+            e = np.exp(out - out.max(axis=1, keepdims=True))
+            p = e / e.sum(axis=1, keepdims=True)
+            p[np.arange(len(y)), y] -= 1
+            g = p / len(y)
+        for i in range(len(params) - 2, -1, -2):
+            gw, gb = hs[i // 2].T @ g, g.sum(axis=0)
+            if i:
+                g = (g @ params[i].T) * (hs[i // 2] > 0)
+            params[i] -= LR * gw
+            params[i + 1] -= LR * gb
+
+    return per_call(step)
+
+
+def time_torch(w: dict[str, Any], name: str) -> float | None:
+    try:
+        import torch
+    except Exception:  # not installed (or a broken install): leave the column empty
+        return None
+    torch.set_num_threads(2)
+    params = [torch.tensor(p, requires_grad=True) for p in w["params"]]
+    x = torch.tensor(w["xs"][0])
+    y = torch.tensor(w["ys"][0]).long() if name != "moons" else torch.tensor(w["ys"][0])
+
+    def forward() -> Any:
+        if name == "cnn":
+            h = torch.relu(torch.nn.functional.conv2d(x, params[0], params[1], padding=1))
+            h = torch.relu(torch.nn.functional.conv2d(h, params[2], params[3], padding=1))
+            return torch.nn.functional.cross_entropy(h.mean((2, 3)) @ params[4] + params[5], y)
+        h = x
+        for i in range(0, len(params) - 2, 2):
+            h = torch.relu(h @ params[i] + params[i + 1])
+        out = h @ params[-2] + params[-1]
+        if name == "moons":
+            return torch.relu(1 - y * out[:, 0]).mean()
+        return torch.nn.functional.cross_entropy(out, y)
+
+    def step() -> None:
+        loss = forward()
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p -= LR * g
+
+    return per_call(step)
+
+
+def time_jax(w: dict[str, Any], name: str) -> float | None:
+    try:
+        import jax
+        import jax.numpy as jnp
+    except Exception:  # not installed (or a broken install): leave the column empty
+        return None
+
+    def loss(params: list[Any], x: Any, y: Any) -> Any:
+        if name == "cnn":
+            dn = ("NCHW", "OIHW", "NCHW")
+            h = x
+            for i in (0, 2):
+                h = jax.lax.conv_general_dilated(h, params[i], (1, 1), "SAME", dimension_numbers=dn)
+                h = jax.nn.relu(h + params[i + 1].reshape(1, -1, 1, 1))
+            out = h.mean((2, 3)) @ params[4] + params[5]
+        else:
+            h = x
+            for i in range(0, len(params) - 2, 2):
+                h = jax.nn.relu(h @ params[i] + params[i + 1])
+            out = h @ params[-2] + params[-1]
+        if name == "moons":
+            return jax.nn.relu(1 - y * out[:, 0]).mean()
+        logp = jax.nn.log_softmax(out)
+        return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
+
+    @jax.jit
+    def step(params: list[Any], x: Any, y: Any) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return [p - LR * g for p, g in zip(params, grads, strict=True)], value
+
+    state = {"p": [jnp.asarray(p) for p in w["params"]]}
+    x, y = jnp.asarray(w["xs"][0]), jnp.asarray(w["ys"][0])
+
+    def run() -> None:
+        state["p"], value = step(state["p"], x, y)
+        value.block_until_ready()
+
+    return per_call(run)
+
+
+def cold_compile(w: dict[str, Any]) -> float:
+    with tempfile.TemporaryDirectory() as cache:
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache
+        try:
+            t0 = time.perf_counter()
+            compiled(w)
+            return time.perf_counter() - t0
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+
+
+_WARM = """
+import sys, time
+sys.path.insert(0, {here!r})
+import train_step as b
+w = b.workload({name!r}, {batch}, 1)
+t0 = time.perf_counter()
+bound = b.compiled(w).bind(w["params"])
+bound(w["xs"][0], w["ys"][0])
+print(time.perf_counter() - t0)
+"""
+
+
+def warm_first_call(name: str, batch: int) -> float:
+    compiled(workload(name, batch, 1))  # make sure the cache holds it
+    code = _WARM.format(here=os.path.dirname(os.path.abspath(__file__)), name=name, batch=batch)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} us"
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", help="moons10,moons256,mlp,cnn (comma separated)")
+    args = parser.parse_args()
+    rows = [
+        ("moons10", "moons", 10, 200),
+        ("moons256", "moons", 256, 50),
+        ("mlp", "mlp", 128, 10),
+        ("cnn", "cnn", 64, 4),
+    ]
+    if args.only:
+        rows = [r for r in rows if r[0] in args.only.split(",")]
+    cols = ["sg eager", "C 1-step", "C K-step", "NumPy", "PyTorch", "JAX jit", "cold", "warm"]
+    print(f"{'workload':10s}" + "".join(f"{c:>13s}" for c in cols))
+    for label, name, batch, k in rows:
+        w = workload(name, batch, k)
+        times = [
+            time_shapegrad_eager(w),
+            time_c_single(w),
+            time_c_multi(w),
+            time_numpy(w, name),
+            time_torch(w, name),
+            time_jax(w, name),
+            cold_compile(w),
+            warm_first_call(name, batch),
+        ]
+        print(f"{label + f' K={k}':10s}" + "".join(f"{fmt(t):>13s}" for t in times), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Loading a compiled program with cffi (ABI mode) and calling it from Python.
+
+The I/O table (``void *io[]``) is built once: input slots first (in graph
+input order), then outputs, then constants. Temps live in one arena owned by
+the executable. Persistent state (inputs that an output updates, see
+``Graph.aliases``) lives in buffers owned by the executable.
+
+Two ways to call:
+
+* ``exe(inputs)`` — the :class:`~shapegrad.backends.base.Executable` protocol:
+  copies state inputs into the owned state buffers, runs once, returns fresh
+  arrays (state outputs are copies). Never mutates the caller's arrays.
+* ``step = exe.bind(state)`` — the fast path for training loops: the state is
+  copied in once; ``step(*batch)`` passes only the non-state inputs (pointer
+  updates, no allocation) and returns the non-state outputs in **reused**
+  arrays that the next call overwrites; ``step.run_steps(*stacked)`` runs
+  ``K`` steps in one native call on inputs stacked ``[K, ...]`` and returns
+  outputs stacked ``[K, ...]``; ``step.state`` are the live state arrays.
+
+An executable is not re-entrant (one arena): do not call it from two threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shapegrad.backends.base import Array, validate_inputs
+from shapegrad.compiler.lower import Lowered
+from shapegrad.dtypes import DTypeError
+from shapegrad.ir import Graph
+from shapegrad.shapes import ShapeError, fmt
+
+_CDEF = """
+int sg_run(void **io, char *arena);
+int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step);
+extern const char sg_key[];
+"""
+
+_FFI: Any = None
+
+
+def ffi() -> Any:
+    """The shared cffi FFI (ABI mode)."""
+    global _FFI
+    if _FFI is None:
+        cffi = importlib.import_module("cffi")  # untyped third-party module
+        _FFI = cffi.FFI()
+        _FFI.cdef(_CDEF)
+    return _FFI
+
+
+_LIBS: dict[str, Any] = {}
+
+
+def load_library(path: str, key: str) -> Any:
+    """``dlopen`` ``path`` and check its embedded key; returns the cffi library."""
+    if key in _LIBS:
+        return _LIBS[key]
+    lib = ffi().dlopen(path)
+    found = ffi().string(lib.sg_key).decode()
+    if found != key:
+        raise OSError(f"{path}: key {found!r} does not match {key!r}")
+    _LIBS[key] = lib
+    return lib
+
+
+class NativeError(RuntimeError):
+    """A compiled program reported an error code it has no better exception for."""
+
+
+class NativeIndexError(IndexError):
+    """A gather/scatter index was out of range (checked in C before any access)."""
+
+
+def _aligned_empty(nbytes: int) -> Array:
+    raw = np.empty(nbytes + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start : start + nbytes]
+
+
+class CExecutable:
+    """A compiled graph; see the module docstring for the calling conventions."""
+
+    def __init__(self, graph: Graph, lowered: Lowered, lib: Any, source_path: str) -> None:
+        self.graph = graph
+        self.lowered = lowered
+        self.lib = lib
+        self.source_path = source_path
+        f = ffi()
+        program = lowered.program
+        self.n_slots = max((b.slot for b in program.buffers.values()), default=-1) + 1
+        self._io = f.new("void *[]", max(self.n_slots, 1))
+        self._keep: list[Any] = []
+        self.arena = _aligned_empty(max(program.arena_bytes, 64))
+        self._arena_ptr = f.cast("char *", self.arena.ctypes.data)
+        self.state_inputs = sorted(set(lowered.state_of_output.values()))
+        self.state: dict[int, Array] = {}
+        for i in self.state_inputs:
+            node = graph.inputs[i]
+            self.state[i] = np.zeros(node.shape, node.aval.dtype.numpy)
+            self._set(i, self.state[i])
+        for name, value in lowered.constants.items():
+            array = np.ascontiguousarray(value)
+            self._keep.append(array)
+            self._set(program.buffers[name].slot, array)
+        self.batch_inputs = [i for i in range(len(graph.inputs)) if i not in self.state]
+        self.free_outputs = [
+            k for k in range(len(graph.outputs)) if k not in lowered.state_of_output
+        ]
+        self._out_slot = {
+            k: program.buffers[lowered.output_buffers[k]].slot for k in self.free_outputs
+        }
+
+    def _set(self, slot: int, array: Array) -> None:
+        self._io[slot] = ffi().cast("void *", array.ctypes.data)
+
+    def _check(self, rc: int) -> None:
+        if rc:
+            text = self._error_text(rc)
+            raise NativeIndexError(text) if "out of range" in text else NativeError(text)
+
+    def _error_text(self, rc: int) -> str:
+        from shapegrad.compiler import loops as L
+        from shapegrad.compiler.memory import _walk
+
+        for kernel in self.lowered.program.kernels:
+            for s in _walk(kernel.body):
+                if isinstance(s, L.CheckBounds) and s.code == rc:
+                    return (
+                        f"compiled {self.lowered.program.name}: gather/scatter index out of range "
+                        f"[{-s.n}, {s.n}) in kernel {kernel.name} ({kernel.root})"
+                    )
+        return f"compiled {self.lowered.program.name}: native error code {rc}"
+
+    def __call__(self, inputs: Sequence[Array]) -> list[Array]:
+        validate_inputs(self.graph, inputs)
+        for i in self.state_inputs:
+            np.copyto(self.state[i], inputs[i])
+        for i in self.batch_inputs:
+            self._set(i, inputs[i])
+        outs: list[Array] = []
+        for k, node in enumerate(self.graph.outputs):
+            out = np.empty(node.shape, node.aval.dtype.numpy)
+            outs.append(out)
+            if k in self._out_slot:
+                self._set(self._out_slot[k], out)
+        rc = self.lib.sg_run(self._io, self._arena_ptr)
+        self._check(rc)
+        for k, i in self.lowered.state_of_output.items():
+            np.copyto(outs[k], self.state[i])
+        return outs
+
+    def bind(self, state: Sequence[Array] | None = None) -> BoundStep:
+        """The fast calling path; ``state`` holds one array per state input (in input order).
+
+        Example:
+            >>> step = exe.bind([w, b]); loss, = step(x, y); w_new = step.state[0]
+        """
+        return BoundStep(self, state)
+
+
+class BoundStep:
+    """Calls a :class:`CExecutable` with owned state; outputs are reused between calls."""
+
+    def __init__(self, exe: CExecutable, state: Sequence[Array] | None) -> None:
+        self.exe = exe
+        if state is not None:
+            if len(state) != len(exe.state_inputs):
+                raise TypeError(f"expected {len(exe.state_inputs)} state arrays, got {len(state)}")
+            for i, value in zip(exe.state_inputs, state, strict=True):
+                node = exe.graph.inputs[i]
+                array = np.asarray(value)
+                if array.shape != node.shape:
+                    raise ShapeError(
+                        "bind",
+                        f"state {i} has shape {fmt(array.shape)}, expected {fmt(node.shape)}",
+                    )
+                np.copyto(exe.state[i], array, casting="same_kind")
+        graph = exe.graph
+        self._specs = [
+            (
+                i,
+                graph.inputs[i].shape,
+                graph.inputs[i].aval.dtype.numpy,
+                graph.inputs[i].attr.get("name", f"in{i}"),
+            )
+            for i in exe.batch_inputs
+        ]
+        self.outputs = [
+            np.empty(graph.outputs[k].shape, graph.outputs[k].aval.dtype.numpy)
+            for k in exe.free_outputs
+        ]
+        for k, out in zip(exe.free_outputs, self.outputs, strict=True):
+            exe._set(exe._out_slot[k], out)
+        self._io = exe._io
+        self._arena = exe._arena_ptr
+        self._run = exe.lib.sg_run
+        self._cast = ffi().cast
+        self._pin = ffi().from_buffer
+        self._keep: list[Any] = [None] * len(self._specs)
+        self._stacked: dict[int, list[Array]] = {}
+        self._steps = ffi().new("int64_t[]", max(exe.n_slots, 1))
+
+    @property
+    def state(self) -> list[Array]:
+        """The live state arrays, in state-input order (updated in place by every call)."""
+        return [self.exe.state[i] for i in self.exe.state_inputs]
+
+    def __call__(self, *batch: Array) -> list[Array]:
+        """One step on the non-state inputs; returns the reused non-state output arrays."""
+        io, pin, keep = self._io, self._pin, self._keep
+        if len(batch) != len(self._specs):
+            raise TypeError(f"expected {len(self._specs)} inputs, got {len(batch)}")
+        for n, ((slot, shape, dtype, name), a) in enumerate(zip(self._specs, batch, strict=True)):
+            if (
+                a.__class__ is not np.ndarray
+                or a.shape != shape
+                or a.dtype != dtype
+                or not a.flags.c_contiguous
+            ):
+                _explain(name, a, shape, dtype)
+            # from_buffer is ~5x cheaper than a.ctypes.data; keep it alive while C reads it
+            keep[n] = pin(a)
+            io[slot] = keep[n]
+        rc = self._run(io, self._arena)
+        if rc:
+            self.exe._check(rc)
+        return self.outputs
+
+    def run_steps(self, *stacked: Array) -> list[Array]:
+        """``K`` steps in one native call; inputs and returned outputs are stacked ``[K, ...]``.
+
+        The returned arrays are reused by the next ``run_steps`` call with the same ``K``.
+        """
+        if len(stacked) != len(self._specs) or not stacked:
+            raise TypeError(f"expected {len(self._specs)} stacked inputs, got {len(stacked)}")
+        k = int(np.shape(stacked[0])[0]) if np.ndim(stacked[0]) else -1
+        exe, io, steps = self.exe, self._io, self._steps
+        for s in range(exe.n_slots):
+            steps[s] = 0
+        for (slot, shape, dtype, name), a in zip(self._specs, stacked, strict=True):
+            if (
+                not isinstance(a, np.ndarray)
+                or a.shape != (k, *shape)
+                or a.dtype != dtype
+                or not a.flags.c_contiguous
+            ):
+                _explain(name, a, (k, *shape), dtype)
+            io[slot] = self._cast("void *", a.ctypes.data)
+            steps[slot] = a.nbytes // max(k, 1)
+        outs = self._stacked.get(k)
+        if outs is None:
+            graph = exe.graph
+            outs = [
+                np.empty((k, *graph.outputs[j].shape), graph.outputs[j].aval.dtype.numpy)
+                for j in exe.free_outputs
+            ]
+            self._stacked[k] = outs
+        for j, out in zip(exe.free_outputs, outs, strict=True):
+            io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
+            steps[exe._out_slot[j]] = out.nbytes // max(k, 1)
+        rc = exe.lib.sg_run_steps(io, self._arena, k, steps)
+        for j, out in zip(exe.free_outputs, self.outputs, strict=True):
+            io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
+        exe._check(rc)
+        return outs
+
+
+def _explain(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(
+            f"compiled step: input {name!r} must be a NumPy array, got {type(a).__name__}"
+        )
+    if a.shape != shape:
+        raise ShapeError(
+            "compiled step", f"input {name!r} has shape {fmt(a.shape)}, expected {fmt(shape)}"
+        )
+    if a.dtype != dtype:
+        raise DTypeError(f"compiled step: input {name!r} has dtype {a.dtype}, expected {dtype}")
+    raise ValueError(f"compiled step: input {name!r} must be C-contiguous")

@@ -1,0 +1,333 @@
+"""The C renderer: loop IR -> one readable C translation unit.
+
+Layout of the generated file:
+
+* helpers (NaN-propagating max/min, C-semantics integer division and power,
+  the counter-based random generator shared with ``reference.random_uniform``);
+* ``static int sg_body(void **io, char *arena)``: one ``{ ... }`` block per
+  kernel. Buffer pointers are declared ``restrict`` *inside* each block, so
+  temps that share arena bytes in different kernels never alias within one
+  restrict scope. Returns 0, or the error code of a failed bounds check;
+* ``int sg_run(void **io, char *arena)``: one call;
+* ``int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step)``:
+  ``k`` calls, advancing each I/O pointer by ``step[slot]`` bytes per call
+  (stacked batches in, stacked outputs out, persistent state untouched);
+* ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
+  ``dlopen``.
+
+``#pragma omp parallel for`` goes only on the outermost parallel loop of a
+kernel whose estimated work is at least ``OMP_MIN_WORK`` scalar ops: below
+that the fork/join (a few µs on this machine) costs more than it saves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from shapegrad.compiler import loops as L
+from shapegrad.dtypes import DType
+
+# Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
+# scalar ops (≈ 20-40 µs of work) before splitting it pays off.
+OMP_MIN_WORK = 1 << 18
+
+_PRELUDE = r"""
+#include <stdint.h>
+#include <math.h>
+
+static inline float sg_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float sg_minf(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline double sg_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
+static inline double sg_mind(double a, double b) { return (a < b || a != a) ? a : b; }
+static inline int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+static inline int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline int32_t sg_idiv(int32_t a, int32_t b) {
+    /* NumPy reference: x / 0 -> x; INT_MIN / -1 wraps (never UB). */
+    if (b == 0) return a;
+    if (b == -1) return (int32_t)(0u - (uint32_t)a);
+    return a / b;
+}
+static inline int32_t sg_ipow(int32_t a, int32_t b) {
+    uint32_t r = 1u, base = (uint32_t)a;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    while (b) { if (b & 1) r *= base; base *= base; b >>= 1; }
+    return (int32_t)r;
+}
+static inline double sg_rand(uint32_t counter, uint32_t seed_mix) {
+    uint32_t x = counter + seed_mix;
+    x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
+    return (double)(x >> 8) * (1.0 / 16777216.0);
+}
+"""
+
+_BLAS_DECL = r"""
+void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
+                       const float *, int, float, float *, int);
+void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int,
+                       const double *, int, double, double *, int);
+"""
+
+_STEPS = r"""
+int sg_run(void **io, char *arena) { return sg_body(io, arena); }
+
+int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step) {
+    void *local[SG_NSLOTS + 1];
+    for (int64_t t = 0; t < k; ++t) {
+        for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
+        int rc = sg_body(local, arena);
+        if (rc) return rc;
+    }
+    return 0;
+}
+"""
+
+_FLOAT_FN = {
+    "exp": "exp",
+    "log": "log",
+    "sin": "sin",
+    "cos": "cos",
+    "sqrt": "sqrt",
+    "tanh": "tanh",
+    "abs": "fabs",
+}
+_ARITH = {"add": "+", "sub": "-", "mul": "*"}
+_COMPARE = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+
+
+def ctype(dtype: DType) -> str:
+    """The C spelling of an element type."""
+    return dtype.c_name
+
+
+def render_const(c: L.Const) -> str:
+    v, dtype = c.value, c.dtype
+    if dtype.is_float:
+        f = float(v)
+        if math.isnan(f):
+            text = "NAN"
+        elif math.isinf(f):
+            text = "INFINITY" if f > 0 else "(-INFINITY)"
+        else:
+            text = repr(f) + ("f" if dtype.name == "float32" else "")
+            if dtype.name == "float16":
+                return f"(({ctype(dtype)}){f!r})"
+        return text if dtype.name != "float16" else f"(({ctype(dtype)}){text})"
+    if dtype.name == "bool":
+        return "1" if v else "0"
+    iv = int(v)
+    return "(-2147483647 - 1)" if iv == -(2**31) else str(iv)
+
+
+def render_affine(a: L.Affine) -> str:
+    parts = []
+    for atom, coef in a.terms:
+        text = atom.name if isinstance(atom, L.Var) else _divmod(atom)
+        parts.append(text if coef == 1 else f"{coef} * {text}")
+    if a.const or not parts:
+        parts.append(str(a.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _divmod(atom: L.DivMod) -> str:
+    return f"(({render_affine(atom.inner)}) {'%' if atom.is_mod else '/'} {atom.divisor})"
+
+
+def _suffix(dtype: DType) -> str:
+    return "f" if dtype.name in ("float32", "float16") else ""
+
+
+def render_expr(e: L.Expr) -> str:
+    """C expression text for a scalar loop-IR expression."""
+    if isinstance(e, L.Const):
+        return render_const(e)
+    if isinstance(e, L.Load):
+        return f"{e.buffer}[{render_affine(e.index)}]"
+    if isinstance(e, L.Ref):
+        return e.name
+    if isinstance(e, L.Unary):
+        return _unary(e)
+    if isinstance(e, L.Binary):
+        return _binary(e.op, e.dtype, render_expr(e.a), render_expr(e.b), e.a.dtype)
+    if isinstance(e, L.Select):
+        return f"({render_expr(e.cond)} ? {render_expr(e.a)} : {render_expr(e.b)})"
+    if isinstance(e, L.Cast):
+        if e.dtype.name == "bool":
+            return f"(uint8_t)({render_expr(e.x)} != 0)"
+        return f"({ctype(e.dtype)})({render_expr(e.x)})"
+    if isinstance(e, L.IndexValue):
+        return f"(int32_t)({render_affine(e.index)})"
+    if isinstance(e, L.InRange):
+        x = render_affine(e.index)
+        return f"({e.lo} <= ({x}) && ({x}) < {e.hi})"
+    if isinstance(e, L.Random):
+        mix = (e.seed * 0x9E3779B9) & 0xFFFFFFFF
+        return f"({ctype(e.dtype)})sg_rand((uint32_t)({render_affine(e.counter)}), {mix}u)"
+    raise NotImplementedError(f"C renderer: no rule for {type(e).__name__}")
+
+
+def _unary(e: L.Unary) -> str:
+    x = render_expr(e.x)
+    if e.op == "neg":
+        return f"(-{x})"
+    if not e.dtype.is_float:
+        return f"({x} < 0 ? -{x} : {x})" if e.op == "abs" else x
+    fn = _FLOAT_FN[e.op] + _suffix(e.dtype)
+    if e.dtype.name == "float16":
+        return f"(({ctype(e.dtype)}){fn}((float){x}))"
+    return f"{fn}({x})"
+
+
+def _binary(op: str, dtype: DType, a: str, b: str, operand: DType) -> str:
+    if op in _COMPARE:
+        return f"(uint8_t)({a} {_COMPARE[op]} {b})"
+    if op == "and":
+        return f"({a} && {b})"
+    if op == "add" and dtype.name == "bool":
+        return f"(uint8_t)({a} | {b})"
+    if op in _ARITH:
+        if dtype.name == "int32" and op != "sub":
+            # wrap like NumPy instead of signed-overflow UB
+            return f"(int32_t)((uint32_t){a} {_ARITH[op]} (uint32_t){b})"
+        if dtype.name == "int32":
+            return f"(int32_t)((uint32_t){a} - (uint32_t){b})"
+        return f"({a} {_ARITH[op]} {b})"
+    if op == "div":
+        return f"({a} / {b})" if dtype.is_float else f"sg_idiv({a}, {b})"
+    if op == "pow":
+        if not dtype.is_float:
+            return f"sg_ipow({a}, {b})"
+        if dtype.name == "float16":
+            return f"(({ctype(dtype)})powf((float){a}, (float){b}))"
+        return f"pow{_suffix(dtype)}({a}, {b})"
+    if op in ("max", "min"):
+        if dtype.name == "bool":
+            return f"({a} {'|' if op == 'max' else '&'} {b})"
+        kind = {"float32": "f", "float64": "d", "int32": "i"}.get(dtype.name)
+        if kind is None:
+            return f"(({ctype(dtype)})sg_{op}f((float){a}, (float){b}))"
+        return f"sg_{op}{kind}({a}, {b})"
+    raise NotImplementedError(f"C renderer: binary {op}")
+
+
+class _Writer:
+    def __init__(self, program: L.Program) -> None:
+        self.program = program
+        self.lines: list[str] = []
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def kernel(self, k: L.Kernel) -> None:
+        self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
+        if k.inlined:
+            self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
+        self.emit(1, "{")
+        used = sorted(_buffers_of(k.body))
+        for name in used:
+            self.emit(2, self._pointer(name))
+        self.stmts(k.body, 2, parallel_ok=k.work >= OMP_MIN_WORK)
+        self.emit(1, "}")
+
+    def _pointer(self, name: str) -> str:
+        spec = self.program.buffers[name]
+        t = ctype(spec.dtype)
+        const = "const " if spec.kind in ("input", "const") else ""
+        src = f"(arena + {spec.offset})" if spec.kind == "temp" else f"io[{spec.slot}]"
+        return f"{const}{t} *restrict {name} = ({const}{t} *){src};"
+
+    def stmts(self, body: tuple[L.Stmt, ...], depth: int, parallel_ok: bool) -> None:
+        for s in body:
+            self.stmt(s, depth, parallel_ok)
+
+    def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
+        if isinstance(s, L.Loop):
+            if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
+                self.emit(depth, "#pragma omp parallel for schedule(static)")
+                parallel_ok = False
+            v = s.var.name
+            self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
+            self.stmts(s.body, depth + 1, parallel_ok)
+            self.emit(depth, "}")
+        elif isinstance(s, L.Store):
+            self.emit(depth, _store(s, self.program))
+        elif isinstance(s, L.Local):
+            self.emit(depth, f"{ctype(s.dtype)} {s.name}[{s.size}];")
+        elif isinstance(s, L.Declare):
+            self.emit(depth, f"{ctype(s.init.dtype)} {s.name} = {render_expr(s.init)};")
+        elif isinstance(s, L.Accumulate):
+            ref = L.Ref(s.value.dtype, s.name)
+            value = _binary(s.op, s.value.dtype, s.name, render_expr(s.value), s.value.dtype)
+            self.emit(depth, f"{render_expr(ref)} = {value};")
+        elif isinstance(s, L.IndexLoad):
+            v = s.var.name
+            self.emit(depth, f"int64_t {v} = {s.buffer}[{render_affine(s.index)}];")
+            self.emit(depth, f"if ({v} < 0) {v} += {s.var.extent};")
+        elif isinstance(s, L.CheckBounds):
+            self.emit(depth, f"for (int64_t q = 0; q < {s.size}; ++q)")
+            self.emit(
+                depth + 1,
+                f"if ({s.buffer}[q] < -{s.n} || {s.buffer}[q] >= {s.n}) return {s.code};",
+            )
+        elif isinstance(s, L.Contract):
+            self.contract(s, depth)
+        else:
+            raise NotImplementedError(f"C renderer: statement {type(s).__name__}")
+
+    def contract(self, s: L.Contract, depth: int) -> None:
+        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+        one, zero = ("1.0f", "0.0f") if s.dtype.name == "float32" else ("1.0", "0.0")
+        ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
+        self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
+        self.emit(
+            depth + 1,
+            f"{fn}(101, {ta}, {tb}, {s.m}, {s.n}, {s.k}, {one}, "
+            f"{s.a} + {s.offset_a} + bi * {s.stride_a}, {s.lda}, "
+            f"{s.b} + {s.offset_b} + bi * {s.stride_b}, {s.ldb}, {zero}, "
+            f"{s.c} + bi * {s.stride_c}, {s.n});",
+        )
+
+
+def _store(s: L.Store, program: L.Program) -> str:
+    target = f"{s.buffer}[{render_affine(s.index)}]"
+    value = render_expr(s.value)
+    if s.accumulate is None:
+        return f"{target} = {value};"
+    dtype = s.value.dtype
+    return f"{target} = {_binary(s.accumulate, dtype, target, value, dtype)};"
+
+
+def _buffers_of(body: tuple[L.Stmt, ...]) -> set[str]:
+    from shapegrad.compiler.memory import buffers_read, buffers_written
+
+    k = L.Kernel("_", body, 0, "_")
+    return buffers_read(k) | buffers_written(k)
+
+
+def uses_blas(program: L.Program) -> bool:
+    """Whether any kernel calls the matrix-multiply library."""
+    from shapegrad.compiler.memory import _walk
+
+    return any(isinstance(s, L.Contract) for k in program.kernels for s in _walk(k.body))
+
+
+def render_c(program: L.Program, n_slots: int) -> str:
+    """The full C source of ``program`` (``n_slots`` entries in the I/O table).
+
+    Example:
+        >>> print(render_c(lowered.program, 4))
+    """
+    w = _Writer(program)
+    w.lines.append(f"/* shapegrad generated: program {program.name} */")
+    w.lines.append(_PRELUDE)
+    if uses_blas(program):
+        w.lines.append(_BLAS_DECL)
+    w.lines.append(f"#define SG_NSLOTS {n_slots}")
+    w.lines.append("")
+    w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
+    w.emit(1, "(void)io; (void)arena;")
+    for k in program.kernels:
+        w.kernel(k)
+    w.emit(1, "return 0;")
+    w.lines.append("}")
+    w.lines.append(_STEPS)
+    return "\n".join(w.lines) + "\n"

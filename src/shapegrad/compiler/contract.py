@@ -1,0 +1,198 @@
+"""Recognise einsums that are (batched) matrix products over existing buffers.
+
+A two-operand einsum whose letters split into batch (both operands and the
+output), m (first operand and output), n (second operand and output) and k
+(both operands, summed) is ``C[b] = A[b] @ B[b]``. If both operands are plain
+strided views of buffers (permutes and broadcasts are fine: they only change
+strides) with each letter group contiguous, the product maps onto one
+``Contract`` statement, which renderers send to BLAS (C) or cuBLAS (CUDA).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shapegrad.compiler import loops as L
+from shapegrad.dtypes import DType
+from shapegrad.ir import Node
+
+if TYPE_CHECKING:
+    from shapegrad.compiler.lower import ExprBuilder
+
+
+@dataclass(frozen=True)
+class View:
+    buffer: str
+    offset: int
+    strides: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ContractMatch:
+    """A matched product; ``statement`` builds the loop-IR Contract for a destination."""
+
+    a: View
+    b: View
+    m: int
+    n: int
+    k: int
+    batch: int
+    trans_a: bool
+    trans_b: bool
+    lda: int
+    ldb: int
+    stride_a: int
+    stride_b: int
+
+    def statement(self, dst: str, dtype: DType) -> L.Contract:
+        return L.Contract(
+            self.a.buffer,
+            self.b.buffer,
+            dst,
+            self.m,
+            self.n,
+            self.k,
+            self.trans_a,
+            self.trans_b,
+            self.lda,
+            self.ldb,
+            self.a.offset,
+            self.b.offset,
+            self.batch,
+            self.stride_a,
+            self.stride_b,
+            self.m * self.n,
+            dtype,
+        )
+
+
+def _view(operand: Node, term: str, ex: ExprBuilder) -> View | None:
+    """Strides of ``operand`` per letter when it is a strided view of a buffer."""
+    letter_vars = {c: L.Var(f"_{c}", size) for c, size in zip(term, operand.shape, strict=True)}
+    value = ex.value(operand, tuple(L.var(letter_vars[c]) for c in term))
+    if not isinstance(value, L.Load) or value.dtype != operand.aval.dtype:
+        return None
+    if any(not isinstance(a, L.Var) for a in value.index.atoms()):
+        return None
+    strides = {c: value.index.coef(v) for c, v in letter_vars.items()}
+    return View(value.buffer, value.index.const, strides)
+
+
+def _group(view: View, letters: str, sizes: dict[str, int]) -> tuple[int, int] | None:
+    """(size, stride) of a group of letters addressed as one row-major axis, or None."""
+    live = [c for c in letters if sizes[c] > 1]
+    if not live:
+        return 1, 0
+    strides = [view.strides.get(c, 0) for c in live]
+    if 0 in strides:
+        return (_size(sizes, letters), 0) if set(strides) == {0} else None
+    for outer, inner in itertools.pairwise(live):
+        if view.strides[outer] != view.strides[inner] * sizes[inner]:
+            return None
+    size = 1
+    for c in live:
+        size *= sizes[c]
+    return size, view.strides[live[-1]]
+
+
+def _matrix(rows: tuple[int, int], cols: tuple[int, int]) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols operand, or None."""
+    (r, r_stride), (c, c_stride) = rows, cols
+    if c == 1 or c_stride == 1:
+        ld = r_stride if r > 1 else max(c, 1)
+        if ld >= max(c, 1):
+            return False, ld
+    if r == 1 or r_stride == 1:
+        ld = c_stride if c > 1 else max(r, 1)
+        if ld >= max(r, 1):
+            return True, ld
+    return None
+
+
+Packer = Callable[[Node, str, str], View]
+
+
+def _roles(out: str, ta: str, tb: str) -> tuple[int, bool] | None:
+    """(batch prefix length, swapped) making the rest of ``out`` ``m* n*`` (or ``n* m*``).
+
+    Letters of the batch prefix may be missing from one operand (broadcast, stride 0);
+    letters present in both operands and the output must be in the prefix.
+    """
+    for p in range(len(out) + 1):
+        rest = out[p:]
+        if any(c in ta and c in tb for c in rest):
+            continue
+        kinds = "".join("m" if c in ta else "n" for c in rest)
+        if kinds == "".join(sorted(kinds)):
+            return p, False
+        if kinds == "".join(sorted(kinds, reverse=True)):
+            return p, True
+    return None
+
+
+def _fits(view: View, batch: str, rows: str, cols: str, sizes: dict[str, int]) -> bool:
+    groups = [_group(view, g, sizes) for g in (batch, rows, cols)]
+    if any(g is None for g in groups):
+        return False
+    _, r, c = groups
+    assert r is not None and c is not None
+    return _matrix(r, c) is not None
+
+
+def match_contraction(
+    root: Node, ex: ExprBuilder, min_macs: int, pack: Packer
+) -> ContractMatch | None:
+    """A :class:`ContractMatch` for einsum ``root`` or None (then generated loops are used).
+
+    Args:
+        root: a two-operand EINSUM node.
+        ex: expression builder of the current kernel (resolves views to buffers).
+        min_macs: smallest product (batch*m*n*k) worth a library call.
+        pack: ``pack(operand, term, order)`` writes ``operand`` (axes named by ``term``)
+            into a fresh buffer with axes in ``order`` and returns its view; used when an
+            operand is not a strided view that BLAS can read directly.
+    """
+    terms, out = root.attr["spec"].split("->")
+    ta, tb = terms.split(",")
+    a_node, b_node = root.inputs
+    sizes = dict(zip(ta, a_node.shape, strict=True)) | dict(zip(tb, b_node.shape, strict=True))
+    if any(c not in out and (c not in ta or c not in tb) for c in sizes):
+        return None  # a letter summed inside one operand: not a plain product
+    roles = _roles(out, ta, tb)
+    if roles is None:
+        return None
+    p, swapped = roles
+    first, second, t1, t2 = (b_node, a_node, tb, ta) if swapped else (a_node, b_node, ta, tb)
+    batch_l = out[:p]
+    m_l = "".join(c for c in out[p:] if c in t1)
+    n_l = "".join(c for c in out[p:] if c in t2)
+    k_l = "".join(c for c in t1 if c not in out)
+    m, n, k = (_size(sizes, g) for g in (m_l, n_l, k_l))
+    batch = _size(sizes, batch_l)
+    if batch * m * n * k < min_macs:
+        return None
+    va, vb = _view(first, t1, ex), _view(second, t2, ex)
+    if va is None or not _fits(va, batch_l, m_l, k_l, sizes):
+        va = pack(first, t1, "".join(c for c in batch_l if c in t1) + m_l + k_l)
+    if vb is None or not _fits(vb, batch_l, k_l, n_l, sizes):
+        vb = pack(second, t2, "".join(c for c in batch_l if c in t2) + k_l + n_l)
+    ba, ma, ka = _group(va, batch_l, sizes), _group(va, m_l, sizes), _group(va, k_l, sizes)
+    bb, kb, nb = _group(vb, batch_l, sizes), _group(vb, k_l, sizes), _group(vb, n_l, sizes)
+    if ba is None or ma is None or ka is None or bb is None or kb is None or nb is None:
+        return None  # e.g. a batch group mixing broadcast and real axes
+    mat_a, mat_b = _matrix(ma, ka), _matrix(kb, nb)
+    if mat_a is None or mat_b is None:
+        return None
+    return ContractMatch(
+        va, vb, m, n, k, batch, mat_a[0], mat_b[0], mat_a[1], mat_b[1], ba[1], bb[1]
+    )
+
+
+def _size(sizes: dict[str, int], letters: str) -> int:
+    n = 1
+    for c in letters:
+        n *= sizes[c]
+    return n

@@ -1,0 +1,190 @@
+"""Fusion ("virtualization"): which graph values get a buffer, and which are recomputed inline.
+
+``plan_fusion`` is one named pass from a Graph to a :class:`FusionPlan`:
+
+* **Materialized** nodes are written to memory by their own kernel. Inputs,
+  outputs, reductions, contractions, gathers and scatters always are;
+  non-scalar constants become read-only buffers.
+* Every other node (elementwise math, layout views, iota, random) is
+  **inlined**: its consumers recompute it from its operands at the index they
+  need. Inlining is refused when recomputation would cost more than a load:
+  several consumers of a non-trivial expression, an expensive value read
+  through an expanding broadcast, a non-trivial einsum operand (a contraction
+  reads each operand element many times), or an expression grown too large.
+* **Epilogues**: a reduction/contraction whose single consumer chain is
+  elementwise at the same index (``relu(x @ w + b)``) is computed inside the
+  kernel of that consumer: the accumulator feeds the epilogue directly, and
+  the raw reduction never touches memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shapegrad.ir import Graph, Node
+from shapegrad.ops.protocol import ELEMENTWISE, Prim
+
+ROOTS = frozenset({Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD})
+_EXPENSIVE = frozenset({Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.TANH, Prim.POW, Prim.SQRT})
+_ZERO_COST = frozenset(
+    {
+        Prim.RESHAPE,
+        Prim.PERMUTE,
+        Prim.BROADCAST,
+        Prim.SLICE,
+        Prim.STOP_GRADIENT,
+        Prim.IOTA,
+        Prim.CONSTANT,
+        Prim.INPUT,
+    }
+)
+# A shared value is recomputed by each consumer only while it costs at most this many ops.
+SHARED_COST_LIMIT = 2
+# Beyond this inline cost a value is written out regardless (keeps generated code small).
+MAX_INLINE_COST = 40
+
+
+@dataclass
+class FusionPlan:
+    """The result of :func:`plan_fusion`.
+
+    Attributes:
+        materialized: ids of nodes that own a buffer.
+        epilogue_of: id of a reduction/contraction -> the node whose kernel computes it.
+        fused_roots: id of an epilogue node -> the reduction/contraction it absorbs.
+        cost: inline cost of each node (ops recomputed per element when inlined).
+    """
+
+    materialized: set[int] = field(default_factory=set)
+    epilogue_of: dict[int, Node] = field(default_factory=dict)
+    fused_roots: dict[int, Node] = field(default_factory=dict)
+    cost: dict[int, int] = field(default_factory=dict)
+
+
+def _own_cost(node: Node) -> int:
+    if node.prim in _ZERO_COST:
+        return 0
+    if node.prim in _EXPENSIVE:
+        return 8
+    return 1
+
+
+def consumers_of(graph: Graph) -> dict[int, list[Node]]:
+    """Node id -> distinct nodes that read it."""
+    users: dict[int, list[Node]] = {}
+    for node in graph.nodes():
+        for operand in set(node.inputs):
+            users.setdefault(operand.id, []).append(node)
+    return users
+
+
+def plan_fusion(graph: Graph, fuse_epilogues: bool = True) -> FusionPlan:
+    """Decide materialization and epilogue fusion for every node of ``graph``.
+
+    Args:
+        graph: an optimized graph.
+        fuse_epilogues: compute eligible reductions inside their elementwise consumer.
+    Returns:
+        a :class:`FusionPlan`.
+    Example:
+        >>> plan = plan_fusion(graph); sorted(plan.materialized)
+    """
+    plan = FusionPlan()
+    users = consumers_of(graph)
+    outputs = {o.id for o in graph.outputs}
+    order = graph.nodes()
+    for node in order:
+        plan.cost[node.id] = _own_cost(node) + sum(
+            plan.cost[i.id] for i in node.inputs if i.id not in plan.materialized
+        )
+        if _must_materialize(node, users.get(node.id, []), outputs, plan.cost[node.id]):
+            plan.materialized.add(node.id)
+            plan.cost[node.id] = 0
+        _materialize_operands(node, plan)
+    if fuse_epilogues:
+        _fuse_epilogues(order, users, outputs, plan)
+    return plan
+
+
+def _must_materialize(node: Node, users: list[Node], outputs: set[int], cost: int) -> bool:
+    if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS:
+        return True
+    if node.prim is Prim.CONSTANT:
+        return int(node.attr["value"].array.size) > 1
+    if cost > MAX_INLINE_COST:
+        return True
+    return len(users) > 1 and cost > SHARED_COST_LIMIT
+
+
+def _materialize_operands(node: Node, plan: FusionPlan) -> None:
+    """Operands whose recomputation inside ``node`` would be multiplied get a buffer."""
+    if node.prim is Prim.EINSUM:
+        for operand in node.inputs:
+            if plan.cost.get(operand.id, 0) > 0:
+                plan.materialized.add(operand.id)
+                plan.cost[operand.id] = 0
+    elif node.prim in (Prim.GATHER, Prim.SCATTER_ADD):
+        plan.materialized.add(node.inputs[1].id)  # indices are read as data, bounds-checked
+        plan.cost[node.inputs[1].id] = 0
+    elif node.prim is Prim.BROADCAST:
+        (operand,) = node.inputs
+        expands = _size(node) > _size(operand)
+        if expands and plan.cost.get(operand.id, 0) > 1:
+            plan.materialized.add(operand.id)
+            plan.cost[operand.id] = 0
+            plan.cost[node.id] = 0
+
+
+def _size(node: Node) -> int:
+    n = 1
+    for d in node.shape:
+        n *= d
+    return n
+
+
+def _fuse_epilogues(
+    order: list[Node], users: dict[int, list[Node]], outputs: set[int], plan: FusionPlan
+) -> None:
+    for node in order:
+        if node.id not in plan.materialized or node.prim not in ELEMENTWISE:
+            continue
+        roots = _roots_reached(node, plan, users)
+        if len(roots) != 1:
+            continue
+        root = roots[0]
+        if (
+            root.prim not in (Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM)
+            or root.id in outputs
+            or root.id in plan.epilogue_of
+            or len(users.get(root.id, [])) != 1
+            or root.aval != node.aval
+        ):
+            continue
+        plan.epilogue_of[root.id] = node
+        plan.fused_roots[node.id] = root
+        plan.materialized.discard(root.id)
+
+
+def _roots_reached(node: Node, plan: FusionPlan, users: dict[int, list[Node]]) -> list[Node]:
+    """Materialized roots read by ``node``'s inline tree through elementwise ops only.
+
+    Returns an empty list if the tree reaches any materialized non-input value through a
+    layout op (the index would differ) or reaches more than one root.
+    """
+    found: dict[int, Node] = {}
+    through_layout: set[int] = set()
+    stack = [(i, True) for i in node.inputs]
+    while stack:
+        n, direct = stack.pop()
+        if n.id in plan.materialized:
+            if n.prim in ROOTS:
+                found[n.id] = n
+                if not direct:
+                    through_layout.add(n.id)
+            continue
+        # A shared inline value is also expanded in other kernels, which would need the root.
+        keeps_index = direct and n.prim in ELEMENTWISE and len(users.get(n.id, [])) == 1
+        stack.extend((i, keeps_index) for i in n.inputs)
+    if through_layout:
+        return []
+    return list(found.values())

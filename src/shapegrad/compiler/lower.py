@@ -1,0 +1,597 @@
+"""Lowering: an optimized Graph -> a loop-IR Program (kernels over named buffers).
+
+The steps, in order (each a named function):
+
+1. ``plan_fusion`` (compiler/fusion.py) picks the materialized nodes.
+2. ``assign_buffers`` names a buffer for each: graph inputs, persistent state
+   (inputs that an output updates, ``Graph.aliases``), outputs, constants, temps.
+3. ``build_kernels`` emits one kernel per materialized node. Inline nodes are
+   expanded by :class:`ExprBuilder` at the index their consumer needs; layout
+   ops (reshape, permute, broadcast, slice, pad, concat) become index maps.
+4. ``plan_memory`` (compiler/memory.py) schedules state updates in place and
+   packs temps into one arena by liveness.
+
+The result, :class:`Lowered`, is what every loop-IR renderer consumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shapegrad.compiler import loops as L
+from shapegrad.compiler.contract import View, match_contraction
+from shapegrad.compiler.fusion import FusionPlan, plan_fusion
+from shapegrad.dtypes import DType, bool_, int32
+from shapegrad.ir import Graph, Node
+from shapegrad.ops.protocol import BINARY, UNARY, Prim
+from shapegrad.shapes import size_of
+
+Index = tuple[L.Affine, ...]
+
+
+@dataclass(frozen=True)
+class FlatIx:
+    """An index given as a row-major flat offset (avoids div/mod through reshapes)."""
+
+    flat: L.Affine
+
+
+Ix = Index | FlatIx
+
+# Contractions at or above this many multiply-adds call the BLAS-style Contract statement
+# (measured on the 2-core dev box: generated loops win below ~64k MACs; see notes in report).
+CONTRACT_MIN_MACS = 65536
+# Largest output row accumulated in a local scratch array (elements).
+LOCAL_ROW_MAX = 4096
+
+
+@dataclass
+class Lowered:
+    """A Program plus the calling convention the executable needs.
+
+    Attributes:
+        program: buffers and kernels.
+        input_buffers: buffer name per graph input (state inputs name their state buffer).
+        output_buffers: buffer name per graph output.
+        state_of_output: output index -> input index it updates in place (its buffer).
+        constants: const buffer name -> data.
+    """
+
+    program: L.Program
+    input_buffers: list[str]
+    output_buffers: list[str]
+    state_of_output: dict[int, int]
+    constants: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
+
+
+def lower_to_loops(
+    graph: Graph, name: str = "fn", plan: FusionPlan | None = None, contract_min: int | None = None
+) -> Lowered:
+    """Lower ``graph`` to a loop-IR program.
+
+    Args:
+        graph: an optimized graph.
+        name: program name (shows in dumps).
+        plan: a precomputed fusion plan (default: ``plan_fusion(graph)``).
+        contract_min: smallest contraction (multiply-adds) sent to Contract.
+    Returns:
+        a :class:`Lowered` program with its memory planned.
+    Example:
+        >>> print(lower_to_loops(graph).program.format())
+    """
+    from shapegrad.compiler.memory import plan_memory
+
+    plan = plan or plan_fusion(graph)
+    buffers, names, state_of_output, constants, input_names = assign_buffers(graph, plan)
+    builder = KernelBuilder(graph, plan, names, buffers, contract_min)
+    kernels = builder.build()
+    output_names = builder.output_names
+    program = L.Program(name, buffers, kernels)
+    lowered = Lowered(program, input_names, output_names, state_of_output, constants)
+    plan_memory(lowered, graph)
+    return lowered
+
+
+def assign_buffers(
+    graph: Graph, plan: FusionPlan
+) -> tuple[
+    dict[str, L.BufferSpec],
+    dict[int, str],
+    dict[int, int],
+    dict[str, np.ndarray[Any, Any]],
+    list[str],
+]:
+    """Name the buffer of each materialized node; returns (specs, node id -> name,
+    output -> aliased input, constants, input buffer names)."""
+    buffers: dict[str, L.BufferSpec] = {}
+    names: dict[int, str] = {}
+    state_inputs = {i: k for k, i in graph.aliases}
+    slot = 0
+    input_names = []
+    for i, node in enumerate(graph.inputs):
+        kind, bname = ("state", f"s{i}") if i in state_inputs else ("input", f"in{i}")
+        buffers[bname] = L.BufferSpec(bname, node.aval.dtype, size_of(node.shape), kind, slot)
+        names[node.id] = bname
+        input_names.append(bname)
+        slot += 1
+    constants: dict[str, np.ndarray[Any, Any]] = {}
+    for node in graph.nodes():
+        if node.id in plan.materialized and node.id not in names:
+            if node.prim is Prim.CONSTANT:
+                bname = f"c{len(constants)}"
+                constants[bname] = node.attr["value"].array
+                spec = L.BufferSpec(bname, node.aval.dtype, size_of(node.shape), "const", slot)
+                slot += 1
+            else:
+                bname = f"t{node.id}"
+                spec = L.BufferSpec(bname, node.aval.dtype, size_of(node.shape), "temp")
+            buffers[bname] = spec
+            names[node.id] = bname
+    state_of_output = {k: i for k, i in graph.aliases}
+    return buffers, names, state_of_output, constants, input_names
+
+
+def _neutral(op: str, dtype: DType) -> L.Const:
+    if op == "add":
+        return L.Const(dtype, False if dtype == bool_ else 0)
+    if dtype.is_float:
+        return L.Const(dtype, -math.inf)
+    return L.Const(dtype, False if dtype == bool_ else -(2**31))
+
+
+_UNARY_OPS = {p: p.value for p in UNARY}
+_BINARY_OPS = {
+    Prim.ADD: "add",
+    Prim.SUB: "sub",
+    Prim.MUL: "mul",
+    Prim.DIV: "div",
+    Prim.POW: "pow",
+    Prim.MAX: "max",
+    Prim.MIN: "min",
+    Prim.LT: "lt",
+    Prim.LE: "le",
+    Prim.EQ: "eq",
+    Prim.NE: "ne",
+}
+assert set(_BINARY_OPS) == set(BINARY)
+
+
+def _multi(ix: Ix, shape: tuple[int, ...]) -> Index:
+    return L.unflatten(ix.flat, shape) if isinstance(ix, FlatIx) else ix
+
+
+def _flat(ix: Ix, shape: tuple[int, ...]) -> L.Affine:
+    return ix.flat if isinstance(ix, FlatIx) else L.flatten(ix, shape)
+
+
+class ExprBuilder:
+    """Expands a node's value at an index: loads for materialized nodes, inline math otherwise."""
+
+    def __init__(self, plan: FusionPlan, names: dict[int, str]) -> None:
+        self.plan = plan
+        self.names = names
+        self.subst: dict[int, Callable[[Ix], L.Expr]] = {}
+        self.inlined: dict[int, Node] = {}
+
+    def value(self, node: Node, ix: Ix) -> L.Expr:
+        """The scalar expression of ``node`` at ``ix``."""
+        if node.id in self.subst:
+            return self.subst[node.id](ix)
+        dtype = node.aval.dtype
+        if node.id in self.names:
+            return L.Load(dtype, self.names[node.id], _flat(ix, node.shape))
+        return self.expand(node, ix)
+
+    def expand(self, node: Node, ix: Ix) -> L.Expr:
+        """Compute ``node`` itself at ``ix`` (its operands via :meth:`value`)."""
+        dtype = node.aval.dtype
+        self.inlined[node.id] = node
+        prim, ins = node.prim, node.inputs
+        if prim in UNARY:
+            return L.Unary(dtype, _UNARY_OPS[prim], self.value(ins[0], ix))
+        if prim in BINARY:
+            a, b = self.value(ins[0], ix), self.value(ins[1], ix)
+            return L.Binary(dtype, _BINARY_OPS[prim], a, b)
+        if prim is Prim.WHERE:
+            c, a, b = (self.value(i, ix) for i in ins)
+            return L.Select(dtype, c, a, b)
+        if prim is Prim.CAST:
+            return L.Cast(dtype, self.value(ins[0], ix))
+        if prim is Prim.STOP_GRADIENT:
+            return self.value(ins[0], ix)
+        if prim is Prim.CONSTANT:
+            return L.Const(dtype, node.attr["value"].array.reshape(-1)[0].item())
+        if prim is Prim.RANDOM:
+            return L.Random(dtype, _flat(ix, node.shape), int(node.attr["seed"]))
+        if prim is Prim.RESHAPE:
+            return self.value(ins[0], FlatIx(_flat(ix, node.shape)))
+        return self._layout(node, _multi(ix, node.shape))
+
+    def _layout(self, node: Node, ix: Index) -> L.Expr:
+        prim, attrs = node.prim, node.attr
+        if prim is Prim.IOTA:
+            return L.Cast(node.aval.dtype, L.IndexValue(int32, ix[attrs["axis"]]))
+        x = node.inputs[0]
+        if prim is Prim.PERMUTE:
+            inner: list[L.Affine] = [L.Affine()] * len(ix)
+            for out_axis, in_axis in enumerate(attrs["perm"]):
+                inner[in_axis] = ix[out_axis]
+            return self.value(x, tuple(inner))
+        if prim is Prim.BROADCAST:
+            dims = attrs["dims"]
+            idx = tuple(
+                ix[d] if x.shape[i] == node.shape[d] else L.const(0) for i, d in enumerate(dims)
+            )
+            return self.value(x, idx)
+        if prim is Prim.SLICE:
+            idx = tuple(
+                i * st + lo for i, lo, st in zip(ix, attrs["starts"], attrs["steps"], strict=True)
+            )
+            return self.value(x, idx)
+        if prim is Prim.PAD:
+            return self._pad(node, ix)
+        if prim is Prim.CONCAT:
+            return self._concat(node, ix)
+        raise NotImplementedError(f"loop lowering: cannot inline {prim.value}")
+
+    def _pad(self, node: Node, ix: Index) -> L.Expr:
+        x = node.inputs[0]
+        inner = tuple(i + (-lo) for i, lo in zip(ix, node.attr["low"], strict=True))
+        cond: L.Expr | None = None
+        for i, size, lo, hi in zip(
+            inner, x.shape, node.attr["low"], node.attr["high"], strict=True
+        ):
+            if lo == 0 and hi == 0:
+                continue
+            test = L.InRange(bool_, i, 0, size)
+            cond = test if cond is None else L.Binary(bool_, "and", cond, test)
+        value = self.value(x, inner)
+        if cond is None:
+            return value
+        return L.Select(node.aval.dtype, cond, value, L.Const(node.aval.dtype, node.attr["value"]))
+
+    def _concat(self, node: Node, ix: Index) -> L.Expr:
+        axis = node.attr["axis"]
+        offsets = np.cumsum([0] + [i.shape[axis] for i in node.inputs])
+        result: L.Expr | None = None
+        for operand, lo, hi in reversed(
+            list(zip(node.inputs, offsets[:-1], offsets[1:], strict=True))
+        ):
+            shifted = tuple(i + (-int(lo)) if d == axis else i for d, i in enumerate(ix))
+            value = self.value(operand, shifted)
+            if result is None:
+                result = value
+            else:
+                test = L.InRange(bool_, ix[axis], int(lo), int(hi))
+                result = L.Select(node.aval.dtype, test, value, result)
+        assert result is not None
+        return result
+
+
+class KernelBuilder:
+    """Emits the kernels of one graph (see :func:`lower_to_loops`)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        plan: FusionPlan,
+        names: dict[int, str],
+        buffers: dict[str, L.BufferSpec],
+        contract_min: int | None,
+    ) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.names = names
+        self.buffers = buffers
+        self.kernels: list[L.Kernel] = []
+        self.output_names: list[str] = []
+        self.contract_min = CONTRACT_MIN_MACS if contract_min is None else contract_min
+        self._var_count = 0
+        self._codes = 0
+
+    # -- helpers ---------------------------------------------------------------------
+    def fresh(self, extent: int, prefix: str = "i") -> L.Var:
+        self._var_count += 1
+        return L.Var(f"{prefix}{self._var_count}", extent)
+
+    def temp(self, dtype: DType, size: int, hint: str) -> str:
+        name = f"{hint}_{len(self.buffers)}"
+        self.buffers[name] = L.BufferSpec(name, dtype, size, "temp")
+        return name
+
+    def add(self, root: Node, body: tuple[L.Stmt, ...], work: int, ex: ExprBuilder) -> None:
+        shown = [f"{n.prim.value}%{n.id}" for n in ex.inlined.values()]
+        kernel = L.Kernel(
+            f"k{len(self.kernels)}", body, work, f"{root.prim.value}%{root.id}", shown
+        )
+        self.kernels.append(kernel)
+
+    # -- driver ----------------------------------------------------------------------
+    def build(self) -> list[L.Kernel]:
+        for node in self.graph.nodes():
+            if node.id not in self.plan.materialized or node.prim in (Prim.INPUT, Prim.CONSTANT):
+                continue
+            self.emit(node, self.names[node.id])
+        self._bind_outputs()
+        return self.kernels
+
+    def _bind_outputs(self) -> None:
+        """Each output gets its own buffer; repeated/aliased/source outputs get a copy."""
+        used: set[str] = set()
+        for k, node in enumerate(self.graph.outputs):
+            src = self.names[node.id]
+            spec = self.buffers[src]
+            if k in dict(self.graph.aliases):
+                self.output_names.append(src)  # memory planning redirects it to the state
+                used.add(src)
+                continue
+            if spec.kind == "temp" and src not in used:
+                self.buffers[src] = L.BufferSpec(src, spec.dtype, spec.size, "output", -1)
+                self.output_names.append(src)
+                used.add(src)
+                continue
+            dst = f"out{k}"
+            self.buffers[dst] = L.BufferSpec(dst, spec.dtype, spec.size, "output", -1)
+            self.output_names.append(dst)
+            self.copy(node, src, dst)
+
+    def copy(self, node: Node, src: str, dst: str) -> None:
+        v = self.fresh(size_of(node.shape))
+        load = L.Load(node.aval.dtype, src, L.var(v))
+        body = (L.Loop(v, "parallel", (L.Store(dst, L.var(v), load),)),)
+        self.kernels.append(L.Kernel(f"k{len(self.kernels)}", body, v.extent, f"copy {src}"))
+
+    def emit(self, node: Node, dst: str) -> None:
+        root = self.plan.fused_roots.get(node.id)
+        if root is not None:
+            self.emit_reduction(root, node, dst)
+        elif node.prim in (Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM):
+            self.emit_reduction(node, None, dst)
+        elif node.prim is Prim.GATHER:
+            self.emit_gather(node, dst)
+        elif node.prim is Prim.SCATTER_ADD:
+            self.emit_scatter(node, dst)
+        else:
+            self.emit_elementwise(node, dst)
+
+    # -- elementwise / layout ------------------------------------------------------------
+    def emit_elementwise(self, node: Node, dst: str) -> None:
+        size = size_of(node.shape)
+        ex = ExprBuilder(self.plan, self.names)
+        v = self.fresh(size)
+        value = ex.expand(node, FlatIx(L.var(v)))
+        if not _has_divmod(value):
+            body: tuple[L.Stmt, ...] = (L.Loop(v, "parallel", (L.Store(dst, L.var(v), value),)),)
+            self.add(node, body, size * max(1, self.plan.cost.get(node.id, 1)), ex)
+            return
+        ex = ExprBuilder(self.plan, self.names)
+        vars_ = [self.fresh(d) for d in node.shape]
+        index = tuple(L.var(x) for x in vars_)
+        stmt: L.Stmt = L.Store(dst, L.flatten(index, node.shape), ex.expand(node, index))
+        self.add(node, _nest(vars_, "parallel", (stmt,)), size, ex)
+
+    # -- reductions and contractions -------------------------------------------------------
+    def emit_reduction(self, root: Node, epilogue: Node | None, dst: str) -> None:
+        if root.prim is Prim.EINSUM and self._try_contract(root, epilogue, dst):
+            return
+        ex = ExprBuilder(self.plan, self.names)
+        out_vars = [self.fresh(d) for d in root.shape]
+        red_vars, summand = self._summand(root, out_vars, ex)
+        op = "max" if root.prim is Prim.REDUCE_MAX else "add"
+        dtype = root.aval.dtype
+        out_index = tuple(L.var(v) for v in out_vars)
+        flat_out = L.flatten(out_index, root.shape)
+        work = size_of(root.shape) * max(1, math.prod(v.extent for v in red_vars)) * 2
+        final = epilogue if epilogue is not None else root
+        if out_vars and _prefers_row_accumulation(summand, out_vars[-1], red_vars):
+            body = self._row_form(root, final, dst, out_vars, red_vars, summand, op, ex)
+        else:
+            acc = f"acc{self._var_count}"
+            ex.subst[root.id] = lambda ix: L.Ref(dtype, acc)
+            result = ex.expand(final, out_index) if epilogue is not None else L.Ref(dtype, acc)
+            inner: tuple[L.Stmt, ...] = (
+                L.Declare(acc, _neutral(op, dtype)),
+                *_nest(red_vars, "reduction", (L.Accumulate(acc, op, summand),)),
+                L.Store(dst, flat_out, result),
+            )
+            body = _nest(out_vars, "parallel", inner)
+        self.add(final, body, work, ex)
+
+    def _row_form(
+        self,
+        root: Node,
+        final: Node,
+        dst: str,
+        out_vars: list[L.Var],
+        red_vars: list[L.Var],
+        summand: L.Expr,
+        op: str,
+        ex: ExprBuilder,
+    ) -> tuple[L.Stmt, ...]:
+        """Accumulate a whole output row so the innermost loop runs over outputs.
+
+        With an epilogue, the row lives in a local scratch array and ``dst`` is written
+        once per element (so ``dst`` may be a state buffer updated in place).
+        """
+        dtype = root.aval.dtype
+        last = out_vars[-1]
+        index = tuple(L.var(v) for v in out_vars)
+        flat = L.flatten(index, root.shape)
+        row, row_ix = dst, flat
+        stmts: list[L.Stmt] = []
+        use_local = final is not root and last.extent <= LOCAL_ROW_MAX
+        if use_local:
+            row, row_ix = f"row{self._var_count}", L.var(last)
+            stmts.append(L.Local(row, dtype, last.extent))
+        stmts.append(L.Loop(last, "parallel", (L.Store(row, row_ix, _neutral(op, dtype)),)))
+        stmts.extend(
+            _nest(
+                red_vars,
+                "reduction",
+                (L.Loop(last, "parallel", (L.Store(row, row_ix, summand, op),)),),
+            )
+        )
+        if final is not root:
+            ex.subst[root.id] = lambda ix: L.Load(dtype, row, row_ix)
+            stmts.append(L.Loop(last, "parallel", (L.Store(dst, flat, ex.expand(final, index)),)))
+        return _nest(out_vars[:-1], "parallel", tuple(stmts))
+
+    def _summand(
+        self, root: Node, out_vars: list[L.Var], ex: ExprBuilder
+    ) -> tuple[list[L.Var], L.Expr]:
+        """Reduction variables and the value accumulated at each point."""
+        if root.prim is not Prim.EINSUM:
+            (x,) = root.inputs
+            axes = root.attr["axes"]
+            red_vars: list[L.Var] = []
+            it = iter(out_vars)
+            idx = []
+            for d, size in enumerate(x.shape):
+                if d in axes:
+                    v = self.fresh(size, "r")
+                    red_vars.append(v)
+                    idx.append(L.var(v))
+                else:
+                    idx.append(L.var(next(it)))
+            return red_vars, ex.value(x, tuple(idx))
+        terms, out = root.attr["spec"].split("->")
+        letters: dict[str, L.Var] = dict(zip(out, out_vars, strict=True))
+        red_vars = []
+        for term, operand in zip(terms.split(","), root.inputs, strict=True):
+            for letter, size in zip(term, operand.shape, strict=True):
+                if letter not in letters:
+                    letters[letter] = self.fresh(size, "r")
+                    red_vars.append(letters[letter])
+        product: L.Expr | None = None
+        for term, operand in zip(terms.split(","), root.inputs, strict=True):
+            value = ex.value(operand, tuple(L.var(letters[c]) for c in term))
+            product = value if product is None else L.Binary(root.aval.dtype, "mul", product, value)
+        assert product is not None
+        return red_vars, product
+
+    def _try_contract(self, root: Node, epilogue: Node | None, dst: str) -> bool:
+        if (
+            len(root.inputs) != 2
+            or not root.aval.dtype.is_float
+            or root.aval.dtype.name == "float16"
+        ):
+            return False
+        match = match_contraction(
+            root, ExprBuilder(self.plan, self.names), self.contract_min, self._pack
+        )
+        if match is None:
+            return False
+        ex = ExprBuilder(self.plan, self.names)
+        dtype = root.aval.dtype
+        # With an epilogue the product goes to its own temp: ``dst`` is then written once
+        # per element, so it may be a state buffer that the epilogue also reads.
+        product = dst if epilogue is None else self.temp(dtype, size_of(root.shape), "prod")
+        stmts: list[L.Stmt] = [match.statement(product, dtype)]
+        if epilogue is not None:
+            ex.subst[root.id] = lambda ix: L.Load(dtype, product, _flat(ix, root.shape))
+            vars_ = [self.fresh(d) for d in root.shape]
+            index = tuple(L.var(x) for x in vars_)
+            store = L.Store(dst, L.flatten(index, root.shape), ex.expand(epilogue, index))
+            stmts.extend(_nest(vars_, "parallel", (store,)))
+        work = 2 * match.m * match.n * match.k * match.batch
+        self.add(epilogue if epilogue is not None else root, tuple(stmts), work, ex)
+        return True
+
+    def _pack(self, operand: Node, term: str, order: str) -> View:
+        """Write ``operand`` (axes named by ``term``) to a new temp with axes in ``order``."""
+        sizes = dict(zip(term, operand.shape, strict=True))
+        shape = tuple(sizes[c] for c in order)
+        dst = self.temp(operand.aval.dtype, size_of(shape), "pack")
+        ex = ExprBuilder(self.plan, self.names)
+        letter_vars = {c: self.fresh(sizes[c]) for c in order}
+        index = tuple(L.var(letter_vars[c]) for c in order)
+        value = ex.value(operand, tuple(L.var(letter_vars[c]) for c in term))
+        store = L.Store(dst, L.flatten(index, shape), value)
+        body = _nest([letter_vars[c] for c in order], "parallel", (store,))
+        self.add(operand, body, size_of(shape), ex)
+        strides, step = {}, 1
+        for c in reversed(order):
+            strides[c] = step
+            step *= sizes[c]
+        return View(dst, 0, strides)
+
+    # -- indexing ----------------------------------------------------------------------------
+    def _check(self, idx: Node, n: int) -> L.CheckBounds:
+        self._codes += 1
+        return L.CheckBounds(self.names[idx.id], size_of(idx.shape), n, self._codes)
+
+    def emit_gather(self, node: Node, dst: str) -> None:
+        x, idx = node.inputs
+        axis = node.attr["axis"]
+        ex = ExprBuilder(self.plan, self.names)
+        out_vars = [self.fresh(d) for d in node.shape]
+        idx_vars = out_vars[axis : axis + len(idx.shape)]
+        j = self.fresh(x.shape[axis], "g")
+        x_index = (
+            *(L.var(v) for v in out_vars[:axis]),
+            L.var(j),
+            *(L.var(v) for v in out_vars[axis + len(idx.shape) :]),
+        )
+        load_idx = L.IndexLoad(
+            j, self.names[idx.id], L.flatten(tuple(L.var(v) for v in idx_vars), idx.shape)
+        )
+        store = L.Store(
+            dst, L.flatten(tuple(L.var(v) for v in out_vars), node.shape), ex.value(x, x_index)
+        )
+        body = (self._check(idx, x.shape[axis]), *_nest(out_vars, "parallel", (load_idx, store)))
+        self.add(node, body, size_of(node.shape), ex)
+
+    def emit_scatter(self, node: Node, dst: str) -> None:
+        updates, idx = node.inputs
+        axis = node.attr["axis"]
+        ex = ExprBuilder(self.plan, self.names)
+        size = node.attr["size"]
+        zero_var = self.fresh(size_of(node.shape))
+        zero = L.Loop(
+            zero_var, "parallel", (L.Store(dst, L.var(zero_var), L.Const(node.aval.dtype, 0)),)
+        )
+        up_vars = [self.fresh(d) for d in updates.shape]
+        idx_vars = up_vars[axis : axis + len(idx.shape)]
+        j = self.fresh(size, "g")
+        out_index = (
+            *(L.var(v) for v in up_vars[:axis]),
+            L.var(j),
+            *(L.var(v) for v in up_vars[axis + len(idx.shape) :]),
+        )
+        load_idx = L.IndexLoad(
+            j, self.names[idx.id], L.flatten(tuple(L.var(v) for v in idx_vars), idx.shape)
+        )
+        value = ex.value(updates, tuple(L.var(v) for v in up_vars))
+        store = L.Store(dst, L.flatten(out_index, node.shape), value, "add")
+        body = (self._check(idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
+        self.add(node, body, size_of(updates.shape), ex)
+
+
+def _nest(vars_: list[L.Var], kind: str, body: tuple[L.Stmt, ...]) -> tuple[L.Stmt, ...]:
+    for v in reversed(vars_):
+        body = (L.Loop(v, kind, body),)
+    return body
+
+
+def _has_divmod(e: L.Expr) -> bool:
+    for sub in L.walk_expr(e):
+        index = getattr(sub, "index", None) or getattr(sub, "counter", None)
+        if isinstance(index, L.Affine) and any(isinstance(a, L.DivMod) for a in index.atoms()):
+            return True
+    return False
+
+
+def _prefers_row_accumulation(summand: L.Expr, last_out: L.Var, red_vars: list[L.Var]) -> bool:
+    """True when loads are contiguous along the last output axis but not the last reduced one."""
+    if not red_vars or last_out.extent < 4:
+        return False
+    last_red = red_vars[-1]
+    loads = [e for e in L.walk_expr(summand) if isinstance(e, L.Load)]
+    out_unit = sum(1 for ld in loads if ld.index.coef(last_out) == 1)
+    red_unit = sum(1 for ld in loads if ld.index.coef(last_red) == 1)
+    return out_unit > red_unit

@@ -1,0 +1,207 @@
+"""Memory planning: in-place state updates and one arena for all intermediates.
+
+Two steps over a lowered program:
+
+* ``place_state_updates``: an output that is the new value of an input
+  (``Graph.aliases``, e.g. a parameter or an optimizer moment) is written
+  straight into that input's persistent buffer when it is safe: its kernel is
+  scheduled after every other reader of the old value, and reads the old value
+  only at the element it writes. Otherwise the new value goes to a temp and a
+  copy kernel at the end of the program moves it over.
+* ``pack_arena``: temps get byte offsets in one arena; two temps share bytes
+  when their live ranges (first writer .. last reader, in kernel order) are
+  disjoint. First-fit by definition order, 64-byte aligned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from shapegrad.compiler import loops as L
+from shapegrad.ir import Graph
+
+if TYPE_CHECKING:
+    from shapegrad.compiler.lower import Lowered
+
+ALIGN = 64
+
+
+def plan_memory(lowered: Lowered, graph: Graph) -> None:
+    """Run both planning steps on ``lowered`` in place."""
+    place_state_updates(lowered, graph)
+    pack_arena(lowered.program)
+
+
+def buffers_read(kernel: L.Kernel) -> set[str]:
+    """Buffers a kernel reads."""
+    names = {ld.buffer for ld in L.loads_in(kernel.body)}
+    for s in _walk(kernel.body):
+        if isinstance(s, L.Contract):
+            names |= {s.a, s.b}
+        elif isinstance(s, L.IndexLoad | L.CheckBounds) or (
+            isinstance(s, L.Store) and s.accumulate
+        ):
+            names.add(s.buffer)
+    return names - _locals(kernel.body)
+
+
+def _locals(body: tuple[L.Stmt, ...]) -> set[str]:
+    return {s.name for s in _walk(body) if isinstance(s, L.Local)}
+
+
+def buffers_written(kernel: L.Kernel) -> set[str]:
+    """Buffers a kernel writes."""
+    out: set[str] = set()
+    for s in _walk(kernel.body):
+        if isinstance(s, L.Store):
+            out.add(s.buffer)
+        elif isinstance(s, L.Contract):
+            out.add(s.c)
+    return out - _locals(kernel.body)
+
+
+def _walk(body: tuple[L.Stmt, ...]) -> Iterator[L.Stmt]:
+    for s in body:
+        yield s
+        if isinstance(s, L.Loop):
+            yield from _walk(s.body)
+
+
+def place_state_updates(lowered: Lowered, graph: Graph) -> None:
+    """Redirect aliased outputs into their state buffers (see module docstring)."""
+    program = lowered.program
+    sources = {lowered.output_buffers[k] for k in lowered.state_of_output}
+    program.kernels = _sinks_last(program.kernels, sources)
+    claimed: set[str] = set()
+    copies: list[L.Kernel] = []
+    for k, i in sorted(lowered.state_of_output.items()):
+        src, state = lowered.output_buffers[k], lowered.input_buffers[i]
+        lowered.output_buffers[k] = state
+        if src == state:
+            continue
+        if src not in claimed and _can_write_in_place(program, src, state):
+            _rename(program, src, state)
+            del program.buffers[src]
+            lowered.output_buffers = [state if b == src else b for b in lowered.output_buffers]
+            claimed.add(state)
+            continue
+        claimed.add(src)
+        copies.append(_copy_kernel(program, src, state, len(program.kernels) + len(copies)))
+    program.kernels.extend(copies)
+
+
+def _sinks_last(kernels: list[L.Kernel], sources: set[str]) -> list[L.Kernel]:
+    """Move kernels that only produce state updates nobody reads to the end (stable)."""
+    readers: dict[str, int] = {}
+    for kernel in kernels:
+        for name in buffers_read(kernel) - buffers_written(kernel):
+            readers[name] = readers.get(name, 0) + 1
+    keep: list[L.Kernel] = []
+    sinks: list[L.Kernel] = []
+    for kernel in kernels:
+        written = buffers_written(kernel)
+        is_sink = bool(written) and written <= sources and not any(readers.get(w) for w in written)
+        (sinks if is_sink else keep).append(kernel)
+    return keep + sinks
+
+
+def _can_write_in_place(program: L.Program, src: str, state: str) -> bool:
+    spec = program.buffers.get(src)
+    if spec is None or spec.kind != "temp":
+        return False
+    writers = [n for n, k in enumerate(program.kernels) if src in buffers_written(k)]
+    if len(writers) != 1:
+        return False
+    w = writers[0]
+    if any(state in buffers_read(k) for k in program.kernels[w + 1 :]):
+        return False
+    kernel = program.kernels[w]
+    statements = list(_walk(kernel.body))
+    stores = [s for s in statements if isinstance(s, L.Store) and s.buffer == src]
+    # Exactly one plain store per element: the old value is read, then overwritten once.
+    if len(stores) != 1 or stores[0].accumulate:
+        return False
+    if any(isinstance(s, L.Contract | L.IndexLoad) for s in statements):
+        return False
+    index = stores[0].index
+    return all(ld.index == index for ld in L.loads_in(kernel.body) if ld.buffer == state)
+
+
+def _rename(program: L.Program, old: str, new: str) -> None:
+    def fix(name: str) -> str:
+        return new if name == old else name
+
+    for kernel in program.kernels:
+        kernel.body = tuple(_rename_stmt(s, fix) for s in kernel.body)
+
+
+def _rename_expr(e: L.Expr, fix: Callable[[str], str]) -> L.Expr:
+    if isinstance(e, L.Load):
+        return replace(e, buffer=fix(e.buffer))
+    if isinstance(e, L.Unary | L.Cast):
+        return replace(e, x=_rename_expr(e.x, fix))
+    if isinstance(e, L.Binary):
+        return replace(e, a=_rename_expr(e.a, fix), b=_rename_expr(e.b, fix))
+    if isinstance(e, L.Select):
+        return replace(
+            e,
+            cond=_rename_expr(e.cond, fix),
+            a=_rename_expr(e.a, fix),
+            b=_rename_expr(e.b, fix),
+        )
+    return e
+
+
+def _rename_stmt(s: L.Stmt, fix: Callable[[str], str]) -> L.Stmt:
+    if isinstance(s, L.Loop):
+        return replace(s, body=tuple(_rename_stmt(x, fix) for x in s.body))
+    if isinstance(s, L.Store):
+        return replace(s, buffer=fix(s.buffer), value=_rename_expr(s.value, fix))
+    if isinstance(s, L.Declare):
+        return replace(s, init=_rename_expr(s.init, fix))
+    if isinstance(s, L.Accumulate):
+        return replace(s, value=_rename_expr(s.value, fix))
+    if isinstance(s, L.IndexLoad | L.CheckBounds):
+        return replace(s, buffer=fix(s.buffer))
+    if isinstance(s, L.Contract):
+        return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c))
+    return s
+
+
+def _copy_kernel(program: L.Program, src: str, dst: str, number: int) -> L.Kernel:
+    spec = program.buffers[src]
+    v = L.Var(f"c{number}", spec.size)
+    store = L.Store(dst, L.var(v), L.Load(spec.dtype, src, L.var(v)))
+    return L.Kernel(f"k{number}", (L.Loop(v, "parallel", (store,)),), spec.size, f"copy {src}")
+
+
+def pack_arena(program: L.Program) -> None:
+    """Assign arena offsets to temps by liveness; sets ``program.arena_bytes``."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for n, kernel in enumerate(program.kernels):
+        for name in buffers_read(kernel) | buffers_written(kernel):
+            first.setdefault(name, n)
+            last[name] = n
+    placed: list[tuple[int, int, int, int]] = []  # (offset, nbytes, first, last)
+    top = 0
+    temps = [b for b in program.buffers.values() if b.kind == "temp"]
+    temps.sort(key=lambda b: (first.get(b.name, -1), b.name))
+    for spec in temps:
+        nbytes = _round(spec.size * spec.dtype.numpy.itemsize)
+        lo, hi = first.get(spec.name, 0), last.get(spec.name, 0)
+        offset = 0
+        for o, size, f, la in sorted(placed):
+            overlaps_time = not (la < lo or hi < f)
+            if overlaps_time and o < offset + nbytes and offset < o + size:
+                offset = _round(o + size)
+        placed.append((offset, nbytes, lo, hi))
+        top = max(top, offset + nbytes)
+        program.buffers[spec.name] = replace(spec, offset=offset)
+    program.arena_bytes = top
+
+
+def _round(n: int) -> int:
+    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)

@@ -1,0 +1,175 @@
+"""The C backend: contractions (BLAS and loops), safety checks, errors, debug dumps, sanitizers.
+
+The whole op table also runs in "c" mode through tests/test_ops.py (tests/modes.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+from shapegrad.backends.base import BackendUnavailable, CompileOptions
+from shapegrad.backends.c import CBackend, CompileError, generate
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _f(*shape: int, seed: int = 0, dtype: type = np.float32) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+SPECS = [
+    ("ij,jk->ik", (5, 7), (7, 3)),
+    ("ij,kj->ik", (5, 7), (3, 7)),  # B transposed
+    ("ji,jk->ik", (7, 5), (7, 3)),  # A transposed
+    ("ij,jk->ki", (5, 7), (7, 3)),  # output transposed: roles swapped
+    ("bij,bjk->bik", (2, 5, 7), (2, 7, 3)),
+    ("ij,bjk->bik", (5, 7), (2, 7, 3)),  # broadcast batch
+    ("bohw,bckhw->ock", (2, 3, 4, 5), (2, 2, 3, 4, 5)),  # conv weight gradient: packs g
+    ("abc,cd->abd", (2, 3, 4), (4, 6)),  # grouped m letters
+]
+
+
+@pytest.mark.parametrize("contract_min", [0, 10**9], ids=["blas", "loops"])
+@pytest.mark.parametrize(("spec", "sa", "sb"), SPECS, ids=[s[0] for s in SPECS])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_contractions_match_numpy(
+    spec: str, sa: tuple[int, ...], sb: tuple[int, ...], contract_min: int, dtype: type
+) -> None:
+    a, b = _f(*sa, dtype=dtype), _f(*sb, seed=1, dtype=dtype)
+    fn = sg.compile(lambda x, y: sg.einsum(spec, x, y), backend="c", contract_min=contract_min)
+    got = fn(a, b).numpy()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, np.einsum(spec, a, b), rtol=tol * 10, atol=tol * 10)
+
+
+def test_blas_is_used_for_large_matmuls_and_loops_for_small() -> None:
+    big = sg.compile(lambda x, y: x @ y, backend="c").graph(_f(128, 256), _f(256, 64))
+    small = sg.compile(lambda x, y: x @ y, backend="c").graph(_f(10, 16), _f(16, 16))
+    assert "gemm" in generate(big)[1]
+    assert "gemm" not in generate(small)[1]
+
+
+def test_wrong_shape_dtype_and_layout_are_rejected_before_native_code() -> None:
+    fn = sg.compile(lambda x: x * 2.0, backend="c")
+    fn(_f(3, 4))
+    exe = fn.lower(_f(3, 4)).executable
+    with pytest.raises(sg.ShapeError, match="shape"):
+        exe([_f(4, 3)])
+    with pytest.raises(sg.DTypeError):
+        exe([_f(3, 4, dtype=np.float64)])
+    with pytest.raises(ValueError, match="contiguous"):
+        exe([_f(4, 3).T])
+    step = exe.bind()
+    with pytest.raises(sg.ShapeError, match="shape"):
+        step(_f(4, 3))
+
+
+def test_gather_index_out_of_range_is_an_error_not_a_crash() -> None:
+    fn = sg.compile(lambda x, i: sg.functional.take(x, i, axis=0), backend="c")
+    x = _f(5, 3)
+    ok = fn(x, np.array([0, 4, -1], np.int32)).numpy()
+    np.testing.assert_array_equal(ok, x[[0, 4, -1]])
+    with pytest.raises(IndexError, match="out of range"):
+        fn(x, np.array([0, 5], np.int32))
+    with pytest.raises(IndexError, match="out of range"):
+        fn(x, np.array([-6], np.int32))
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    ok, reason = CBackend().is_available()
+    assert not ok and "numpy" in reason and "install" in reason.lower()
+    graph = sg.compile(lambda x: x + 1.0, backend="numpy").graph(_f(3))
+    with pytest.raises(BackendUnavailable, match="numpy"):
+        CBackend().compile(graph, CompileOptions(name="nocc"))
+
+
+def test_compiler_errors_show_source_path_and_message(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SHAPEGRAD_CFLAGS", "-O2 -fno-such-flag-for-shapegrad")
+    graph = sg.compile(lambda x: x + 1.0, backend="numpy").graph(_f(3))
+    with pytest.raises(CompileError) as info:
+        CBackend().compile(graph, CompileOptions(name="bad"))
+    text = str(info.value)
+    assert ".c" in text and "no-such-flag" in text
+    path = next(p for p in text.split() if p.endswith(".c"))
+    assert Path(path).exists()
+
+
+def test_debug_dir_gets_loop_ir_and_c_source(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SHAPEGRAD_DEBUG", str(tmp_path))
+    fn = sg.compile(lambda x, w: sg.relu(x @ w), backend="c", name="dumped")
+    fn(_f(2, 3), _f(3, 4))
+    loops = list(tmp_path.rglob("dumped.loops.txt"))
+    sources = list(tmp_path.rglob("dumped.c"))
+    assert loops and sources
+    assert "kernel k0" in loops[0].read_text() and "sg_body" in sources[0].read_text()
+
+
+def test_k_steps_in_one_call_equal_k_single_calls() -> None:
+    def step(w: sg.Tensor, x: sg.Tensor, y: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        loss, g = sg.value_and_grad(lambda w: ((x @ w - y) ** 2).mean())(w)
+        return w - 0.05 * g, loss
+
+    w0, xs, ys = _f(3, 2), _f(7, 5, 3, seed=1), _f(7, 5, 2, seed=2)
+    fn = sg.compile(step, backend="c", donate_argnums=0)
+    exe = fn.lower(w0, xs[0], ys[0]).executable
+    single = exe.bind([w0])
+    losses = [float(single(xs[t], ys[t])[0]) for t in range(7)]
+    multi = exe.bind([w0])
+    (stacked,) = multi.run_steps(xs, ys)
+    np.testing.assert_array_equal(stacked, np.array(losses, np.float32))
+    np.testing.assert_array_equal(multi.state[0], single.state[0])
+    # and both equal the protocol call path (which never mutates its arguments)
+    w = w0.copy()
+    for t in range(7):
+        w, loss = (a for a in exe([w, xs[t], ys[t]]))
+        assert float(loss) == losses[t]
+    np.testing.assert_array_equal(w, single.state[0])
+
+
+@pytest.mark.slow
+def test_op_table_under_address_and_undefined_behaviour_sanitizers(tmp_path: Path) -> None:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc is not None
+    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True)
+    if not os.path.isabs(libasan.stdout.strip()):
+        pytest.skip("compiler has no libasan")
+    env = dict(os.environ)
+    env.update(
+        LD_PRELOAD=libasan.stdout.strip(),
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+        SHAPEGRAD_CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined "
+        "-fno-sanitize-recover=undefined",
+        XDG_CACHE_HOME=str(tmp_path),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        str(ROOT / "tests" / "test_ops.py"),
+        "-k",
+        "c]",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=3000)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert "ERROR: AddressSanitizer" not in tail and "runtime error" not in tail
