@@ -73,6 +73,8 @@ OTHER_ERRORS: list[tuple[str, Callable[[], Any], type[Exception], str]] = [
     ("pad mode", lambda: sg.pad(z(3), 1, mode="reflect"), ValueError, "only mode='constant'"),
     ("pool padding", lambda: sg.max_pool2d(z(1, 1, 4, 4), 2, padding=2), ValueError, r"padding \(2, 2\) must be at most half the kernel"),
     ("conv stride", lambda: sg.conv2d(z(1, 1, 4, 4), z(1, 1, 2, 2), stride=0), ValueError, "conv2d: stride must be an int >= 1"),
+    ("conv2d dtypes", lambda: sg.conv2d(z(1, 1, 4, 4), sg.zeros((1, 1, 2, 2), "float64")), sg.DTypeError, "conv2d: x is float32 but w is float64"),
+    ("matmul dtypes", lambda: z(2, 3) @ sg.zeros((3, 2), "float64"), sg.DTypeError, "matmul: operands are float32 and float64"),
     ("slice step", lambda: sg.slice(z(4), 0, 4, 0), ValueError, "slice: step must be positive"),
 ]  # fmt: skip
 

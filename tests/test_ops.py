@@ -9,6 +9,7 @@ non-differentiable points, and large-magnitude stability.
 
 from __future__ import annotations
 
+import doctest
 from typing import Any
 
 import numpy as np
@@ -124,3 +125,12 @@ def test_large_magnitudes(name: str, fn: Any, want: np.ndarray, runner: Runner) 
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
     (g,) = runner.grad(lambda x: sg.sum(fn(x[:1]) * 0.5), [LARGE], (0,))
     assert np.all(np.isfinite(g)), f"{name} gradient is not finite: {g}"
+
+
+@pytest.mark.parametrize("module", ["functional", "_einsum", "_conv", "_creation"])
+def test_docstring_examples_run(module: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(f"shapegrad.{module}")
+    result = doctest.testmod(mod, extraglobs={"sg": sg}, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

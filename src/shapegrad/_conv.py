@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
@@ -93,6 +94,8 @@ def conv2d(
             f"input channels disagree: x is {fmt(x.shape)}, w is {fmt(w.shape)} "
             f"({x.shape[1]} != {w.shape[1]})",
         )
+    if x.dtype != w.dtype:
+        raise DTypeError(f"conv2d: x is {x.dtype} but w is {w.dtype}; cast one with .astype()")
     kernel = (w.shape[2], w.shape[3])
     strides = _pair("conv2d", "stride", stride, 1)
     pads = _pair("conv2d", "padding", padding, 0)

@@ -232,6 +232,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise ShapeError(
             "matmul", f"operands must be at least 1-d, got {fmt(a.shape)} and {fmt(b.shape)}"
         )
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: operands are {a.dtype} and {b.dtype}; cast one with .astype()")
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if k_a != k_b:
