@@ -302,33 +302,60 @@ def fmt(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3f} ms"
 
 
+ROWS = {
+    "moons10": ("moons", 10, 200),
+    "moons256": ("moons", 256, 50),
+    "mlp": ("mlp", 128, 10),
+    "cnn": ("cnn", 64, 4),
+}
+COLUMNS = ["sg eager", "C 1-step", "C K-step", "NumPy", "PyTorch", "JAX jit", "cold", "warm"]
+
+
+def measure(column: str, row: str) -> float | None:
+    """One cell of the table (run in its own process, see ``main``)."""
+    name, batch, k = ROWS[row]
+    if column == "warm":
+        return warm_first_call(name, batch)
+    w = workload(name, batch, k)
+    cells: dict[str, Callable[[], float | None]] = {
+        "sg eager": lambda: time_shapegrad_eager(w),
+        "C 1-step": lambda: time_c_single(w),
+        "C K-step": lambda: time_c_multi(w),
+        "NumPy": lambda: time_numpy(w, name),
+        "PyTorch": lambda: time_torch(w, name),
+        "JAX jit": lambda: time_jax(w, name),
+        "cold": lambda: cold_compile(w),
+    }
+    return cells[column]()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", help="moons10,moons256,mlp,cnn (comma separated)")
+    parser.add_argument("--columns", help="subset of: " + ", ".join(COLUMNS))
+    parser.add_argument("--cell", nargs=2, metavar=("COLUMN", "ROW"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows = [
-        ("moons10", "moons", 10, 200),
-        ("moons256", "moons", 256, 50),
-        ("mlp", "mlp", 128, 10),
-        ("cnn", "cnn", 64, 4),
-    ]
-    if args.only:
-        rows = [r for r in rows if r[0] in args.only.split(",")]
-    cols = ["sg eager", "C 1-step", "C K-step", "NumPy", "PyTorch", "JAX jit", "cold", "warm"]
-    print(f"{'workload':10s}" + "".join(f"{c:>13s}" for c in cols))
-    for label, name, batch, k in rows:
-        w = workload(name, batch, k)
-        times = [
-            time_shapegrad_eager(w),
-            time_c_single(w),
-            time_c_multi(w),
-            time_numpy(w, name),
-            time_torch(w, name),
-            time_jax(w, name),
-            cold_compile(w),
-            warm_first_call(name, batch),
-        ]
-        print(f"{label + f' K={k}':10s}" + "".join(f"{fmt(t):>13s}" for t in times), flush=True)
+    if args.cell:
+        value = measure(*args.cell)
+        print("none" if value is None else repr(value))
+        return
+    rows = [r for r in ROWS if not args.only or r in args.only.split(",")]
+    columns = [c for c in COLUMNS if not args.columns or c in args.columns.split(",")]
+    # Every cell runs in a fresh process: thread pools of one framework (OpenMP, OpenBLAS,
+    # PyTorch, XLA) would otherwise keep spinning and slow the next measurement down.
+    print(f"{'workload':16s}" + "".join(f"{c:>13s}" for c in columns))
+    for row in rows:
+        values = []
+        for column in columns:
+            proc = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--cell", column, row],
+                capture_output=True,
+                text=True,
+            )
+            last = proc.stdout.strip().splitlines()[-1:] or ["none"]
+            values.append(None if proc.returncode or last[0] == "none" else float(last[0]))
+        k = ROWS[row][2]
+        print(f"{row + f' K={k}':16s}" + "".join(f"{fmt(t):>13s}" for t in values), flush=True)
 
 
 if __name__ == "__main__":

@@ -123,8 +123,11 @@ def _can_write_in_place(program: L.Program, src: str, state: str) -> bool:
     # Exactly one plain store per element: the old value is read, then overwritten once.
     if len(stores) != 1 or stores[0].accumulate:
         return False
-    if any(isinstance(s, L.Contract | L.IndexLoad) for s in statements):
-        return False
+    for s in statements:
+        if isinstance(s, L.IndexLoad) or (
+            isinstance(s, L.Contract) and {s.a, s.b, s.c} & {src, state}
+        ):
+            return False
     index = stores[0].index
     return all(ld.index == index for ld in L.loads_in(kernel.body) if ld.buffer == state)
 

@@ -6,7 +6,8 @@ into the disk cache (``toolchain``) -> ``dlopen`` -> :class:`CExecutable`.
 ``<name>.loops.txt`` and ``<name>.c``.
 
 Backend options (``CompileOptions.extra``): ``contract_min`` (smallest
-matrix product, in multiply-adds, sent to BLAS), ``fuse_epilogues`` (bool).
+matrix product, in multiply-adds, sent to BLAS), ``fuse_epilogues`` (bool),
+``profile`` (bool: per-kernel wall time, read with ``CExecutable.profile()``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[Lower
     plan = plan_fusion(graph, fuse_epilogues=bool(options.get("fuse_epilogues", True)))
     lowered = lower_to_loops(graph, options.name, plan, options.get("contract_min"))
     n_slots = assign_slots(lowered)
-    return lowered, render_c(lowered.program, n_slots)
+    profile = bool(options.get("profile", False))
+    return lowered, render_c(lowered.program, n_slots, profile)
 
 
 class CBackend:

@@ -38,6 +38,7 @@ _CDEF = """
 int sg_run(void **io, char *arena);
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step);
 extern const char sg_key[];
+extern double sg_profile[];
 """
 
 _FFI: Any = None
@@ -153,6 +154,20 @@ class CExecutable:
         for k, i in self.lowered.state_of_output.items():
             np.copyto(outs[k], self.state[i])
         return outs
+
+    def profile(self) -> list[tuple[str, str, float]]:
+        """(kernel, root, seconds) accumulated so far; needs ``profile=True`` at compile time.
+
+        Example:
+            >>> exe = sg.compile(step, backend="c", profile=True).lower(*args).executable
+            >>> for name, root, seconds in exe.profile(): print(name, root, seconds)
+        """
+        kernels = self.lowered.program.kernels
+        try:
+            times = self.lib.sg_profile
+            return [(k.name, k.root, float(times[i])) for i, k in enumerate(kernels)]
+        except (AttributeError, ffi().error) as exc:
+            raise RuntimeError("compile with profile=True to collect kernel times") from exc
 
     def bind(self, state: Sequence[Array] | None = None) -> BoundStep:
         """The fast calling path; ``state`` holds one array per state input (in input order).

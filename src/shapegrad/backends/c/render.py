@@ -217,15 +217,23 @@ class _Writer:
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
 
-    def kernel(self, k: L.Kernel) -> None:
+    def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
             self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
         self.emit(1, "{")
+        if profile:
+            self.emit(2, "double sg_t0 = sg_now();")
         used = sorted(_buffers_of(k.body))
         for name in used:
             self.emit(2, self._pointer(name))
-        self.stmts(k.body, 2, parallel_ok=k.work >= OMP_MIN_WORK)
+        has_library_call = any(isinstance(s, L.Contract) for s in k.body)
+        for s in k.body:
+            # A library call parallelises itself; loops around it are judged on their own size.
+            work = _nest_size(s) if has_library_call else k.work
+            self.stmt(s, 2, parallel_ok=work >= OMP_MIN_WORK)
+        if profile:
+            self.emit(2, f"sg_profile[{number}] += sg_now() - sg_t0;")
         self.emit(1, "}")
 
     def _pointer(self, name: str) -> str:
@@ -287,6 +295,13 @@ class _Writer:
         )
 
 
+def _nest_size(s: L.Stmt) -> int:
+    """Iterations of the innermost statements of a loop nest (1 for a non-loop)."""
+    if not isinstance(s, L.Loop):
+        return 1
+    return s.var.extent * max((_nest_size(x) for x in s.body), default=1)
+
+
 def _store(s: L.Store, program: L.Program) -> str:
     target = f"{s.buffer}[{render_affine(s.index)}]"
     value = render_expr(s.value)
@@ -310,8 +325,20 @@ def uses_blas(program: L.Program) -> bool:
     return any(isinstance(s, L.Contract) for k in program.kernels for s in _walk(k.body))
 
 
-def render_c(program: L.Program, n_slots: int) -> str:
+_PROFILE = r"""
+#include <time.h>
+static double sg_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+"""
+
+
+def render_c(program: L.Program, n_slots: int, profile: bool = False) -> str:
     """The full C source of ``program`` (``n_slots`` entries in the I/O table).
+
+    With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``.
 
     Example:
         >>> print(render_c(lowered.program, 4))
@@ -322,11 +349,14 @@ def render_c(program: L.Program, n_slots: int) -> str:
     if uses_blas(program):
         w.lines.append(_BLAS_DECL)
     w.lines.append(f"#define SG_NSLOTS {n_slots}")
+    if profile:
+        w.lines.append(_PROFILE)
+        w.lines.append(f"double sg_profile[{max(len(program.kernels), 1)}];")
     w.lines.append("")
     w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
     w.emit(1, "(void)io; (void)arena;")
-    for k in program.kernels:
-        w.kernel(k)
+    for number, k in enumerate(program.kernels):
+        w.kernel(k, number, profile)
     w.emit(1, "return 0;")
     w.lines.append("}")
     w.lines.append(_STEPS)

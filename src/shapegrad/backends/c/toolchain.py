@@ -74,17 +74,44 @@ def missing_compiler_message(cc: str) -> str:
 
 @lru_cache(maxsize=8)
 def compiler_version(cc: str) -> str:
-    """First line of ``cc --version`` (part of the cache key)."""
+    """First line of ``cc --version`` (part of the cache key).
+
+    Memoised on disk by the compiler binary's path, size and mtime, so a process that
+    only loads cached libraries never runs the compiler.
+    """
     exe = shutil.which(shlex.split(cc)[0]) if cc else None
     if exe is None:
         raise CompilerNotFound(missing_compiler_message(cc))
+    st = os.stat(exe)
+    ident = f"{cc}|{os.path.realpath(exe)}|{st.st_size}|{st.st_mtime_ns}"
+    memo = os.path.join(cache_dir(), "cc-" + hashlib.sha256(ident.encode()).hexdigest()[:24])
+    try:
+        with open(memo, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        pass
     try:
         out = subprocess.run(
             [*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30
         )
     except OSError as exc:
         raise CompilerNotFound(missing_compiler_message(cc)) from exc
-    return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else cc
+    text = out.stdout or out.stderr
+    version = text.splitlines()[0] if text else cc
+    _atomic_write(memo, version)
+    return version
+
+
+def _atomic_write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file and ``os.replace`` (best effort)."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 @lru_cache(maxsize=1)
