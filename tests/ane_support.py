@@ -6,11 +6,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 
 import shapegrad as sg
 from mil_evaluator import run_mil
 from shapegrad.backends.ane import IoSignature, MilProgram, lower_to_mil
+from shapegrad.backends.ane._mil import CoremltoolsMissing, coremltools
 from shapegrad.ir import Graph
+
+
+def require_coremltools() -> None:
+    """Skip the calling test module when coremltools is missing (imported the backend's way,
+    which keeps it from loading torch/tensorflow it does not need)."""
+    try:
+        coremltools()
+    except CoremltoolsMissing:
+        pytest.skip("the ane backend needs coremltools", allow_module_level=True)
 
 
 def traced_graph(fn: Callable[..., Any], arrays: Sequence[np.ndarray]) -> Graph:

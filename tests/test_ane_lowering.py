@@ -18,10 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("coremltools", reason="the ane backend needs coremltools")
-
 import shapegrad as sg
-from ane_support import mil_call, mil_grad, run_lowered, traced_graph
+from ane_support import mil_call, mil_grad, require_coremltools, run_lowered, traced_graph
 from harness import Case, _cast_floats
 from modes import MODES
 from op_table import CASES
@@ -33,6 +31,8 @@ from shapegrad.backends.ane import (
 )
 from shapegrad.backends.ane.lowering import _RULES
 from shapegrad.ops.protocol import Prim
+
+require_coremltools()
 
 GRAD_CASES = [c for c in CASES if c.grad]
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("coremltools", reason="the ane backend needs coremltools")
-
+from ane_support import require_coremltools
 from shapegrad.backends.ane import can_execute
+
+require_coremltools()
 
 _OK, _REASON = can_execute()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"not macOS 13+: {_REASON}")

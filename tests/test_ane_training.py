@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("coremltools", reason="the ane backend needs coremltools")
-
 import shapegrad as sg
-from ane_support import evaluator_runner, run_lowered
+from ane_support import evaluator_runner, require_coremltools, run_lowered
 from shapegrad.backends.ane import AneExecutionUnavailable, lower_to_mil
 from shapegrad.backends.ane.training import AneTrainer, LossScaler, loss_scale_headroom
 from shapegrad.shapes import ShapeError
 from shapegrad.train.optim import SGD, Adam
+
+require_coremltools()
 
 
 def moons(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -9,10 +9,23 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 from typing import Any
 
 Var = Any  # a coremltools MIL Var
 FP16_MAX = 65504.0
+_OPTIONAL_FRONTENDS = (
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "tensorflow",
+    "sklearn",
+    "xgboost",
+    "libsvm",
+    "executorch",
+    "torchao",
+    "transformers",
+)
 
 
 class CoremltoolsMissing(ImportError):
@@ -26,6 +39,12 @@ def coremltools() -> Any:
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.ERROR)
+    # coremltools probes its optional frontends at import (torch alone can cost ~20 s).
+    # We build MIL directly and need none of them, so frameworks not already imported
+    # are hidden during this import; a process that imported torch first keeps it.
+    hidden = [name for name in _OPTIONAL_FRONTENDS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # makes `import name` fail fast
     try:
         ct = importlib.import_module("coremltools")
     except ImportError as exc:
@@ -33,6 +52,9 @@ def coremltools() -> Any:
             "the ane backend needs coremltools: pip install 'shapegrad[ane]'"
         ) from exc
     finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return ct
