@@ -149,6 +149,15 @@ def test_fp16_program_casts_only_at_the_boundary() -> None:
     np.testing.assert_allclose(got, np.exp(x).sum(axis=1), rtol=2e-3)
 
 
+def test_returned_input_keeps_fp32_precision() -> None:
+    x = np.array([1.0 + 2.0**-20, 3.1415927], np.float32)  # not representable in fp16
+    mil = _lowered(lambda x: (x, x * 2.0), x)
+    same, doubled = run_lowered(mil, [x])
+    np.testing.assert_array_equal(same, x)
+    np.testing.assert_allclose(doubled, 2 * x, rtol=1e-3)
+    assert not np.array_equal(doubled, 2 * x)  # that one went through fp16
+
+
 def test_random_is_folded_to_a_constant() -> None:
     # Built by hand: sg.compile's own passes would fold the RANDOM node before lowering.
     from shapegrad.ops import prims as P
@@ -215,8 +224,18 @@ def test_converts_and_saves_a_program_with_many_ops(tmp_path: Path) -> None:
 
     mil = lower_to_mil(traced_graph(fn, [x, w, idx]))
     want = run_lowered(mil, [x, w, idx])
+    names = (mil.input_names, mil.output_names)
     package = build_package(mil, "many_ops", tmp_path)
     assert package.path.is_dir() and (package.path / "Manifest.json").exists()
+    # The saved model's interface is what IoSignature feeds and fetches on a Mac.
+    from shapegrad.backends.ane._mil import coremltools
+
+    spec = coremltools().models.MLModel(str(package.path), skip_model_load=True).get_spec()
+    assert [i.name for i in spec.description.input] == names[0]
+    assert [o.name for o in spec.description.output] == names[1]
+    kinds = [i.type.multiArrayType.dataType for i in spec.description.input]
+    array_type = coremltools().proto.FeatureTypes_pb2.ArrayFeatureType
+    assert kinds == [array_type.FLOAT32, array_type.FLOAT32, array_type.INT32]
     assert not package.cached and package.convert_seconds > 0
     again = build_package(lower_to_mil(traced_graph(fn, [x, w, idx])), "many_ops", tmp_path)
     assert again.cached and again.path == package.path
