@@ -498,7 +498,9 @@ def _leave_output(lo: _Lowerer, node: Node, k: int) -> Var:
     mb, types = lo.mb, types_module()
     var = lo.full(node)
     # An fp32 input returned as is (or an fp32 island value) leaves without an fp16 round trip.
-    var = lo.converted.get((var.name, "fp32"), var) if node.aval.dtype.is_float else var
+    exact = (var.name, "fp32")
+    if node.aval.dtype.is_float and exact in lo.converted:
+        var = lo.converted[exact]
     name = f"output_{k}"
     host = "fp32" if node.aval.dtype.is_float else "int32"
     needs_reshape = not node.shape
