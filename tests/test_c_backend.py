@@ -173,3 +173,13 @@ def test_op_table_under_address_and_undefined_behaviour_sanitizers(tmp_path: Pat
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     assert "ERROR: AddressSanitizer" not in tail and "runtime error" not in tail
+
+
+def test_conv_weight_gradient_uses_accumulating_products_not_a_packed_copy() -> None:
+    g, cols = _f(2, 3, 4, 5), _f(2, 2, 3, 4, 5, seed=1)
+    fn = sg.compile(lambda a, b: sg.einsum("bohw,bckhw->ock", a, b), backend="c", contract_min=0)
+    exe = fn.lower(g, cols).executable
+    (kernel,) = exe.lowered.program.kernels
+    (contract,) = kernel.body
+    assert contract.sum_batch == 2 and contract.k == 20
+    np.testing.assert_allclose(exe([g, cols])[0], np.einsum("bohw,bckhw->ock", g, cols), rtol=1e-5)

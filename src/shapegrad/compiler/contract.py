@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from shapegrad.compiler import loops as L
@@ -46,6 +46,9 @@ class ContractMatch:
     ldb: int
     stride_a: int
     stride_b: int
+    sum_batch: int = 1
+    sum_stride_a: int = 0
+    sum_stride_b: int = 0
 
     def statement(self, dst: str, dtype: DType) -> L.Contract:
         return L.Contract(
@@ -66,6 +69,9 @@ class ContractMatch:
             self.stride_b,
             self.m * self.n,
             dtype,
+            self.sum_batch,
+            self.sum_stride_a,
+            self.sum_stride_b,
         )
 
 
@@ -175,10 +181,48 @@ def match_contraction(
     if batch * m * n * k < min_macs:
         return None
     va, vb = _view(first, t1, ex), _view(second, t2, ex)
+    split = _sum_split(va, vb, batch_l, m_l, n_l, k_l, sizes)
+    if split is not None:
+        s_l, k_rest = split
+        sa, sb = _group(va, s_l, sizes), _group(vb, s_l, sizes)  # type: ignore[arg-type]
+        match = _build(va, vb, batch_l, m_l, n_l, k_rest, sizes)  # type: ignore[arg-type]
+        if match is not None and sa is not None and sb is not None:
+            return replace(match, sum_batch=sa[0], sum_stride_a=sa[1], sum_stride_b=sb[1])
     if va is None or not _fits(va, batch_l, m_l, k_l, sizes):
         va = pack(first, t1, "".join(c for c in batch_l if c in t1) + m_l + k_l)
     if vb is None or not _fits(vb, batch_l, k_l, n_l, sizes):
         vb = pack(second, t2, "".join(c for c in batch_l if c in t2) + k_l + n_l)
+    return _build(va, vb, batch_l, m_l, n_l, k_l, sizes)
+
+
+def _sum_split(
+    va: View | None,
+    vb: View | None,
+    batch_l: str,
+    m_l: str,
+    n_l: str,
+    k_l: str,
+    sizes: dict[str, int],
+) -> tuple[str, str] | None:
+    """``(summed-batch letters, remaining k letters)`` when the operands do not fit as they
+    are but do after moving a leading part of ``k`` into a loop of accumulating products."""
+    if va is None or vb is None:
+        return None
+    if _fits(va, batch_l, m_l, k_l, sizes) and _fits(vb, batch_l, k_l, n_l, sizes):
+        return None
+    for s in range(1, len(k_l)):
+        s_l, rest = k_l[:s], k_l[s:]
+        if _group(va, s_l, sizes) is None or _group(vb, s_l, sizes) is None:
+            continue
+        if _fits(va, batch_l, m_l, rest, sizes) and _fits(vb, batch_l, rest, n_l, sizes):
+            return s_l, rest
+    return None
+
+
+def _build(
+    va: View, vb: View, batch_l: str, m_l: str, n_l: str, k_l: str, sizes: dict[str, int]
+) -> ContractMatch | None:
+    m, n, k = (_size(sizes, g) for g in (m_l, n_l, k_l))
     ba, ma, ka = _group(va, batch_l, sizes), _group(va, m_l, sizes), _group(va, k_l, sizes)
     bb, kb, nb = _group(vb, batch_l, sizes), _group(vb, k_l, sizes), _group(vb, n_l, sizes)
     if ba is None or ma is None or ka is None or bb is None or kb is None or nb is None:
@@ -186,6 +230,7 @@ def match_contraction(
     mat_a, mat_b = _matrix(ma, ka), _matrix(kb, nb)
     if mat_a is None or mat_b is None:
         return None
+    batch = _size(sizes, batch_l)
     return ContractMatch(
         va, vb, m, n, k, batch, mat_a[0], mat_b[0], mat_a[1], mat_b[1], ba[1], bb[1]
     )

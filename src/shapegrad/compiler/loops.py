@@ -410,10 +410,12 @@ class CheckBounds(Stmt):
 
 @dataclass(frozen=True)
 class Contract(Stmt):
-    """``c[b] = alpha * op(a[b]) @ op(b[b])`` for each batch ``b`` (row-major matrices).
+    """``c[b] = sum_s op(a[b, s]) @ op(b[b, s])`` for each batch ``b`` (row-major matrices).
 
     ``a`` is ``m x k`` (``k x m`` when ``trans_a``), ``b`` is ``k x n`` (``n x k`` when
-    ``trans_b``), ``c`` is ``m x n``; batch strides are in elements.
+    ``trans_b``), ``c`` is ``m x n``; strides are in elements. ``s`` ranges over
+    ``sum_batch`` (summed letters that cannot join ``k``, e.g. the batch axis of a
+    convolution's weight gradient).
     """
 
     a: str
@@ -433,6 +435,9 @@ class Contract(Stmt):
     stride_b: int
     stride_c: int
     dtype: DType
+    sum_batch: int = 1
+    sum_stride_a: int = 0
+    sum_stride_b: int = 0
 
 
 @dataclass
@@ -511,7 +516,7 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
         elif isinstance(s, Contract):
             out.append(
                 f"{pad}{s.c} = contract({s.a}{'^T' if s.trans_a else ''}, {s.b}{'^T' if s.trans_b else ''})"
-                f" m={s.m} n={s.n} k={s.k} batch={s.batch}"
+                f" m={s.m} n={s.n} k={s.k} batch={s.batch} sum={s.sum_batch}"
             )
     return out
 

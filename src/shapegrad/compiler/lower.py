@@ -48,6 +48,8 @@ Ix = Index | FlatIx
 CONTRACT_MIN_MACS = 65536
 # Largest output row accumulated in a local scratch array (elements).
 LOCAL_ROW_MAX = 4096
+TIE_ROW = False
+ROW_FORM = True
 
 
 @dataclass
@@ -183,6 +185,10 @@ class ExprBuilder:
         if node.id in self.subst:
             return self.subst[node.id](ix)
         dtype = node.aval.dtype
+        if not isinstance(ix, FlatIx) and 1 in node.shape:
+            # Every valid access has index 0 along a size-1 axis (inside a concat/pad branch
+            # the affine form may not show it); pinning it keeps div/mod out of the index.
+            ix = tuple(L.const(0) if d == 1 else i for i, d in zip(ix, node.shape, strict=True))
         if node.id in self.names:
             return L.Load(dtype, self.names[node.id], _flat(ix, node.shape))
         return self.expand(node, ix)
@@ -209,6 +215,12 @@ class ExprBuilder:
         if prim is Prim.RANDOM:
             return L.Random(dtype, _flat(ix, node.shape), int(node.attr["seed"]))
         if prim is Prim.RESHAPE:
+            squeezed = [d for d in node.shape if d != 1]
+            if not isinstance(ix, FlatIx) and squeezed == [d for d in ins[0].shape if d != 1]:
+                # Only size-1 axes come or go: map the index axis by axis (no flattening).
+                kept = iter([i for i, d in zip(ix, node.shape, strict=True) if d != 1])
+                inner = tuple(L.const(0) if d == 1 else next(kept) for d in ins[0].shape)
+                return self.value(ins[0], inner)
             return self.value(ins[0], FlatIx(_flat(ix, node.shape)))
         return self._layout(node, _multi(ix, node.shape))
 
@@ -361,6 +373,9 @@ class KernelBuilder:
 
     # -- elementwise / layout ------------------------------------------------------------
     def emit_elementwise(self, node: Node, dst: str) -> None:
+        if node.prim is Prim.CONCAT:
+            self.emit_concat(node, dst)
+            return
         size = size_of(node.shape)
         ex = ExprBuilder(self.plan, self.names)
         v = self.fresh(size)
@@ -374,6 +389,22 @@ class KernelBuilder:
         index = tuple(L.var(x) for x in vars_)
         stmt: L.Stmt = L.Store(dst, L.flatten(index, node.shape), ex.expand(node, index))
         self.add(node, _nest(vars_, "parallel", (stmt,)), size, ex)
+
+    def emit_concat(self, node: Node, dst: str) -> None:
+        """One loop nest per operand writing its slab: no per-element branch on the part."""
+        axis = node.attr["axis"]
+        ex = ExprBuilder(self.plan, self.names)
+        body: list[L.Stmt] = []
+        offset = 0
+        for operand in node.inputs:
+            vars_ = [self.fresh(d) for d in operand.shape]
+            index = tuple(L.var(v) for v in vars_)
+            out_index = tuple(i + offset if d == axis else i for d, i in enumerate(index))
+            store = L.Store(dst, L.flatten(out_index, node.shape), ex.value(operand, index))
+            body.extend(_nest(vars_, "parallel", (store,)))
+            offset += operand.shape[axis]
+        ex.inlined[node.id] = node
+        self.add(node, tuple(body), size_of(node.shape), ex)
 
     # -- reductions and contractions -------------------------------------------------------
     def emit_reduction(self, root: Node, epilogue: Node | None, dst: str) -> None:
@@ -498,7 +529,7 @@ class KernelBuilder:
             index = tuple(L.var(x) for x in vars_)
             store = L.Store(dst, L.flatten(index, root.shape), ex.expand(epilogue, index))
             stmts.extend(_nest(vars_, "parallel", (store,)))
-        work = 2 * match.m * match.n * match.k * match.batch
+        work = 2 * match.m * match.n * match.k * match.batch * match.sum_batch
         self.add(epilogue if epilogue is not None else root, tuple(stmts), work, ex)
         return True
 
@@ -588,10 +619,11 @@ def _has_divmod(e: L.Expr) -> bool:
 
 def _prefers_row_accumulation(summand: L.Expr, last_out: L.Var, red_vars: list[L.Var]) -> bool:
     """True when loads are contiguous along the last output axis but not the last reduced one."""
-    if not red_vars or last_out.extent < 4:
+    if not red_vars or last_out.extent < 4 or not ROW_FORM:
         return False
     last_red = red_vars[-1]
     loads = [e for e in L.walk_expr(summand) if isinstance(e, L.Load)]
     out_unit = sum(1 for ld in loads if ld.index.coef(last_out) == 1)
     red_unit = sum(1 for ld in loads if ld.index.coef(last_red) == 1)
-    return out_unit > red_unit
+    # On a tie, a wide output row vectorizes better than a short dot product.
+    return out_unit > red_unit or (out_unit == red_unit and last_out.extent >= 8 and TIE_ROW)

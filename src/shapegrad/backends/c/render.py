@@ -286,12 +286,13 @@ class _Writer:
         one, zero = ("1.0f", "0.0f") if s.dtype.name == "float32" else ("1.0", "0.0")
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
         self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
+        self.emit(depth + 1, f"for (int64_t si = 0; si < {s.sum_batch}; ++si)")
         self.emit(
-            depth + 1,
+            depth + 2,
             f"{fn}(101, {ta}, {tb}, {s.m}, {s.n}, {s.k}, {one}, "
-            f"{s.a} + {s.offset_a} + bi * {s.stride_a}, {s.lda}, "
-            f"{s.b} + {s.offset_b} + bi * {s.stride_b}, {s.ldb}, {zero}, "
-            f"{s.c} + bi * {s.stride_c}, {s.n});",
+            f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}, {s.lda}, "
+            f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}, {s.ldb}, "
+            f"si ? {one} : {zero}, {s.c} + bi * {s.stride_c}, {s.n});",
         )
 
 
