@@ -1,0 +1,276 @@
+"""shapegrad's mypy plugin: static shape checking of ``Float[Tensor, "b 784"]`` code.
+
+Enable it in the mypy configuration::
+
+    [tool.mypy]
+    plugins = ["shapegrad.mypy_plugin"]
+
+With it, jaxtyping annotations on :class:`shapegrad.Tensor` carry their shapes
+and dtypes through mypy's inference; shapegrad's ops compute result shapes;
+calls to annotated functions instantiate the callee's named dims; returned
+values and annotated assignments are checked against their annotations.
+Certain mismatches are reported with the error code ``shapegrad-shape``
+(silence one line with ``# type: ignore[shapegrad-shape]``). Whatever is not
+statically known stays unknown and is never reported.
+
+Modules: ``spec`` (shapes and jaxtyping specs), ``carrier`` (shapes inside
+mypy types), ``algebra``/``layers`` (op rules on shapes), ``unify`` (matching
+and instantiation), ``rules`` (shapegrad ops by name), ``calls`` (user
+functions), ``returns`` (whole-body checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mypy.checker import TypeChecker
+from mypy.nodes import (
+    CallExpr,
+    ComparisonExpr,
+    Context,
+    Expression,
+    FuncDef,
+    IndexExpr,
+    MemberExpr,
+    MypyFile,
+    OpExpr,
+    UnaryExpr,
+)
+from mypy.plugin import (
+    AnalyzeTypeContext,
+    AttributeContext,
+    CheckerPluginInterface,
+    FunctionContext,
+    MethodContext,
+    Plugin,
+)
+from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
+
+from shapegrad.mypy_plugin import algebra as A
+from shapegrad.mypy_plugin.algebra import Mismatch
+from shapegrad.mypy_plugin.aliases import simple_alias, spec_at
+from shapegrad.mypy_plugin.call import Call
+from shapegrad.mypy_plugin.calls import instantiate
+from shapegrad.mypy_plugin.carrier import TENSOR, attach, is_tensor
+from shapegrad.mypy_plugin.env import SHAPE_ERROR, Env
+from shapegrad.mypy_plugin.returns import check_module
+from shapegrad.mypy_plugin.rules import FUNCTION_RULES, METHOD_RULES, Rule
+from shapegrad.mypy_plugin.spec import dtype_of_annotation, parse_spec
+
+__all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
+
+_ANNOTATED = ("typing.Annotated", "typing_extensions.Annotated")
+_SKIP_PREFIXES = (
+    "builtins.",
+    "typing.",
+    "typing_extensions.",
+    "numpy.",
+    "mypy.",
+    "abc.",
+    "collections.",
+)
+
+
+def _spec_text(arg: Type) -> str | None:
+    """The spec string of ``Float[Tensor, "b 784"]`` as mypy parsed it."""
+    if isinstance(arg, RawExpressionType) and isinstance(arg.literal_value, str):
+        return arg.literal_value
+    if isinstance(arg, UnboundType) and arg.original_str_expr is not None:
+        return arg.original_str_expr
+    return None
+
+
+def analyze_annotated(ctx: AnalyzeTypeContext) -> Type:
+    """``Annotated[Tensor, "spec"]`` (what jaxtyping's ``Float[...]`` is to mypy) -> shaped Tensor."""
+    args = ctx.type.args
+    if len(args) < 2:
+        ctx.api.fail(
+            "Annotated[...] must have exactly one type argument and at least one annotation",
+            ctx.context,
+        )
+        return AnyType(TypeOfAny.from_error)
+    base = ctx.api.analyze_type(args[0])
+    spec = _spec_text(args[1])
+    if spec is None or not is_tensor(base):
+        return base
+    scope = getattr(getattr(ctx.api, "tvar_scope", None), "namespace", "") or ""
+    shape = parse_spec(spec, dtype_of_annotation(ctx.type.name), scope)
+    return attach(base, shape, ctx.api.named_type("builtins.str", []))
+
+
+def analyze_tensor(ctx: AnalyzeTypeContext) -> Type:
+    """A bare ``Tensor``; if it is what mypy left of ``Float[Tensor, "spec"]`` in an alias, the shape."""
+    tensor = ctx.api.named_type(TENSOR, [])
+    tree = getattr(ctx.api, "cur_mod_node", None)
+    if not isinstance(tree, MypyFile) or ctx.type.args:
+        return tensor
+    found = spec_at(tree, ctx.type.line, ctx.type.column)
+    if found is None:
+        return tensor
+    return _shaped_tensor(ctx, found[0], found[1], None)
+
+
+def _shaped_tensor(
+    ctx: AnalyzeTypeContext, dtype: str | None, spec: str, scope: str | None
+) -> Type:
+    """A ``Tensor`` instance carrying ``spec`` (named dims scoped to ``scope``, or where analysed)."""
+    if scope is None:
+        scope = getattr(getattr(ctx.api, "tvar_scope", None), "namespace", "") or ""
+    tensor = ctx.api.named_type(TENSOR, [])
+    return attach(tensor, parse_spec(spec, dtype, scope), ctx.api.named_type("builtins.str", []))
+
+
+class ShapePlugin(Plugin):
+    """The mypy plugin object; see the module docstring."""
+
+    def __init__(self, options: object) -> None:
+        super().__init__(options)  # type: ignore[arg-type]
+        self._deferred: set[str] = set()
+        self._checked: set[str] = set()
+
+    # --- annotations -------------------------------------------------------------------
+
+    def get_type_analyze_hook(self, fullname: str) -> Callable[[AnalyzeTypeContext], Type] | None:
+        if fullname == TENSOR:
+            return analyze_tensor
+        alias = simple_alias(fullname)
+        if alias is not None:
+            return lambda ctx: _shaped_tensor(ctx, alias[0], alias[1], "")
+        return analyze_annotated if fullname in _ANNOTATED else None
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
+        if fullname.startswith("shapegrad.") and fullname.rsplit(".", 1)[-1] in FUNCTION_RULES:
+            rule = FUNCTION_RULES[fullname.rsplit(".", 1)[-1]]
+            return lambda ctx: self._apply(rule, ctx, None)
+        if fullname.startswith(_SKIP_PREFIXES):
+            return None
+        return self._user_function
+
+    def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
+        cls, _, name = fullname.rpartition(".")
+        if cls == TENSOR and name in METHOD_RULES:
+            rule = METHOD_RULES[name]
+            return lambda ctx: self._apply(rule, ctx, ctx, name)
+        if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
+            return None
+        return self._user_method
+
+    def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
+        return self._transpose_attribute if fullname == f"{TENSOR}.T" else None
+
+    # --- hook bodies ----------------------------------------------------------------------
+
+    def _apply(
+        self,
+        rule: Rule,
+        ctx: FunctionContext | MethodContext,
+        method: MethodContext | None,
+        method_name: str = "",
+    ) -> Type:
+        env = Env(ctx.api)
+        self_operand = None
+        if method is not None:
+            reverse = method_name.startswith("__r") and method_name != "__repr__"
+            self_operand = env.operand(_receiver(ctx.context, reverse), method.type)
+            if self_operand is None:
+                self._after_hook(ctx.api)
+                return ctx.default_return_type
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, self_operand)
+        try:
+            shape = rule(call)
+        except Mismatch as err:
+            env.fail(str(err), ctx.context)
+            shape = None
+        self._after_hook(ctx.api)
+        return attach(ctx.default_return_type, shape, env.str_type())
+
+    def _user_function(self, ctx: FunctionContext) -> Type:
+        env = Env(ctx.api)
+        result = instantiate(
+            env,
+            ctx.context,
+            list(ctx.callee_arg_names),
+            ctx.arg_types,
+            ctx.args,
+            ctx.default_return_type,
+        )
+        self._after_hook(ctx.api)
+        return result
+
+    def _user_method(self, ctx: MethodContext) -> Type:
+        env = Env(ctx.api)
+        result = instantiate(
+            env,
+            ctx.context,
+            list(ctx.callee_arg_names),
+            ctx.arg_types,
+            ctx.args,
+            ctx.default_return_type,
+        )
+        self._after_hook(ctx.api)
+        return result
+
+    def _transpose_attribute(self, ctx: AttributeContext) -> Type:
+        env = Env(ctx.api)
+        context = ctx.context
+        x = env.operand(context.expr if isinstance(context, MemberExpr) else None, ctx.type)
+        if x is None:
+            return ctx.default_attr_type
+        try:
+            shape = A.transpose("T", x, None)
+        except Mismatch:
+            shape = None
+        return attach(ctx.default_attr_type, shape, env.str_type())
+
+    def _after_hook(self, api: CheckerPluginInterface) -> None:
+        """Arrange for :func:`check_module` to run once the module's first pass is done.
+
+        mypy offers no hook after a function body, so the first function that
+        reaches a hook is re-queued for mypy's second pass; when a hook fires in
+        that pass every body has been checked and the whole module is walked.
+        """
+        if not isinstance(api, TypeChecker):
+            return
+        module = api.tree.fullname
+        if module in self._checked:
+            return
+        if api.pass_num == 0:
+            func = api.scope.top_level_function()
+            if module not in self._deferred and isinstance(func, FuncDef):
+                api.defer_node(func, api.scope.enclosing_class(func))
+                self._deferred.add(module)
+            return
+        self._checked.add(module)
+        # This may run inside an expression whose errors mypy is collecting
+        # speculatively (operators try both operand orders); the whole-module
+        # findings belong to no such expression, so report them unfiltered.
+        errors = api.msg.errors
+        watchers = errors._watchers
+        errors._watchers = []
+        try:
+            check_module(api, api.tree)
+        finally:
+            errors._watchers = watchers
+
+
+def _receiver(context: Context, reverse: bool) -> Expression | None:
+    """The expression a method is called on (``x`` in ``x.sum()``, ``x + y``, ``2 * x``, ``x[0]``)."""
+    if isinstance(context, CallExpr) and isinstance(context.callee, MemberExpr):
+        return context.callee.expr
+    if isinstance(context, OpExpr):
+        return context.right if reverse else context.left
+    if isinstance(context, ComparisonExpr):
+        return context.operands[0]
+    if isinstance(context, IndexExpr):
+        return context.base
+    if isinstance(context, UnaryExpr):
+        return context.expr
+    return None
+
+
+def plugin(version: str) -> type[Plugin]:
+    """mypy's entry point: the plugin class for this mypy version."""
+    del version
+    return ShapePlugin

@@ -1,0 +1,92 @@
+"""Where shapes live inside mypy's types.
+
+A shaped annotation becomes mypy's ordinary ``Instance`` of ``Tensor`` plus one
+entry in ``Instance.extra_attrs``: a ``Literal`` string holding the encoded
+shape (see :func:`shapegrad.mypy_plugin.spec.encode`). mypy copies that field
+through assignments, calls, tuples and its incremental cache, and ignores it
+when it checks subtyping, so without this plugin the same code is plain
+``Tensor`` code and mypy never reports a shape.
+"""
+
+from __future__ import annotations
+
+from mypy.types import (
+    ExtraAttrs,
+    Instance,
+    LiteralType,
+    ProperType,
+    TupleType,
+    Type,
+    UnionType,
+    get_proper_type,
+)
+
+from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, names_in
+
+TENSOR = "shapegrad.tensor.Tensor"
+KEY = "__shapegrad_shape__"
+
+
+def is_tensor(typ: Type) -> bool:
+    """True for ``Tensor`` and its subclasses."""
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.has_base(TENSOR)
+
+
+def shape_of(typ: Type | None) -> TShape | None:
+    """The static shape carried by ``typ``, or None (a plain or non-tensor type)."""
+    if typ is None:
+        return None
+    proper = get_proper_type(typ)
+    if not isinstance(proper, Instance) or proper.extra_attrs is None:
+        return None
+    literal = proper.extra_attrs.attrs.get(KEY)
+    if not isinstance(literal, LiteralType) or not isinstance(literal.value, str):
+        return None
+    return decode(literal.value)
+
+
+def attach(typ: Type, shape: TShape | None, str_type: Instance) -> Type:
+    """``typ`` (a Tensor instance) carrying ``shape``; other types come back unchanged."""
+    proper = get_proper_type(typ)
+    if shape is None or not isinstance(proper, Instance) or not is_tensor(proper):
+        return typ
+    attrs = ExtraAttrs({KEY: LiteralType(encode(shape), str_type)})
+    return Instance(
+        proper.type,
+        proper.args,
+        proper.line,
+        proper.column,
+        last_known_value=proper.last_known_value,
+        extra_attrs=attrs,
+    )
+
+
+def tensor_items(typ: Type | None) -> list[tuple[str, TShape]]:
+    """Every shaped tensor in ``typ`` with its path: ``""``, ``"[0]"``, ``"[1][0]"`` ..."""
+    if typ is None:
+        return []
+    proper: ProperType = get_proper_type(typ)
+    shape = shape_of(proper)
+    if shape is not None:
+        return [("", shape)]
+    if isinstance(proper, TupleType):
+        return [
+            (f"[{i}]{path}", s)
+            for i, item in enumerate(proper.items)
+            for path, s in tensor_items(item)
+        ]
+    return []
+
+
+def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
+    """The named dims in some annotations (a function signature: its rigid names)."""
+    names: set[Sym | Var] = set()
+    for typ in types:
+        proper = get_proper_type(typ)
+        if isinstance(proper, UnionType):
+            names |= signature_names(list(proper.items))
+            continue
+        for _, shape in tensor_items(proper):
+            names |= names_in(shape)
+    return frozenset(names)

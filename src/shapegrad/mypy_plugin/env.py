@@ -1,0 +1,84 @@
+"""What a hook needs from the type checker: argument access, rigid names, error reporting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mypy.checker import TypeChecker
+from mypy.errorcodes import ErrorCode
+from mypy.nodes import Context, Expression, FuncItem
+from mypy.plugin import CheckerPluginInterface
+from mypy.types import CallableType, Instance, Type, get_proper_type
+
+from shapegrad.mypy_plugin.algebra import Operand
+from shapegrad.mypy_plugin.carrier import shape_of, signature_names
+from shapegrad.mypy_plugin.literals import label
+from shapegrad.mypy_plugin.spec import Rigid, Sym, TShape, Var, add_rigid, restrict
+
+SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
+
+_SCALARS = ("builtins.int", "builtins.float", "builtins.bool")
+_RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
+
+
+def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
+    """The named dims of ``func``'s own signature (cached per function object)."""
+    cached = _RIGID_CACHE.get(id(func))
+    if cached is not None and cached[0] is func:
+        return cached[1]
+    sig = func.type
+    names = (
+        signature_names([*sig.arg_types, sig.ret_type])
+        if isinstance(sig, CallableType)
+        else frozenset()
+    )
+    _RIGID_CACHE[id(func)] = (func, names)
+    return names
+
+
+def owner_key(func: FuncItem) -> str:
+    """A stable name for a function as the owner of its rigid dims."""
+    return f"{func.fullname or func.name}:{func.line}"
+
+
+@dataclass
+class Env:
+    """The checker at one hook call, with the rigid names of the enclosing functions."""
+
+    api: CheckerPluginInterface
+    rigid: Rigid = field(init=False)
+
+    def __post_init__(self) -> None:
+        rigid: Rigid = {}
+        if isinstance(self.api, TypeChecker):
+            for item in self.api.scope.stack:
+                if isinstance(item, FuncItem):
+                    rigid = add_rigid(rigid, owner_key(item), rigid_names(item))
+        self.rigid = rigid
+
+    def shape(self, typ: Type | None) -> TShape | None:
+        """The shape of ``typ`` in this function's terms (foreign names forgotten)."""
+        shape = shape_of(typ)
+        return None if shape is None else restrict(shape, self.rigid)
+
+    def type_of(self, expr: Expression) -> Type | None:
+        """The type mypy inferred for an already-checked expression."""
+        return self.api.lookup_type_or_none(expr) if isinstance(self.api, TypeChecker) else None
+
+    def dims_of(self, expr: Expression) -> tuple[object, ...] | None:
+        shape = self.shape(self.type_of(expr))
+        return shape.dims if shape is not None and shape.fixed else None
+
+    def operand(self, expr: Expression | None, typ: Type | None) -> Operand | None:
+        """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
+        proper = get_proper_type(typ) if typ is not None else None
+        if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
+            return Operand(label(expr), TShape((), None))
+        shape = self.shape(typ)
+        return None if shape is None else Operand(label(expr), shape)
+
+    def str_type(self) -> Instance:
+        return self.api.named_generic_type("builtins.str", [])
+
+    def fail(self, message: str, context: Context) -> None:
+        self.api.fail(message, context, code=SHAPE_ERROR)

@@ -1,0 +1,134 @@
+"""Checks that need a whole function body: returned values and annotated assignments.
+
+mypy has no plugin hook for ``return`` statements, so once a module's first
+checking pass is done this walks every function and compares the types mypy
+recorded for returned / assigned expressions with the declared annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from mypy.checker import TypeChecker
+from mypy.nodes import (
+    AssignmentStmt,
+    Block,
+    ClassDef,
+    Decorator,
+    Expression,
+    ForStmt,
+    FuncDef,
+    IfStmt,
+    MypyFile,
+    NameExpr,
+    ReturnStmt,
+    Statement,
+    TryStmt,
+    TupleExpr,
+    Var,
+    WhileStmt,
+    WithStmt,
+)
+from mypy.types import CallableType, TupleType, Type, get_proper_type
+
+from shapegrad.mypy_plugin.carrier import tensor_items
+from shapegrad.mypy_plugin.env import SHAPE_ERROR, owner_key, rigid_names
+from shapegrad.mypy_plugin.literals import label
+from shapegrad.mypy_plugin.spec import Rigid, add_rigid, restrict, show
+from shapegrad.mypy_plugin.unify import compare
+
+
+def check_module(api: TypeChecker, tree: MypyFile) -> None:
+    """Check returns and annotated assignments of every function in ``tree``."""
+    for func, rigid in _functions(tree.defs, {}):
+        sig = func.type
+        if not isinstance(sig, CallableType):
+            continue
+        for stmt in _statements(func.body):
+            if isinstance(stmt, ReturnStmt) and stmt.expr is not None:
+                got = api.lookup_type_or_none(stmt.expr)
+                _report(api, rigid, got, sig.ret_type, "return value", label(stmt.expr), stmt)
+            elif isinstance(stmt, AssignmentStmt):
+                _check_assignment(api, rigid, stmt)
+
+
+def _functions(defs: list[Statement], outer: Rigid) -> Iterator[tuple[FuncDef, Rigid]]:
+    for stmt in defs:
+        func = stmt.func if isinstance(stmt, Decorator) else stmt
+        if isinstance(func, FuncDef):
+            rigid = add_rigid(outer, owner_key(func), rigid_names(func))
+            yield func, rigid
+            yield from _functions(func.body.body, rigid)
+        elif isinstance(stmt, ClassDef):
+            yield from _functions(stmt.defs.body, outer)
+
+
+def _statements(block: Block) -> Iterator[Statement]:
+    """Statements of a function body, into compound statements but not nested defs."""
+    for stmt in block.body:
+        yield stmt
+        blocks: list[Block | None] = []
+        if isinstance(stmt, IfStmt):
+            blocks = [*stmt.body, stmt.else_body]
+        elif isinstance(stmt, ForStmt | WhileStmt):
+            blocks = [stmt.body, stmt.else_body]
+        elif isinstance(stmt, WithStmt):
+            blocks = [stmt.body]
+        elif isinstance(stmt, TryStmt):
+            blocks = [stmt.body, *stmt.handlers, stmt.else_body, stmt.finally_body]
+        for b in blocks:
+            if b is not None:
+                yield from _statements(b)
+
+
+def _check_assignment(api: TypeChecker, rigid: Rigid, stmt: AssignmentStmt) -> None:
+    got = api.lookup_type_or_none(stmt.rvalue)
+    for target in stmt.lvalues:
+        _check_target(api, rigid, target, got, stmt)
+
+
+def _check_target(
+    api: TypeChecker, rigid: Rigid, target: Expression, got: Type | None, stmt: AssignmentStmt
+) -> None:
+    if isinstance(target, TupleExpr):
+        proper = get_proper_type(got) if got is not None else None
+        if isinstance(proper, TupleType) and len(proper.items) == len(target.items):
+            for item, item_type in zip(target.items, proper.items, strict=True):
+                _check_target(api, rigid, item, item_type, stmt)
+        return
+    if (
+        isinstance(target, NameExpr)
+        and isinstance(target.node, Var)
+        and not target.node.is_inferred
+    ):
+        want = target.node.type
+        if want is not None:
+            _report(api, rigid, got, want, f"assignment to {target.name}:", "value", stmt)
+
+
+def _report(
+    api: TypeChecker,
+    rigid: Rigid,
+    got: Type | None,
+    want: Type,
+    what: str,
+    name: str,
+    stmt: Statement,
+) -> None:
+    if got is None:
+        return
+    actual = dict(tensor_items(got))
+    for path, declared in tensor_items(want):
+        value = actual.get(path)
+        if value is None:
+            continue
+        value = restrict(value, rigid)
+        reason = compare(value, restrict(declared, rigid))
+        if reason is not None:
+            subject = f"{what} {name}{path}".strip() if name else f"{what}{path}"
+            api.fail(
+                f"{subject} has shape {show(value.dims)}, but the annotation says "
+                f"{show(declared.dims)} ({reason})",
+                stmt,
+                code=SHAPE_ERROR,
+            )

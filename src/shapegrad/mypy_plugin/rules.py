@@ -1,0 +1,417 @@
+"""Shape rules of shapegrad's functional ops and Tensor methods, keyed by name.
+
+Each rule takes a :class:`Call` and returns the result shape (None: unknown)
+or raises :class:`Mismatch`. Arguments that are not literal make the result
+unknown instead of guessing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mypy.nodes import Expression, ListExpr, TupleExpr
+
+from shapegrad.mypy_plugin import algebra as A
+from shapegrad.mypy_plugin import layers as L
+from shapegrad.mypy_plugin.algebra import Operand
+from shapegrad.mypy_plugin.call import Call
+from shapegrad.mypy_plugin.literals import (
+    bool_of,
+    dim_of,
+    index_items,
+    int_of,
+    ints_of,
+    is_none,
+    pair_of,
+    str_of,
+)
+from shapegrad.mypy_plugin.spec import Dim, TShape
+
+Rule = Callable[[Call], TShape | None]
+
+_UNARY = [
+    "exp",
+    "log",
+    "sqrt",
+    "sin",
+    "cos",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "gelu",
+    "abs",
+    "neg",
+    "stop_gradient",
+    "detach",
+    "dropout",
+    "zeros_like",
+    "ones_like",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__invert__",
+]
+_ARITH = {
+    "__add__": "add",
+    "__sub__": "sub",
+    "__mul__": "mul",
+    "__truediv__": "div",
+    "__pow__": "pow",
+}
+_COMPARE = {
+    "__lt__": "lt",
+    "__le__": "le",
+    "__gt__": "gt",
+    "__ge__": "ge",
+    "__eq__": "eq",
+    "__ne__": "ne",
+}
+_REDUCE = ("sum", "mean", "max", "min", "var", "logsumexp")
+
+
+def _x(call: Call) -> Operand | None:
+    """The main tensor: ``self`` for methods, else the first argument."""
+    return call.self_operand if call.self_operand is not None else call.operand("x", 0)
+
+
+def _arith_dtype(op: str, a: Operand, b: Operand) -> str | None:
+    kinds = [o.shape.dtype for o in (a, b) if o.shape.dims or o.shape.dtype]
+    if op in ("lt", "le", "gt", "ge", "eq", "ne"):
+        return "bool"
+    dtype = A.join_dtype(*kinds) if kinds else None
+    return "float" if op == "div" and dtype == "float" else (None if op == "div" else dtype)
+
+
+def _binary(op: str, reverse: bool) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        a, b = call.self_operand, call.operand("other", 0)
+        if a is None or b is None:
+            return None
+        left, right = (b, a) if reverse else (a, b)
+        return A.broadcast(op, [left, right], _arith_dtype(op, left, right))
+
+    return rule
+
+
+def _unary(call: Call) -> TShape | None:
+    x = _x(call)
+    if x is None or (x.shape.dims == () and x.shape.dtype is None):
+        return None  # a Python scalar passed where a tensor is expected: leave it to run time
+    keeps_dtype = is_none(call.expr("dtype", 99))
+    return x.shape if keeps_dtype else TShape(x.shape.dims, None)
+
+
+def _softmax(call: Call) -> TShape | None:
+    x = _x(call)
+    axis = call.expr("axis", 0 if call.self_operand else 1)
+    if x is not None and (a := int_of(axis) if axis is not None else -1) is not None:
+        A.resolve_axis("softmax", x, a)
+    return x.shape if x is not None else None
+
+
+def _reduction(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        x = _x(call)
+        base = 0 if call.self_operand else 1
+        axis_expr = call.expr("axis", base)
+        keep = bool_of(call.expr("keepdims", base + 1), False)
+        if x is None or keep is None:
+            return None
+        axes = None if is_none(axis_expr) else ints_of(axis_expr)
+        if axes is None and not is_none(axis_expr):
+            return None
+        dtype = x.shape.dtype if name != "mean" or x.shape.dtype == "float" else None
+        return A.reduce(name, x, axes, keep, dtype)
+
+    return rule
+
+
+def _argmax(call: Call) -> TShape | None:
+    x = _x(call)
+    axis_expr = call.expr("axis", 0 if call.self_operand else 1)
+    axis = -1 if axis_expr is None else int_of(axis_expr)
+    if x is None or axis is None:
+        return None
+    return A.reduce("argmax", x, [axis], False, "int")
+
+
+def _sizes(call: Call, exprs: list[Expression]) -> list[Dim] | None:
+    """Literal sizes from ``f(2, 3)`` or ``f((2, 3))`` arguments (``t.shape[k]`` allowed)."""
+    if len(exprs) == 1 and isinstance(exprs[0], TupleExpr | ListExpr):
+        exprs = list(exprs[0].items)
+    elif len(exprs) == 1 and int_of(exprs[0]) is None and not _is_shape_index(exprs[0]):
+        return None
+    return [dim_of(e, call.env.dims_of) for e in exprs]  # type: ignore[arg-type]
+
+
+def _is_shape_index(expr: Expression) -> bool:
+    from mypy.nodes import IndexExpr, MemberExpr
+
+    return (
+        isinstance(expr, IndexExpr)
+        and isinstance(expr.base, MemberExpr)
+        and expr.base.name == "shape"
+    )
+
+
+def _reshape(call: Call) -> TShape | None:
+    x = _x(call)
+    exprs = call.all_exprs("shape", 0 if call.self_operand else 1)
+    sizes = _sizes(call, exprs)
+    if x is None or sizes is None:
+        return None
+    return A.reshape(x, sizes)
+
+
+def _flatten(call: Call) -> TShape | None:
+    x = _x(call)
+    return None if x is None else A.reshape(x, [-1])
+
+
+def _transpose(call: Call) -> TShape | None:
+    x = _x(call)
+    if x is None:
+        return None
+    if call.self_operand is not None:
+        exprs = call.all_exprs("axes", 0)
+        perm = [int_of(e) for e in exprs]
+        if len(exprs) == 1 and isinstance(exprs[0], TupleExpr | ListExpr):
+            perm = [int_of(e) for e in exprs[0].items]
+    else:
+        axes = call.expr("axes", 1)
+        perm = None if is_none(axes) else ints_of(axes)  # type: ignore[assignment]
+        if perm is None and not is_none(axes):
+            return None
+    if perm is not None and any(p is None for p in perm):
+        return None
+    return A.transpose("transpose", x, None if not perm else [p for p in perm if p is not None])
+
+
+def _permute(call: Call) -> TShape | None:
+    x = _x(call)
+    perm = [int_of(e) for e in call.all_exprs("axes", 0)]
+    if x is None or any(p is None for p in perm):
+        return None
+    return A.transpose("permute", x, [p for p in perm if p is not None])
+
+
+def _join(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        seq = call.expr("tensors", 0)
+        axis_expr = call.expr("axis", 1)
+        axis = 0 if axis_expr is None else int_of(axis_expr)
+        if not isinstance(seq, ListExpr | TupleExpr) or axis is None:
+            return None
+        xs = [call.env.operand(e, call.env.type_of(e)) for e in seq.items]
+        if any(o is None or not (o.shape.dims or o.shape.dtype) for o in xs):
+            return None
+        return A.concat(name, [o for o in xs if o is not None], axis, new_axis=name == "stack")
+
+    return rule
+
+
+def _matmul(call: Call) -> TShape | None:
+    a: Operand | None = call.self_operand
+    b: Operand | None = call.operand("other", 0)
+    if a is None:
+        a, b = call.operand("a", 0), call.operand("b", 1)
+    return None if a is None or b is None else A.matmul(a, b)
+
+
+def _rmatmul(call: Call) -> TShape | None:
+    a, b = call.operand("other", 0), call.self_operand
+    return None if a is None or b is None else A.matmul(a, b)
+
+
+def _einsum(call: Call) -> TShape | None:
+    spec = str_of(call.expr("spec", 0))
+    operands = call.operands("operands", 1)
+    if spec is None or not operands or any(o is None for o in operands):
+        return None
+    return A.einsum(spec, [o for o in operands if o is not None])
+
+
+def _where(call: Call) -> TShape | None:
+    ops = [call.operand("cond", 0), call.operand("a", 1), call.operand("b", 2)]
+    if any(o is None for o in ops):
+        return None
+    cond, a, b = (o for o in ops if o is not None)
+    return A.broadcast(
+        "where", [cond, a, b], A.join_dtype(*(o.shape.dtype for o in (a, b) if o.shape.dims))
+    )
+
+
+def _elementwise2(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        a, b = (
+            call.operand("a", 0) or call.operand("x", 0),
+            call.operand("b", 1) or call.operand("y", 1),
+        )
+        if a is None or b is None:
+            return None
+        return A.broadcast(name, [a, b], _arith_dtype(name, a, b))
+
+    return rule
+
+
+def _index(call: Call) -> TShape | None:
+    x = call.self_operand
+    expr = call.expr("index", 0)
+    items = index_items(expr) if expr is not None else None
+    return None if x is None or items is None else L.index(x, items)
+
+
+def _conv2d(call: Call) -> TShape | None:
+    x, w = call.operand("x", 0), call.operand("w", 1)
+    bias = call.operand("bias", 2)
+    if x is None or w is None:
+        return None
+    return L.conv2d(
+        x,
+        w,
+        bias,
+        pair_of(call.expr("stride", 3), (1, 1)),
+        pair_of(call.expr("padding", 4), (0, 0)),
+    )
+
+
+def _pool(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        x = call.operand("x", 0)
+        kernel = pair_of(call.expr("kernel_size", 1), None)
+        stride_expr = call.expr("stride", 2)
+        stride = kernel if is_none(stride_expr) else pair_of(stride_expr, None)
+        return (
+            None
+            if x is None
+            else L.pool2d(name, x, kernel, stride, pair_of(call.expr("padding", 3), (0, 0)))
+        )
+
+    return rule
+
+
+def _cross_entropy(call: Call) -> TShape | None:
+    logits, labels = call.operand("logits", 0), call.operand("labels", 1)
+    return None if logits is None or labels is None else L.cross_entropy(logits, labels)
+
+
+def _same_shape(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        a, b = (
+            call.operand("pred", 0) or call.operand("scores", 0),
+            call.operand("target", 1) or call.operand("labels", 1),
+        )
+        return None if a is None or b is None else L.same_shape(name, a, b)
+
+    return rule
+
+
+def _layer_norm(call: Call) -> TShape | None:
+    x = call.operand("x", 0)
+    if x is None:
+        return None
+    params = [p for p in (call.operand("weight", 1), call.operand("bias", 2)) if p is not None]
+    axis_expr = call.expr("axis", 4)
+    axes = [-1] if axis_expr is None else ints_of(axis_expr)
+    return L.layer_norm(x, params, axes)
+
+
+def _one_hot(call: Call) -> TShape | None:
+    labels = call.operand("labels", 0)
+    n = int_of(call.expr("num_classes", 1))
+    if labels is None:
+        return None
+    return L.prepend(labels.shape, (n,), "float" if call.expr("dtype", 2) is None else None)
+
+
+def _embedding(call: Call) -> TShape | None:
+    table, ids = call.operand("table", 0), call.operand("ids", 1)
+    if table is None or ids is None or not table.shape.fixed or len(table.shape.dims) != 2:
+        return None
+    return L.prepend(ids.shape, table.shape.dims[1:], table.shape.dtype)
+
+
+def _creation(call: Call) -> TShape | None:
+    sizes = _sizes(call, call.all_exprs("shape", 0)[:1])
+    dtype_given = call.given("dtype", 99)
+    return None if sizes is None else TShape(tuple(sizes), None if dtype_given else "float")
+
+
+def _eye(call: Call) -> TShape | None:
+    n = int_of(call.expr("n", 0))
+    m_expr = call.expr("m", 1)
+    m = n if is_none(m_expr) else int_of(m_expr)
+    return TShape((n, m), None if call.given("dtype", 3) else "float")
+
+
+def _astype(call: Call) -> TShape | None:
+    x = _x(call)
+    name = str_of(call.expr("dtype", 0)) or ""
+    kind = (
+        "float"
+        if name.startswith("float")
+        else "int"
+        if name.startswith("int")
+        else "bool"
+        if name == "bool"
+        else None
+    )
+    return None if x is None else TShape(x.shape.dims, kind)
+
+
+def _broadcast_to(call: Call) -> TShape | None:
+    x = _x(call)
+    sizes = _sizes(call, call.all_exprs("shape", 0))
+    if x is None or sizes is None:
+        return None
+    A.broadcast("broadcast_to", [x, Operand("", TShape(tuple(sizes)))])
+    return TShape(tuple(sizes), x.shape.dtype)
+
+
+FUNCTION_RULES: dict[str, Rule] = {
+    **dict.fromkeys(_UNARY, _unary),
+    **{name: _reduction(name) for name in _REDUCE},
+    "softmax": _softmax,
+    "log_softmax": _softmax,
+    "argmax": _argmax,
+    "maximum": _elementwise2("maximum"),
+    "minimum": _elementwise2("minimum"),
+    "pow": _elementwise2("pow"),
+    "where": _where,
+    "matmul": _matmul,
+    "einsum": _einsum,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "concat": _join("concat"),
+    "stack": _join("stack"),
+    "conv2d": _conv2d,
+    "max_pool2d": _pool("max_pool2d"),
+    "avg_pool2d": _pool("avg_pool2d"),
+    "cross_entropy": _cross_entropy,
+    "mse": _same_shape("mse"),
+    "hinge": _same_shape("hinge"),
+    "layer_norm": _layer_norm,
+    "one_hot": _one_hot,
+    "embedding": _embedding,
+    **dict.fromkeys(("zeros", "ones", "rand", "randn", "full"), _creation),
+    "eye": _eye,
+}
+
+METHOD_RULES: dict[str, Rule] = {
+    **dict.fromkeys(_UNARY, _unary),
+    **{name: _reduction(name) for name in _REDUCE},
+    **{m: _binary(op, False) for m, op in {**_ARITH, **_COMPARE}.items()},
+    **{"__r" + m[2:]: _binary(op, True) for m, op in _ARITH.items()},
+    "softmax": _softmax,
+    "log_softmax": _softmax,
+    "argmax": _argmax,
+    "__matmul__": _matmul,
+    "__rmatmul__": _rmatmul,
+    "__getitem__": _index,
+    "reshape": _reshape,
+    "flatten": _flatten,
+    "transpose": _transpose,
+    "permute": _permute,
+    "astype": _astype,
+    "broadcast_to": _broadcast_to,
+}

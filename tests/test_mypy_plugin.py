@@ -1,0 +1,93 @@
+"""Static shape checking: shapegrad's mypy plugin over the fixture models in tests/mypy_fixtures.
+
+Every fixture is checked in one mypy run with the plugin (and one without it).
+Correct models (``good_*.py``, ``silenced.py``) must produce no error at all;
+buggy ones (``bad_*.py``) and the inference probe (``probe_inference.py``, whose
+annotations are deliberately wrong so each message shows an inferred shape) carry their exact expected message in a ``# E: ...`` comment line
+just above the line where mypy must report it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from mypy import api as mypy_api
+
+FIXTURES = Path(__file__).parent / "mypy_fixtures"
+CONFIG = FIXTURES / "mypy.ini"
+_REPORT = re.compile(r"^(?P<file>[^:]+\.py):(?P<line>\d+): (?P<kind>error|note): (?P<msg>.*)$")
+_EXPECT = re.compile(r"^\s*#\s*E:\s*(?P<msg>.+?)\s*$")
+
+Findings = dict[str, list[tuple[int, str]]]
+
+
+def _fixture_files() -> list[Path]:
+    return sorted(FIXTURES.glob("*.py"))
+
+
+def expected(path: Path) -> list[tuple[int, str]]:
+    """``(line, message)`` from the ``# E: message`` comments (each about the next line)."""
+    out = []
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        match = _EXPECT.match(text)
+        if match:
+            out.append((number + 1, f"{match['msg']}  [shapegrad-shape]"))
+    return out
+
+
+def run_mypy(config: Path, cache: Path) -> tuple[Findings, str]:
+    """One mypy run over the whole fixture directory; errors grouped by file name."""
+    stdout, stderr, _ = mypy_api.run(
+        ["--config-file", str(config), "--cache-dir", str(cache), "--no-pretty", str(FIXTURES)]
+    )
+    findings: Findings = {p.name: [] for p in _fixture_files()}
+    for line in stdout.splitlines():
+        match = _REPORT.match(line)
+        if match and match["kind"] == "error":
+            findings.setdefault(Path(match["file"]).name, []).append(
+                (int(match["line"]), match["msg"])
+            )
+    return findings, stdout + stderr
+
+
+@pytest.fixture(scope="module")
+def with_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str]:
+    return run_mypy(CONFIG, tmp_path_factory.mktemp("mypy-cache-plugin"))
+
+
+@pytest.fixture(scope="module")
+def without_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str]:
+    plain = tmp_path_factory.mktemp("mypy-plain") / "mypy.ini"
+    plain.write_text(CONFIG.read_text().replace("plugins = shapegrad.mypy_plugin", ""))
+    return run_mypy(plain, tmp_path_factory.mktemp("mypy-cache-plain"))
+
+
+@pytest.mark.parametrize("path", _fixture_files(), ids=lambda p: p.stem)
+def test_fixture_reports_exactly_the_expected_errors(
+    path: Path, with_plugin: tuple[Findings, str]
+) -> None:
+    findings, output = with_plugin
+    assert findings[path.name] == expected(path), output
+
+
+def test_every_buggy_fixture_expects_an_error_and_correct_ones_none() -> None:
+    for path in _fixture_files():
+        if path.stem.startswith(("bad_", "probe_")):
+            assert expected(path), f"{path.name} documents no expected error"
+        else:
+            assert not expected(path), f"{path.name} is a correct model but expects errors"
+
+
+@pytest.mark.slow  # a second cold mypy run (~30 s); CI runs it, local `pytest -m "not slow"` skips
+def test_without_the_plugin_the_same_code_is_plain_tensor_code(
+    without_plugin: tuple[Findings, str],
+) -> None:
+    findings, output = without_plugin
+    # The ``# type: ignore[shapegrad-shape]`` in silenced.py is unused without the plugin.
+    reported = {name: errs for name, errs in findings.items() if errs and name != "silenced.py"}
+    assert reported == {}, output
+    assert [msg for _, msg in findings["silenced.py"]] == [
+        'Unused "type: ignore" comment  [unused-ignore]'
+    ]
