@@ -8,6 +8,10 @@ op rounds its result to fp16 after each op. Matmul and reductions on fp16
 accumulate in fp32 before rounding (as the Neural Engine's multiply-
 accumulate units do), other fp16 ops compute in fp32 and round.
 
+It also runs the program *after* ``ct.convert``'s optimization passes (which
+rewrite it in place), i.e. what a Mac would execute, for the few fused ops
+those passes introduce (``reduce_mean``, ``linear``...).
+
 Usage::
 
     outputs = run_mil(mil.program, {"x": x_fp32, ...})   # dict: output name -> array
@@ -135,6 +139,10 @@ _OPS: dict[str, OpFn] = {
     "identity": lambda a: a["x"],
     "reduce_sum": _reduce(np.sum),
     "reduce_max": _reduce(np.max),
+    "reduce_mean": _reduce(np.mean),  # coremltools' passes fuse reduce_sum * (1/n) into it
+    "linear": lambda a: (
+        np.matmul(_wide(a["x"]), _wide(a["weight"]).T) + _wide(np.asarray(a.get("bias", 0.0)))
+    ),
     "matmul": _matmul,
     "reshape": lambda a: np.reshape(a["x"], tuple(int(d) for d in a["shape"])),
     "transpose": lambda a: np.transpose(a["x"], tuple(int(p) for p in a["perm"])),

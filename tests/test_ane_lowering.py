@@ -273,5 +273,9 @@ def test_sg_compile_ane_saves_package_and_refuses_to_run_off_macos(
 def test_op_table_converts_and_saves(case: Case, tmp_path: Path) -> None:
     arrays = _cast_floats(case.arrays(), np.float32)
     mil = lower_to_mil(traced_graph(case.fn, arrays))
+    (before,) = run_lowered(mil, arrays)
     package = build_package(mil, "case", tmp_path)
     assert (package.path / "Manifest.json").exists()
+    # ct.convert rewrote mil.program in place: evaluate what a Mac would run.
+    (after,) = run_lowered(mil, arrays)
+    _assert_close(after, before, FP16_TOL, f"{case.name} after coremltools passes")

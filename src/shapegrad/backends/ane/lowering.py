@@ -15,7 +15,21 @@ matmul, an output...) gets a ``tile``. This keeps the bias/scalar broadcasts
 of a training step from materialising on the engine.
 
 Every primitive is classified for the report: ``native`` (one MIL op),
-``decomposed`` (several MIL ops) or ``folded`` (a compile-time constant).
+``decomposed`` (several MIL ops) or ``folded`` (a compile-time constant):
+
+* native: unary exp/log/sin/cos/sqrt/tanh/abs; add/sub/mul/real_div/pow/
+  maximum/minimum; less/less_equal/equal/not_equal; where -> select;
+  reduce_sum/reduce_max; reshape; permute -> transpose; slice ->
+  slice_by_index; pad; concat; cast; gather; constant -> const; einsum when
+  it is one (batched) matmul, using transpose_x/transpose_y.
+* decomposed: broadcast (reshape + implicit broadcasting, tile on demand);
+  neg (mul by -1); other einsums (reduce_sum/transpose/reshape around one
+  matmul); scatter_add (one-hot matmul); int32 div (fp32 real_div + cast);
+  bool arithmetic, comparisons, reductions and gathers (through int32);
+  int/bool pad (through fp32).
+* folded: iota (const line), random_uniform (static seed), stop_gradient,
+  float->float casts within one compute type.
+* unsupported (AneLoweringError): zero-size tensors, bool scatter_add.
 
 Example:
     >>> mil = lower_to_mil(graph)          # doctest: +SKIP
