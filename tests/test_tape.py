@@ -155,3 +155,21 @@ def test_check_numerics_catches_backward_ops() -> None:
     x = f64([0.0, 4.0])
     with sg.check_numerics(), pytest.raises(FloatingPointError, match="div"):
         sg.grad(lambda x: sg.sum(sg.sqrt(x)))(x)  # d sqrt / dx = 1 / (2 sqrt(0)) = inf
+
+
+def test_composites_are_clean_under_check_numerics() -> None:
+    """No composite creates a non-finite intermediate on finite input (padding, masks, shifts)."""
+    rng = np.random.default_rng(0)
+    x = sg.tensor(rng.standard_normal((2, 3, 6, 6)))
+    w = sg.tensor(rng.standard_normal((4, 3, 3, 3)))
+    logits = sg.tensor(rng.uniform(-1e3, 1e3, (5, 4)))
+    labels = sg.tensor(np.array([0, 3, 1, 1, 2], dtype=np.int32))
+
+    def loss(x: sg.Tensor, w: sg.Tensor, logits: sg.Tensor) -> sg.Tensor:
+        y = sg.max_pool2d(sg.conv2d(x, w, padding=1), 3, stride=2, padding=1)
+        h = sg.layer_norm(sg.reshape(y, (2, -1))) + sg.avg_pool2d(x, 2, padding=1).mean()
+        return sg.mean(h) + sg.cross_entropy(logits, labels) + sg.logsumexp(logits)
+
+    with sg.check_numerics():
+        grads = sg.grad(loss, argnums=(0, 1, 2))(x, w, logits)
+    assert all(np.all(np.isfinite(g.numpy())) for g in grads)

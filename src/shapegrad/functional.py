@@ -462,7 +462,9 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     if not labels.is_traced and labels.size and not bool(valid.all()):
         raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")
     picked = sum(one_hot(labels, c, logits.dtype) * logp, axis=-1)
-    return -mean(where(valid, picked, math.nan))
+    if labels.is_traced:  # cannot raise on data inside a graph: bad rows become NaN
+        picked = where(valid, picked, math.nan)
+    return -mean(picked)
 
 
 def mse(pred: Tensor, target: Tensor) -> Tensor:
