@@ -187,3 +187,16 @@ def test_conv_weight_gradient_uses_accumulating_products_not_a_packed_copy() -> 
     (contract,) = kernel.body
     assert contract.sum_batch == 2 and contract.k == 20
     np.testing.assert_allclose(exe([g, cols])[0], np.einsum("bohw,bckhw->ock", g, cols), rtol=1e-5)
+
+
+def test_parallel_loops_give_the_same_result_with_two_threads() -> None:
+    x = _f(256, 1024)
+    fn = sg.compile(lambda x: (sg.tanh(x) * 2.0 + 1.0).sum(axis=1), backend="c")
+    exe = fn.lower(x).executable
+    from shapegrad.backends.c.render import render_c
+
+    assert "omp parallel for" in render_c(exe.lowered.program, exe.n_slots)
+    want = (np.tanh(x.astype(np.float64)) * 2 + 1).sum(axis=1)
+    for threads in (2, 1):
+        exe.lib.sg_set_threads(threads)
+        np.testing.assert_allclose(exe([x])[0], want, rtol=1e-4)

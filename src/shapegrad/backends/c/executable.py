@@ -23,6 +23,7 @@ An executable is not re-entrant (one arena): do not call it from two threads.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ _CDEF = """
 int sg_run(void **io, char *arena);
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step);
 extern const char sg_key[];
+void sg_set_threads(int n);
 extern double sg_profile[];
 """
 
@@ -65,8 +67,23 @@ def load_library(path: str, key: str) -> Any:
     found = ffi().string(lib.sg_key).decode()
     if found != key:
         raise OSError(f"{path}: key {found!r} does not match {key!r}")
+    lib.sg_set_threads(num_threads())
     _LIBS[key] = lib
     return lib
+
+
+def num_threads() -> int:
+    """Threads for OpenMP loops and OpenBLAS: ``$SHAPEGRAD_NUM_THREADS``, default 1.
+
+    Why 1: on the shared 2-core machine this was tuned on (load average 5-9), a
+    2-thread OpenBLAS/OpenMP step was 5-6x *slower* than 1 thread (threads spin at
+    barriers while descheduled); on an idle machine 2 threads gain up to ~1.8x on
+    large matrix products. Set ``SHAPEGRAD_NUM_THREADS=2`` (or more) on a quiet box.
+    """
+    try:
+        return max(1, int(os.environ.get("SHAPEGRAD_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 class NativeError(RuntimeError):

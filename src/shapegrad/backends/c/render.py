@@ -12,6 +12,7 @@ Layout of the generated file:
 * ``int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step)``:
   ``k`` calls, advancing each I/O pointer by ``step[slot]`` bytes per call
   (stacked batches in, stacked outputs out, persistent state untouched);
+* ``void sg_set_threads(int n)``: OpenMP team size and OpenBLAS threads;
 * ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
   ``dlopen``.
 
@@ -34,6 +35,9 @@ OMP_MIN_WORK = 1 << 18
 _PRELUDE = r"""
 #include <stdint.h>
 #include <math.h>
+
+/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
+static int sg_threads = 1;
 
 static inline float sg_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float sg_minf(float a, float b) { return (a < b || a != a) ? a : b; }
@@ -61,6 +65,8 @@ static inline double sg_rand(uint32_t counter, uint32_t seed_mix) {
 """
 
 _BLAS_DECL = r"""
+#define SG_USES_BLAS 1
+void scipy_openblas_set_num_threads(int);
 void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
                        const float *, int, float, float *, int);
 void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int,
@@ -78,6 +84,14 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step) {
         if (rc) return rc;
     }
     return 0;
+}
+
+void sg_set_threads(int n) {
+    sg_threads = n > 0 ? n : 1;
+#ifdef SG_USES_BLAS
+    scipy_openblas_set_num_threads(n);
+#endif
+    (void)n;
 }
 """
 
@@ -250,7 +264,9 @@ class _Writer:
     def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
         if isinstance(s, L.Loop):
             if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
-                self.emit(depth, "#pragma omp parallel for schedule(static)")
+                self.emit(
+                    depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)"
+                )
                 parallel_ok = False
             v = s.var.name
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
