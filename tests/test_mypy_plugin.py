@@ -15,8 +15,16 @@ from pathlib import Path
 import pytest
 from mypy import api as mypy_api
 
+ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "mypy_fixtures"
 CONFIG = FIXTURES / "mypy.ini"
+# The project dogfoods the plugin: its examples and annotated model code are checked
+# in the same mypy run and must come out clean.
+DOGFOOD = [
+    ROOT / "examples",
+    ROOT / "src" / "shapegrad" / "nn",
+    ROOT / "src" / "shapegrad" / "models.py",
+]
 _REPORT = re.compile(r"^(?P<file>[^:]+\.py):(?P<line>\d+): (?P<kind>error|note): (?P<msg>.*)$")
 _EXPECT = re.compile(r"^\s*#\s*E:\s*(?P<msg>.+?)\s*$")
 
@@ -70,6 +78,16 @@ def test_fixture_reports_exactly_the_expected_errors(
 ) -> None:
     findings, output = with_plugin
     assert findings[path.name] == expected(path), output
+
+
+def test_examples_and_model_code_check_clean_with_the_plugin(
+    with_plugin: tuple[Findings, str],
+) -> None:
+    findings, output = with_plugin
+    fixture_names = {p.name for p in _fixture_files()}
+    outside = {name: errs for name, errs in findings.items() if name not in fixture_names}
+    assert outside == {}, output
+    assert "error: INTERNAL ERROR" not in output
 
 
 def test_every_buggy_fixture_expects_an_error_and_correct_ones_none() -> None:

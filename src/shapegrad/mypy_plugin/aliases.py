@@ -92,6 +92,9 @@ def _find_in_block(body: list[Statement], found: dict[Position, Found], module: 
                         hit[1],
                     )
         elif isinstance(stmt, ClassDef):
+            # `class MLP(ParamList[Float[Tensor, "h 2"], ...])`: bases are expressions too.
+            for base in stmt.base_type_exprs:
+                _find_in_expr(base, found)
             _find_in_block(stmt.defs.body, found, None)
         elif isinstance(stmt, IfStmt):
             for block in [*stmt.body, stmt.else_body]:

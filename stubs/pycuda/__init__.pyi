@@ -1,0 +1,6 @@
+from typing import Any
+
+VERSION: tuple[int, int, int]
+VERSION_TEXT: str
+
+def __getattr__(name: str) -> Any: ...

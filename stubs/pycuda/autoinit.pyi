@@ -1,0 +1,4 @@
+from pycuda.driver import Context, Device
+
+device: Device
+context: Context
