@@ -277,6 +277,21 @@ class Tensor:
     def tanh(self) -> Tensor:
         return _F.tanh(self)
 
+    def sin(self) -> Tensor:
+        return _F.sin(self)
+
+    def cos(self) -> Tensor:
+        return _F.cos(self)
+
+    def gelu(self) -> Tensor:
+        return _F.gelu(self)
+
+    def take(self, indices: Any, axis: int | None = None) -> Tensor:
+        return _F.take(self, indices, axis=axis)
+
+    def pad(self, pad_width: Any, constant_values: float = 0.0) -> Tensor:
+        return _F.pad(self, pad_width, constant_values=constant_values)
+
     def sigmoid(self) -> Tensor:
         return _F.sigmoid(self)
 
