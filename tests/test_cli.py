@@ -1,0 +1,139 @@
+"""The `shapegrad` command end to end, run as a subprocess like a user would."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shapegrad import cli, data
+
+SCRIPT = Path(sys.executable).with_name("shapegrad")
+
+
+def shapegrad(*args: str, cwd: Path | None = None) -> tuple[str, float]:
+    """Run the installed console script; returns (stdout + stderr, wall seconds)."""
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "shapegrad.cli"]
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("SHAPEGRAD_DEBUG", None)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
+    seconds = time.perf_counter() - start
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    return output, seconds
+
+
+def percent(pattern: str, output: str) -> float:
+    match = re.search(pattern + r": ([0-9.]+)%", output)
+    assert match, output
+    return float(match.group(1))
+
+
+def moons_accuracy_numpy(checkpoint: Path, seed: int = 0) -> float:
+    """Training accuracy of saved moons parameters, recomputed with plain NumPy."""
+    stored = np.load(checkpoint)
+    w1, b1, w2, b2, w3, b3 = (
+        stored[f"params/{n}"].astype(np.float64) for n in ("w1", "b1", "w2", "b2", "w3", "b3")
+    )
+    x, y = data.make_moons(n=1000, noise=0.1, seed=seed)
+    h = np.maximum(x @ w1.T + b1, 0)
+    h = np.maximum(h @ w2.T + b2, 0)
+    scores = (h @ w3.T + b3)[:, 0]
+    return float(((scores > 0) == (y == 1)).mean())
+
+
+def test_console_script_is_installed() -> None:
+    assert SCRIPT.exists(), f"{SCRIPT} missing: run `pip install -e .`"
+
+
+def test_demo_moons_default_run_is_accurate_fast_and_plots() -> None:
+    output, seconds = shapegrad("demo", "moons")
+    assert percent("training accuracy", output) >= 98.0
+    assert seconds < 15.0, f"`shapegrad demo moons` took {seconds:.1f} s"
+    for title in ("loss (hinge)", "learning rate", "decision boundary"):
+        assert title in output
+    assert re.search(r"[\u2801-\u28ff]", output)  # Braille line charts
+    board = output[output.index("decision boundary") :].splitlines()[2:24]
+    assert sum(row.count("o") for row in board) > 50 and sum(row.count("x") for row in board) > 50
+    assert "400/400" in output  # the progress bar reached the end
+
+
+def test_demo_moons_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    flags = ["--schedule", "constant", "--backend", "numpy", "--no-progress"]
+    full, part = tmp_path / "full.npz", tmp_path / "part.npz"
+    out_full, _ = shapegrad("demo", "moons", "--epochs", "4", "--save", str(full), *flags)
+    shapegrad("demo", "moons", "--epochs", "2", "--save", str(part), *flags)
+    out_resumed, _ = shapegrad(
+        "demo", "moons", "--epochs", "4", "--resume", str(part), "--save", str(part), *flags
+    )
+    assert "resumed from" in out_resumed and "at step 40" in out_resumed
+    a, b = np.load(full), np.load(part)
+    for name in ("w1", "b1", "w2", "b2", "w3", "b3"):
+        np.testing.assert_allclose(a[f"params/{name}"], b[f"params/{name}"], rtol=1e-6, atol=1e-7)
+    # the printed accuracy is the accuracy of the saved parameters
+    assert percent("training accuracy", out_full) == pytest.approx(
+        100 * moons_accuracy_numpy(full), abs=0.01
+    )
+
+
+def test_demo_moons_dump_ir_and_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="--plot-png needs matplotlib")
+    dump, png = tmp_path / "ir", tmp_path / "moons.png"
+    output, _ = shapegrad(
+        "demo", "moons", "--epochs", "1", "--backend", "numpy", "--dump-ir", str(dump),
+        "--plot-png", str(png), "--no-progress",
+    )  # fmt: skip
+    assert f"saved plots to {png}" in output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    dumped = [p for p in dump.rglob("*") if p.is_file()]
+    assert dumped, "SHAPEGRAD_DEBUG dumps nothing"
+
+
+def test_demo_digits_reaches_96_percent_test_accuracy() -> None:
+    pytest.importorskip("sklearn", reason="digits need scikit-learn")
+    output, _ = shapegrad("demo", "digits", "--no-progress")
+    accuracy = percent("test accuracy", output)
+    assert accuracy >= 96.0
+    # table rows: the true digit, then 10 counts ('.' for zero); the header has no row label
+    tokens = (line.split() for line in output.splitlines())
+    rows = [t[1:] for t in tokens if len(t) == 11 and all(c == "." or c.isdigit() for c in t)]
+    matrix = np.array([[0 if c == "." else int(c) for c in row] for row in rows])
+    assert matrix.shape == (10, 10) and matrix.sum() == 359  # 20% of each class held out
+    assert 100 * np.trace(matrix) / matrix.sum() == pytest.approx(accuracy, abs=0.01)
+
+
+def test_confusion_matrix_counts_pairs() -> None:
+    labels = np.array([0, 0, 1, 2, 2, 2])
+    predicted = np.array([0, 1, 1, 2, 0, 2])
+    expected = np.zeros((3, 3), dtype=int)
+    for t, p in zip(labels, predicted, strict=True):
+        expected[t, p] += 1
+    np.testing.assert_array_equal(cli.confusion_matrix(labels, predicted, 3), expected)
+
+
+def test_bad_arguments_are_rejected_with_usage() -> None:
+    for args in (
+        ["demo", "mnist"],
+        ["demo", "moons", "--epochs", "0"],
+        ["demo", "moons", "--lr", "-1"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "shapegrad.cli", *args], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and "usage: shapegrad" in done.stderr
+
+
+def test_recipe_flags_override_defaults() -> None:
+    args = cli.build_parser().parse_args(["demo", "moons", "--lr", "0.5", "--optimizer", "sgd"])
+    recipe = cli.recipe_from(args, cli.MOONS)
+    assert recipe.lr == 0.5 and recipe.optimizer == "sgd"
+    assert recipe.epochs == cli.MOONS.epochs and recipe.batch_size == cli.MOONS.batch_size
