@@ -117,3 +117,16 @@ def test_cache_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert toolchain.cache_dir() == str(tmp_path / "shapegrad")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert toolchain.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "shapegrad")
+
+
+def test_tracing_the_same_function_twice_gives_identical_source() -> None:
+    import shapegrad as sg
+    from shapegrad.backends.c import generate
+
+    def f(x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return sg.relu(x @ w).sum()
+
+    x, w = np.ones((3, 4), np.float32), np.ones((4, 5), np.float32)
+    first = generate(sg.compile(f, backend="numpy").graph(x, w))[1]
+    second = generate(sg.compile(f, backend="numpy").graph(x, w))[1]
+    assert first == second

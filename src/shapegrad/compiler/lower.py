@@ -99,6 +99,23 @@ def lower_to_loops(
     return lowered
 
 
+_LOCAL_IDS: dict[int, tuple[Graph, dict[int, int]]] = {}
+
+
+def local_id(graph: Graph, node: Node) -> int:
+    """``node``'s position in ``graph``'s topological order.
+
+    Generated names use it instead of the global node id, so tracing the same function
+    twice yields byte-identical source (and therefore the same disk-cache key).
+    """
+    entry = _LOCAL_IDS.get(id(graph))
+    if entry is None or entry[0] is not graph:
+        entry = (graph, {n.id: k for k, n in enumerate(graph.nodes())})
+        _LOCAL_IDS.clear()  # only the graph being lowered is needed
+        _LOCAL_IDS[id(graph)] = entry
+    return entry[1][node.id]
+
+
 def assign_buffers(
     graph: Graph, plan: FusionPlan
 ) -> tuple[
@@ -130,7 +147,7 @@ def assign_buffers(
                 spec = L.BufferSpec(bname, node.aval.dtype, size_of(node.shape), "const", slot)
                 slot += 1
             else:
-                bname = f"t{node.id}"
+                bname = f"t{local_id(graph, node)}"
                 spec = L.BufferSpec(bname, node.aval.dtype, size_of(node.shape), "temp")
             buffers[bname] = spec
             names[node.id] = bname
@@ -317,9 +334,13 @@ class KernelBuilder:
         return name
 
     def add(self, root: Node, body: tuple[L.Stmt, ...], work: int, ex: ExprBuilder) -> None:
-        shown = [f"{n.prim.value}%{n.id}" for n in ex.inlined.values()]
+        shown = [f"{n.prim.value}%{local_id(self.graph, n)}" for n in ex.inlined.values()]
         kernel = L.Kernel(
-            f"k{len(self.kernels)}", body, work, f"{root.prim.value}%{root.id}", shown
+            f"k{len(self.kernels)}",
+            body,
+            work,
+            f"{root.prim.value}%{local_id(self.graph, root)}",
+            shown,
         )
         self.kernels.append(kernel)
 

@@ -74,6 +74,8 @@ def place_state_updates(lowered: Lowered, graph: Graph) -> None:
     program = lowered.program
     sources = {lowered.output_buffers[k] for k in lowered.state_of_output}
     program.kernels = _sinks_last(program.kernels, sources)
+    # Read/write sets once per kernel; renames below update them in place.
+    access = [(buffers_read(k), buffers_written(k)) for k in program.kernels]
     claimed: set[str] = set()
     copies: list[L.Kernel] = []
     for k, i in sorted(lowered.state_of_output.items()):
@@ -81,8 +83,13 @@ def place_state_updates(lowered: Lowered, graph: Graph) -> None:
         lowered.output_buffers[k] = state
         if src == state:
             continue
-        if src not in claimed and _can_write_in_place(program, src, state):
+        if src not in claimed and _can_write_in_place(program, access, src, state):
             _rename(program, src, state)
+            for sets in access:
+                for names in sets:
+                    if src in names:
+                        names.discard(src)
+                        names.add(state)
             del program.buffers[src]
             lowered.output_buffers = [state if b == src else b for b in lowered.output_buffers]
             claimed.add(state)
@@ -94,28 +101,30 @@ def place_state_updates(lowered: Lowered, graph: Graph) -> None:
 
 def _sinks_last(kernels: list[L.Kernel], sources: set[str]) -> list[L.Kernel]:
     """Move kernels that only produce state updates nobody reads to the end (stable)."""
+    access = [(buffers_read(k), buffers_written(k)) for k in kernels]
     readers: dict[str, int] = {}
-    for kernel in kernels:
-        for name in buffers_read(kernel) - buffers_written(kernel):
+    for read, written in access:
+        for name in read - written:
             readers[name] = readers.get(name, 0) + 1
     keep: list[L.Kernel] = []
     sinks: list[L.Kernel] = []
-    for kernel in kernels:
-        written = buffers_written(kernel)
+    for kernel, (_, written) in zip(kernels, access, strict=True):
         is_sink = bool(written) and written <= sources and not any(readers.get(w) for w in written)
         (sinks if is_sink else keep).append(kernel)
     return keep + sinks
 
 
-def _can_write_in_place(program: L.Program, src: str, state: str) -> bool:
+def _can_write_in_place(
+    program: L.Program, access: list[tuple[set[str], set[str]]], src: str, state: str
+) -> bool:
     spec = program.buffers.get(src)
     if spec is None or spec.kind != "temp":
         return False
-    writers = [n for n, k in enumerate(program.kernels) if src in buffers_written(k)]
+    writers = [n for n, (_, written) in enumerate(access) if src in written]
     if len(writers) != 1:
         return False
     w = writers[0]
-    if any(state in buffers_read(k) for k in program.kernels[w + 1 :]):
+    if any(state in read for read, _ in access[w + 1 :]):
         return False
     kernel = program.kernels[w]
     statements = list(_walk(kernel.body))
