@@ -23,6 +23,7 @@ from mypy.nodes import (
     NameExpr,
     ReturnStmt,
     Statement,
+    TempNode,
     TryStmt,
     TupleExpr,
     Var,
@@ -44,12 +45,19 @@ def check_module(api: TypeChecker, tree: MypyFile) -> None:
         sig = func.type
         if not isinstance(sig, CallableType):
             continue
+        declared: set[Var] = set()  # names annotated without a value: `w: Float[...]`
         for stmt in _statements(func.body):
             if isinstance(stmt, ReturnStmt) and stmt.expr is not None:
                 got = api.lookup_type_or_none(stmt.expr)
                 _report(api, rigid, got, sig.ret_type, "return value", label(stmt.expr), stmt)
+            elif isinstance(stmt, AssignmentStmt) and isinstance(stmt.rvalue, TempNode):
+                declared |= {
+                    t.node
+                    for t in stmt.lvalues
+                    if isinstance(t, NameExpr) and isinstance(t.node, Var)
+                }
             elif isinstance(stmt, AssignmentStmt):
-                _check_assignment(api, rigid, stmt)
+                _check_assignment(api, rigid, stmt, declared)
 
 
 def _functions(defs: list[Statement], outer: Rigid) -> Iterator[tuple[FuncDef, Rigid]]:
@@ -81,25 +89,43 @@ def _statements(block: Block) -> Iterator[Statement]:
                 yield from _statements(b)
 
 
-def _check_assignment(api: TypeChecker, rigid: Rigid, stmt: AssignmentStmt) -> None:
+def _check_assignment(
+    api: TypeChecker, rigid: Rigid, stmt: AssignmentStmt, declared: set[Var]
+) -> None:
+    """``y: Float[...] = value``, and ``w, b = params`` into names declared as ``w: Float[...]``.
+
+    A plain rebinding (``x = x.reshape(...)`` of an annotated parameter) is not checked:
+    like jaxtyping, an annotation constrains the value it is written on.
+    """
     got = api.lookup_type_or_none(stmt.rvalue)
-    for target in stmt.lvalues:
-        _check_target(api, rigid, target, got, stmt)
+    if stmt.type is not None and len(stmt.lvalues) == 1:
+        _check_target(api, rigid, stmt.lvalues[0], got, stmt, None)
+    elif declared:
+        for target in stmt.lvalues:
+            if isinstance(target, TupleExpr):
+                _check_target(api, rigid, target, got, stmt, declared)
 
 
 def _check_target(
-    api: TypeChecker, rigid: Rigid, target: Expression, got: Type | None, stmt: AssignmentStmt
+    api: TypeChecker,
+    rigid: Rigid,
+    target: Expression,
+    got: Type | None,
+    stmt: AssignmentStmt,
+    only: set[Var] | None,
 ) -> None:
+    """Compare one assignment target's annotation with the assigned type (``only``: names allowed)."""
     if isinstance(target, TupleExpr):
         proper = get_proper_type(got) if got is not None else None
         if isinstance(proper, TupleType) and len(proper.items) == len(target.items):
             for item, item_type in zip(target.items, proper.items, strict=True):
-                _check_target(api, rigid, item, item_type, stmt)
+                _check_target(api, rigid, item, item_type, stmt, only)
         return
     if (
         isinstance(target, NameExpr)
         and isinstance(target.node, Var)
         and not target.node.is_inferred
+        and (only is None or target.node in only)
     ):
         want = target.node.type
         if want is not None:
