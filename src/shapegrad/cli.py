@@ -371,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the compiler reads this when it compiles, which happens after this point
         Path(args.dump_ir).mkdir(parents=True, exist_ok=True)
         os.environ["SHAPEGRAD_DEBUG"] = str(Path(args.dump_ir).resolve())
+        print(f"dumping every IR stage and the generated code to {args.dump_ir}")
     try:
         return DEMOS[args.name](args)
     except ImportError as error:  # an optional dependency, e.g. scikit-learn for digits
