@@ -17,15 +17,13 @@ from shapegrad import cli, data
 SCRIPT = Path(sys.executable).with_name("shapegrad")
 
 
-def shapegrad(*args: str, cwd: Path | None = None) -> tuple[str, float]:
+def shapegrad(*args: str, **env_overrides: str) -> tuple[str, float]:
     """Run the installed console script; returns (stdout + stderr, wall seconds)."""
     command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "shapegrad.cli"]
-    env = {**os.environ, "NO_COLOR": "1"}
+    env = {**os.environ, "NO_COLOR": "1", **env_overrides}
     env.pop("SHAPEGRAD_DEBUG", None)
     start = time.perf_counter()
-    done = subprocess.run(
-        [*command, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
-    )
+    done = subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=300)
     seconds = time.perf_counter() - start
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -98,6 +96,15 @@ def test_demo_moons_dump_ir_and_png(tmp_path: Path) -> None:
     assert "000_traced.txt" in names, names  # the IR as traced, before any pass
     if "falling back" not in output:  # with a C compiler, the generated source is dumped too
         assert any(name.endswith(".c") for name in names), names
+
+
+def test_demo_moons_falls_back_to_numpy_without_a_c_compiler() -> None:
+    output, _ = shapegrad(
+        "demo", "moons", "--epochs", "2", "--no-progress", CC="shapegrad-no-such-compiler"
+    )
+    assert "falling back to the 'numpy' backend" in output
+    assert "compiled, backend=numpy" in output
+    assert percent("training accuracy", output) > 80.0
 
 
 def test_demo_digits_reaches_96_percent_test_accuracy() -> None:

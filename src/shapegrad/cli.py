@@ -145,7 +145,8 @@ def resolve_backend(name: str, mode: str) -> str:
     except (BackendUnavailable, ValueError) as error:
         if name == "numpy":
             raise
-        print(f"shapegrad: {error}; falling back to the 'numpy' backend", file=sys.stderr)
+        print(f"shapegrad: {error}", file=sys.stderr)
+        print("shapegrad: falling back to the 'numpy' backend", file=sys.stderr)
         return "numpy"
     return name
 
