@@ -21,7 +21,10 @@ functions), ``returns`` (whole-body checks).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 from mypy.checker import TypeChecker
 from mypy.nodes import (
@@ -43,6 +46,7 @@ from mypy.plugin import (
     FunctionContext,
     MethodContext,
     Plugin,
+    ReportConfigContext,
 )
 from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
 
@@ -127,6 +131,11 @@ class ShapePlugin(Plugin):
         super().__init__(options)  # type: ignore[arg-type]
         self._deferred: set[str] = set()
         self._checked: set[str] = set()
+
+    def report_config_data(self, ctx: ReportConfigContext) -> str:
+        """A hash of the plugin's sources: editing any rule invalidates mypy's cache."""
+        del ctx
+        return _source_digest()
 
     # --- annotations -------------------------------------------------------------------
 
@@ -268,6 +277,14 @@ def _receiver(context: Context, reverse: bool) -> Expression | None:
     if isinstance(context, UnaryExpr):
         return context.expr
     return None
+
+
+@functools.cache
+def _source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def plugin(version: str) -> type[Plugin]:

@@ -179,9 +179,9 @@ def einsum(spec: str, operands: list[Operand]) -> TShape | None:
             )
         for letter, dim in zip(letters, o.shape.dims, strict=True):
             seen = sizes.get(letter)
-            if seen is None or seen[0] is None:
-                sizes[letter] = (dim, o)
-            elif differ(seen[0], dim):
+            if seen is None or seen[0] is None or seen[0] == 1:
+                sizes[letter] = (dim, o)  # size 1 broadcasts in einsum, as in NumPy
+            elif dim != 1 and differ(seen[0], dim):
                 raise Mismatch(
                     f"einsum: dimension {letter!r} disagrees in {spec.replace(' ', '')!r}: "
                     f"{seen[1].describe()} vs {o.describe()} "
@@ -311,8 +311,8 @@ def concat(op: str, xs: list[Operand], axis: int, new_axis: bool) -> TShape | No
     for i in range(rank):
         column = [o.shape.dims[i] for o in xs]
         if i == pos and not new_axis:
-            total = _product(column)
-            out.append(total[0] if total is not None and not total[1] else None)
+            ints = [d for d in column if isinstance(d, int)]
+            out.append(sum(ints) if len(ints) == len(column) else None)
             continue
         for d in column[1:]:
             if differ(column[0], d):

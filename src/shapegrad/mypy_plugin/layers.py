@@ -113,7 +113,8 @@ def index(x: Operand, items: list[object]) -> TShape | None:
     if Ellipsis in items:
         at = items.index(Ellipsis)
         items = items[:at] + [slice(None)] * (len(dims) - len(real)) + items[at + 1 :]
-    items = items + [slice(None)] * (len(dims) - len(real))
+    else:
+        items = items + [slice(None)] * (len(dims) - len(real))
     out: list[Item] = []
     axis = 0
     for item in items:
