@@ -9,10 +9,11 @@ import pytest
 
 import shapegrad as sg
 from shapegrad.train import ScalarTrainer, losses, optim
+from test_optim import BACKENDS
 from test_trainer import MLP, hinge_loss, mlp_params, mlp_scores, moons
 
-MODES = [{"mode": "eager"}, {"mode": "compiled", "backend": "numpy"}]
-IDS = ["eager", "compiled-numpy"]
+MODES = [{"mode": "eager"}, *({"mode": "compiled", "backend": b} for b in BACKENDS)]
+IDS = ["eager", *(f"compiled-{b}" for b in BACKENDS)]
 
 
 def _flat(trainer: ScalarTrainer) -> list[np.ndarray]:

@@ -367,3 +367,83 @@ def test_accuracy_and_predict() -> None:
     np.testing.assert_array_equal(
         losses.predict(sg.tensor(scores[:, 0])).numpy(), (scores[:, 0] > 0).astype(np.int32)
     )
+
+
+# --- K steps per call and the bound (live) state -------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("use_schedule", [False, True])
+def test_step_many_equals_k_single_steps(mode: str, use_schedule: bool) -> None:
+    x, y = moons(64)
+    xs, ys = x.reshape(4, 16, 2), y.reshape(4, 16)
+    sched = schedules.step_decay(0.05, 2, gamma=0.5) if use_schedule else None
+    single = ScalarTrainer(
+        hinge_loss, mlp_params(), optimizer=optim.Adam(0.05), schedule=sched, **_mode(mode)
+    )
+    many = ScalarTrainer(
+        hinge_loss, mlp_params(), optimizer=optim.Adam(0.05), schedule=sched, **_mode(mode)
+    )
+    want = [single.step(xs[k], ys[k]) for k in range(4)] + [
+        single.step(xs[k], ys[k]) for k in range(4)
+    ]
+    got = np.concatenate([many.step_many(xs, ys), many.step_many(xs, ys)])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    for a, b in zip(many.get_params(), single.get_params(), strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+    assert many.global_step == 8 and int(many.optimizer_state()["step"]) == 8
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_state_reads_and_writes_between_steps(mode: str) -> None:
+    # In compiled C mode the parameters live in the executable's buffers between steps;
+    # reading, replacing and switching optimizers must behave exactly as in eager mode.
+    x, y = moons(32)
+    ref = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.SGD(0.1, momentum=0.9))
+    t = ScalarTrainer(
+        hinge_loss, mlp_params(), optimizer=optim.SGD(0.1, momentum=0.9), **_mode(mode)
+    )
+    for trainer in (ref, t):
+        trainer.step(x, y)
+        snapshot = [a.numpy().copy() for a in trainer.get_params()]
+        trainer.step(x, y)
+        trainer.set_params(MLP(snapshot))
+        trainer.step(x, y)
+        trainer.adam_step(x, y, lr=0.01)
+        trainer.step(x, y)
+    for a, b in zip(t.get_params(), ref.get_params(), strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    assert t.forward(x, y) == pytest.approx(ref.forward(x, y), rel=1e-5)
+    assert int(t.optimizer_state()["step"]) == 4
+    assert int(t.optimizer_state(optim.Adam(0.01))["step"]) == 1
+
+
+@pytest.mark.skipif("c" not in BACKENDS, reason="the C backend (a C compiler) is not available")
+def test_c_backend_keeps_state_in_the_executable() -> None:
+    x, y = moons(32)
+    t = ScalarTrainer(
+        hinge_loss, mlp_params(), mode="compiled", backend="c", optimizer=optim.Adam(0.01)
+    )
+    t.step(x, y)
+    assert t._live is not None  # bound: later calls pass only the batch and the lr
+    live = t._live
+    t.step(x, y)
+    assert t._live is live
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_assigning_a_schedule_changes_the_learning_rate(mode: str) -> None:
+    rng = np.random.default_rng(3)
+    ws = [rng.normal(size=(3, 4)), rng.uniform(0.5, 1.0, size=4)]
+    a, b = rng.uniform(0.5, 2.0, size=(3, 4)), rng.normal(size=(3, 4))
+    trainer = ScalarTrainer(
+        quadratic, [sg.tensor(w) for w in ws], optimizer=optim.SGD(0.05), **_mode(mode)
+    )
+    trainer.step(a, b)
+    ws = [w - 0.05 * g for w, g in zip(ws, quad_grads(ws, a, b), strict=True)]
+    trainer.schedule = schedules.constant(0.3)
+    assert trainer.current_lr() == pytest.approx(0.3)
+    trainer.step(a, b)
+    ws = [w - 0.3 * g for w, g in zip(ws, quad_grads(ws, a, b), strict=True)]
+    for got, want in zip(trainer.get_params(), ws, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-9)

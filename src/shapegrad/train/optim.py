@@ -129,8 +129,12 @@ class Optimizer:
 
     def config_key(self) -> tuple[Any, ...]:
         """Everything that shapes the compiled update except the learning rate."""
-        values = tuple((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "lr")
-        return (type(self).__name__, values)
+        cached: tuple[Any, ...] | None = self.__dict__.get("_config_key")
+        if cached is None:  # memoised: the trainer looks it up on every step
+            values = tuple((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "lr")
+            cached = (type(self).__name__, values)
+            object.__setattr__(self, "_config_key", cached)
+        return cached
 
     def init(self, params: Any) -> OptState:
         """A fresh state for ``params``: step 0 and zero-filled slots shaped like the params."""

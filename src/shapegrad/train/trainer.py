@@ -16,133 +16,38 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from shapegrad import tree
-from shapegrad.autodiff import value_and_grad
 from shapegrad.dtypes import DType, as_dtype, float16, float32, int32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
 from shapegrad.train.fit import History, StepInfo, run_fit
-from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState, clip_by_global_norm
+from shapegrad.train.live import LiveStep, bind_step
+from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState
 from shapegrad.train.optim import trainable_flags as _flags
 from shapegrad.train.schedules import Schedule
+from shapegrad.train.step import (
+    LossFn,
+    StepPlan,
+    full_grads,
+    loss_and_grads,
+    loss_value,
+    train_step,
+)
 
 if TYPE_CHECKING:
     from shapegrad.io import Checkpoint
 
 Mode = Literal["eager", "compiled"]
-LossFn = Callable[..., Tensor]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The static part of a training step: everything the traced function closes over."""
-
-    loss_fn: LossFn
-    treedef: tree.TreeDef
-    flags: tuple[bool, ...]
-    master: DType
-    compute: DType
-    clip_norm: float | None
-    schedule: Schedule | None
-    scale_window: int
-
-    @property
-    def trainable(self) -> list[int]:
-        return [i for i, f in enumerate(self.flags) if f]
-
-    @property
-    def fp16(self) -> bool:
-        return self.compute == float16
-
-
-# --- the pure step functions (traced by sg.compile in compiled mode) ----------------------
-
-
-def _compute_params(plan: _Plan, leaves: Sequence[Tensor]) -> Any:
-    """Parameters as the loss sees them: float leaves cast to the compute dtype."""
-    cast = [p.cast(x, plan.compute) if x.dtype.is_float else x for x in leaves]
-    return tree.unflatten(plan.treedef, cast)
-
-
-def _loss(plan: _Plan, params: Any, inputs: tuple[Any, ...]) -> Tensor:
-    """The loss in the master dtype (a fp16 loss is upcast before scaling and reporting)."""
-    leaves, _ = tree.flatten(params)
-    value = plan.loss_fn(_compute_params(plan, leaves), *inputs)
-    if not isinstance(value, Tensor) or value.size != 1:
-        shown = getattr(value, "shape", type(value).__name__)
-        raise TypeError(
-            f"ScalarTrainer: the loss function must return a scalar Tensor, got {shown}"
-        )
-    return p.cast(p.reshape(value, ()), plan.master)
-
-
-def _loss_and_grads(
-    plan: _Plan, params: Any, inputs: tuple[Any, ...], scale: Tensor | None
-) -> tuple[Tensor, list[Tensor]]:
-    """Loss and the (unscaled) gradients of the trainable leaves, in the master dtype."""
-    leaves, _ = tree.flatten(params)
-    index = plan.trainable
-
-    def objective(trainable: list[Tensor]) -> tuple[Tensor, Tensor]:
-        merged = list(leaves)
-        for k, i in enumerate(index):
-            merged[i] = trainable[k]
-        loss = _loss(plan, tree.unflatten(plan.treedef, merged), inputs)
-        return (loss * scale if scale is not None else loss), loss
-
-    (_, loss), grads = value_and_grad(objective, has_aux=True)([leaves[i] for i in index])
-    if scale is not None:
-        grads = [g / p.cast(scale, g.dtype) for g in grads]
-    return loss, list(grads)
-
-
-def _full_grads(plan: _Plan, params: Any, trainable: Sequence[Tensor]) -> Any:
-    """Gradients shaped like ``params``: the computed ones, zeros for frozen leaves."""
-    leaves, _ = tree.flatten(params)
-    out = [p.zeros_like(x) for x in leaves]
-    for k, i in enumerate(plan.trainable):
-        out[i] = trainable[k]
-    return tree.unflatten(plan.treedef, out)
-
-
-def _train_step(
-    plan: _Plan,
-    optimizer: Optimizer,
-    params: Any,
-    opt_state: OptState,
-    scaler: dict[str, Tensor] | None,
-    lr: Tensor | None,
-    inputs: tuple[Any, ...],
-) -> tuple[Tensor, Any, OptState, dict[str, Tensor] | None]:
-    """One update: ``(loss, new_params, new_opt_state, new_scaler_state)``."""
-    scale = scaler["scale"] if scaler is not None else None
-    loss, grads = _loss_and_grads(plan, params, inputs, scale)
-    if plan.clip_norm is not None:
-        grads = clip_by_global_norm(grads, plan.clip_norm)
-    rate = lr
-    if rate is None:
-        if plan.schedule is None:
-            raise ValueError("ScalarTrainer: no learning rate and no schedule")
-        rate = plan.schedule(opt_state["step"], plan.master)
-    new_params, new_state = optimizer.update(
-        params, _full_grads(plan, params, grads), opt_state, rate, requires_grad=plan.flags
-    )
-    if scaler is None:
-        return loss, new_params, new_state, None
-    return mp.apply_or_skip(
-        grads, (params, opt_state), (new_params, new_state), scaler, loss, plan.scale_window
-    )
-
-
 # --- the trainer ------------------------------------------------------------------------
 
 
@@ -198,8 +103,7 @@ class ScalarTrainer:
         self.loss_fn = loss_fn
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
-        self.schedule = schedule
-        self._plan = _Plan(
+        self._plan = StepPlan(
             loss_fn, treedef, flags, master, compute, clip_norm, schedule, loss_scale_window
         )
         self._params = tree.unflatten(treedef, leaves)
@@ -209,6 +113,7 @@ class ScalarTrainer:
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._scaler = mp.init_state(self._initial_scale) if self._plan.fp16 else None
         self.global_step = 0  # calls of step(), skipped ones included
+        self._live: LiveStep | None = None  # compiled step bound to its state (C backend)
 
     # --- parameters and state ----------------------------------------------------------
 
@@ -218,12 +123,24 @@ class ScalarTrainer:
         return self._plan.flags
 
     @property
+    def schedule(self) -> Schedule | None:
+        """The learning-rate schedule (assigning one rebuilds the compiled steps)."""
+        return self._plan.schedule
+
+    @schedule.setter
+    def schedule(self, value: Schedule | None) -> None:
+        self._flush()
+        self._plan = dataclasses.replace(self._plan, schedule=value)
+        self._compiled.clear()
+
+    @property
     def dtype(self) -> DType:
         """The compute dtype."""
         return self._plan.compute
 
     def get_params(self) -> Any:
         """The current (master) parameters, in the structure given to the constructor."""
+        self._sync()
         return self._params
 
     def set_params(self, params: Any) -> None:
@@ -231,6 +148,7 @@ class ScalarTrainer:
 
         The trainer keeps its own ``requires_grad`` flags and optimizer state.
         """
+        self._flush()
         leaves, _ = tree.flatten(params)
         current, _ = tree.flatten(self._params)
         if len(leaves) != len(current):
@@ -245,6 +163,7 @@ class ScalarTrainer:
 
     def optimizer_state(self, optimizer: Optimizer | None = None) -> OptState:
         """The state of ``optimizer`` (default: the trainer's), created on first use."""
+        self._sync()
         opt = optimizer if optimizer is not None else self.optimizer
         key = opt.config_key()
         if key not in self._opt_states:
@@ -253,37 +172,49 @@ class ScalarTrainer:
 
     def set_optimizer_state(self, state: OptState, optimizer: Optimizer | None = None) -> None:
         """Install a saved optimizer state (e.g. from a checkpoint)."""
+        self._flush()
         opt = optimizer if optimizer is not None else self.optimizer
         self._opt_states[opt.config_key()] = state
 
     def reset_optimizer_state(self) -> None:
         """Forget every optimizer state (momentum, Adam moments, step counters)."""
+        self._flush()
         self._opt_states.clear()
 
     @property
     def loss_scale(self) -> float:
         """The current dynamic loss scale (1.0 unless ``dtype="float16"``)."""
+        self._sync()
         return float(self._scaler["scale"]) if self._scaler is not None else 1.0
 
     @property
     def skipped_steps(self) -> int:
         """Steps skipped because their gradients were not finite (float16 only)."""
+        self._sync()
         return int(self._scaler["skipped"]) if self._scaler is not None else 0
 
     def scaler_state(self) -> dict[str, Tensor] | None:
         """The mixed-precision state (``scale``, ``good``, ``skipped``), or None."""
+        self._sync()
         return self._scaler
 
     def set_scaler_state(self, state: dict[str, Tensor] | None) -> None:
         """Install a saved mixed-precision state."""
+        self._flush()
         self._scaler = state
 
     def current_lr(self, optimizer: Optimizer | None = None) -> float:
         """The learning rate the next ``step()`` without ``lr`` will use."""
+        opt = optimizer if optimizer is not None else self.optimizer
         if self.schedule is None:
-            return float((optimizer or self.optimizer).lr)
-        count = self.optimizer_state(optimizer)["step"]
-        return float(self.schedule(count, "float64"))
+            return float(opt.lr)
+        live = self._live
+        if live is not None and live.key[0] == opt.config_key():
+            # Only the step counter, not a full read-back: it follows the params in the state.
+            count = int(live.read_leaf(len(tree.flatten(self._params)[0])))
+        else:
+            count = int(self.optimizer_state(opt)["step"])
+        return float(self.schedule(tensor(np.int32(count)), "float64"))
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -316,6 +247,7 @@ class ScalarTrainer:
         """
         from shapegrad.io import CheckpointError, load_checkpoint
 
+        self._flush()
         ckpt = load_checkpoint(path, self._params, self.optimizer_state(), self._scaler)
         saved = ckpt.metadata.get("user", {}).get("optimizer")
         if saved is not None and saved != type(self.optimizer).__name__:
@@ -333,7 +265,8 @@ class ScalarTrainer:
 
     def forward(self, *inputs: Any) -> float:
         """The loss at the current parameters."""
-        run = self._function("forward", lambda params, xs: _loss(self._plan, params, xs))
+        run = self._function("forward", lambda params, xs: loss_value(self._plan, params, xs))
+        self._sync()
         return float(run(self._params, self._inputs(inputs)))
 
     def backward(self, *inputs: Any) -> Any:
@@ -341,9 +274,10 @@ class ScalarTrainer:
 
         def grads_of(params: Any, xs: tuple[Any, ...]) -> Any:
             scale = p.constant(np.asarray(self._initial_scale), self._plan.master, like=None)
-            _, grads = _loss_and_grads(self._plan, params, xs, scale if self._plan.fp16 else None)
-            return _full_grads(self._plan, params, grads)
+            _, grads = loss_and_grads(self._plan, params, xs, scale if self._plan.fp16 else None)
+            return full_grads(self._plan, params, grads)
 
+        self._sync()
         return self._function("backward", grads_of)(self._params, self._inputs(inputs))
 
     def step(self, *inputs: Any, lr: float | None = None) -> float:
@@ -402,28 +336,99 @@ class ScalarTrainer:
     # --- internals ---------------------------------------------------------------------
 
     def _step_with(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
-        state = self.optimizer_state(optimizer)
         if lr is None and self.schedule is None:
             lr = optimizer.lr
+        live = self._ensure_live(optimizer, lr, inputs)
+        if live is not None:
+            loss = live.step(self._batch(lr, inputs))
+            self.global_step += 1
+            return loss
         rate = None if lr is None else self._scalar(lr)
-        plan = self._plan
-
-        def train_step(
-            params: Any, opt_state: OptState, scaler: Any, lr: Tensor | None, xs: Any
-        ) -> Any:
-            return _train_step(plan, optimizer, params, opt_state, scaler, lr, xs)
-
-        run = self._function(("step", optimizer.config_key()), train_step)
-        loss, params, new_state, scaler = run(
+        state = self.optimizer_state(optimizer)
+        run = self._step_function(optimizer)
+        loss_t, params, new_state, scaler = run(
             self._params, state, self._scaler, rate, self._inputs(inputs)
         )
-        self._params = tree.unflatten(plan.treedef, tree.flatten(params)[0])
+        self._params = tree.unflatten(self._plan.treedef, tree.flatten(params)[0])
         self._opt_states[optimizer.config_key()] = new_state
         self._scaler = scaler
         self.global_step += 1
-        return float(loss)
+        return float(loss_t)
 
-    def _function(self, key: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def step_many(self, *stacked: Any, lr: float | None = None) -> npt.NDArray[Any]:
+        """``K`` steps on inputs stacked along a new first axis ``[K, ...]``; returns K losses.
+
+        With the C backend the K steps run in ONE native call (the loop is in C);
+        otherwise this is exactly K calls of :meth:`step`.
+        """
+        if not stacked or any(np.ndim(x) == 0 for x in stacked):
+            raise ValueError("step_many: give each input stacked along a first axis of size K")
+        count = int(np.shape(stacked[0])[0])
+        if lr is None and self.schedule is None:
+            lr = self.optimizer.lr
+        first = tuple(np.asarray(x)[0] for x in stacked)
+        live = self._ensure_live(self.optimizer, lr, first) if count else None
+        if live is None:
+            rows = [tuple(np.asarray(x)[k] for x in stacked) for k in range(count)]
+            return np.array([self.step(*row, lr=lr) for row in rows])
+        rates = [] if lr is None else [np.full(count, lr, self._plan.master.numpy)]
+        losses = live.run_steps([*rates, *stacked])
+        self.global_step += count
+        return losses
+
+    def _step_function(self, optimizer: Optimizer) -> Callable[..., Any]:
+        plan = self._plan
+
+        def step_fn(params: Any, opt_state: OptState, scaler: Any, lr: Any, xs: Any) -> Any:
+            return train_step(plan, optimizer, params, opt_state, scaler, lr, xs)
+
+        donate = (0, 1, 2) if plan.fp16 else (0, 1)
+        return self._function(("step", optimizer.config_key()), step_fn, donate)
+
+    def _ensure_live(
+        self, optimizer: Optimizer, lr: float | None, inputs: tuple[Any, ...]
+    ) -> LiveStep | None:
+        """The bound step for this optimizer/signature (binding it if possible), else None."""
+        if self.mode != "compiled" or not all(isinstance(x, np.ndarray) for x in inputs):
+            return None
+        key = (optimizer.config_key(), lr is None, tuple((x.shape, x.dtype) for x in inputs))
+        if self._live is not None and self._live.key == key:
+            return self._live
+        self._flush()
+        rate = None if lr is None else self._scalar(lr)
+        args = (
+            self._params,
+            self.optimizer_state(optimizer),
+            self._scaler,
+            rate,
+            self._inputs(inputs),
+        )
+        self._live = bind_step(self._step_function(optimizer), key, args, 3)
+        return self._live
+
+    def _batch(self, lr: float | None, inputs: tuple[Any, ...]) -> list[Any]:
+        rates = [] if lr is None else [np.asarray(lr, self._plan.master.numpy)]
+        return [*rates, *inputs]
+
+    def _sync(self) -> None:
+        """Copy the bound executable's live state back into the trainer's trees."""
+        live = self._live
+        if live is None or not live.dirty:
+            return
+        params, state, scaler = live.read()
+        self._params = params
+        self._opt_states[live.key[0]] = state
+        self._scaler = scaler
+        live.dirty = False
+
+    def _flush(self) -> None:
+        """Read the live state back and unbind (before the state is replaced or re-bound)."""
+        self._sync()
+        self._live = None
+
+    def _function(
+        self, key: Any, fn: Callable[..., Any], donate: tuple[int, ...] = ()
+    ) -> Callable[..., Any]:
         """``fn`` itself in eager mode; a cached ``sg.compile(fn)`` in compiled mode."""
         if self.mode == "eager":
             return fn
@@ -431,7 +436,9 @@ class ScalarTrainer:
             from shapegrad.jit import compile as sg_compile
 
             label = key if isinstance(key, str) else key[0]
-            self._compiled[key] = sg_compile(fn, backend=self.backend, name=f"trainer_{label}")
+            self._compiled[key] = sg_compile(
+                fn, backend=self.backend, name=f"trainer_{label}", donate_argnums=donate
+            )
         return self._compiled[key]
 
     def _scalar(self, value: float) -> Tensor:
