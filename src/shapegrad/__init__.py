@@ -4,7 +4,7 @@ Write a model once against :class:`Tensor` and the functional ops; run it
 eagerly (NumPy + tape) or compiled (``sg.compile``).
 """
 
-from shapegrad import nn
+from shapegrad import data, nn
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad.autodiff import grad, value_and_grad, vjp
 from shapegrad.dtypes import DType, DTypeError, bool_, float16, float32, float64, int32
@@ -103,6 +103,7 @@ __all__ = [
     "conv2d",
     "cos",
     "cross_entropy",
+    "data",
     "detach",
     "dropout",
     "einsum",
