@@ -27,6 +27,7 @@ class Operand:
 
     label: str
     shape: TShape
+    scalar: str | None = None  # "int"/"float"/"bool" for a Python number (shape [])
 
     def describe(self) -> str:
         return f"{self.label} {show(self.shape.dims)}" if self.label else show(self.shape.dims)

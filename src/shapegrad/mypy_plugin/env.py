@@ -73,7 +73,7 @@ class Env:
         """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
         proper = get_proper_type(typ) if typ is not None else None
         if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
-            return Operand(label(expr), TShape((), None))
+            return Operand(label(expr), TShape((), None), proper.type.fullname.split(".")[1])
         shape = self.shape(typ)
         return None if shape is None else Operand(label(expr), shape)
 

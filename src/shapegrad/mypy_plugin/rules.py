@@ -75,11 +75,17 @@ def _x(call: Call) -> Operand | None:
 
 
 def _arith_dtype(op: str, a: Operand, b: Operand) -> str | None:
-    kinds = [o.shape.dtype for o in (a, b) if o.shape.dims or o.shape.dtype]
+    """Result dtype kind when certain: comparisons give bool; ``int`` + ``0.5`` is unknown."""
     if op in ("lt", "le", "gt", "ge", "eq", "ne"):
         return "bool"
+    kinds = [o.shape.dtype for o in (a, b) if o.scalar is None]
     dtype = A.join_dtype(*kinds) if kinds else None
-    return "float" if op == "div" and dtype == "float" else (None if op == "div" else dtype)
+    for o in (a, b):
+        if o.scalar is not None and not (o.scalar == "int" or dtype == "float"):
+            return None  # a float or bool Python number may promote or reject the tensor dtype
+    if op == "div":
+        return "float" if dtype == "float" else None
+    return None if dtype == "bool" else dtype
 
 
 def _binary(op: str, reverse: bool) -> Rule:
@@ -95,8 +101,8 @@ def _binary(op: str, reverse: bool) -> Rule:
 
 def _unary(call: Call) -> TShape | None:
     x = _x(call)
-    if x is None or (x.shape.dims == () and x.shape.dtype is None):
-        return None  # a Python scalar passed where a tensor is expected: leave it to run time
+    if x is None or x.scalar is not None:
+        return None  # a Python number passed where a tensor is expected: leave it to run time
     keeps_dtype = is_none(call.expr("dtype", 99))
     return x.shape if keeps_dtype else TShape(x.shape.dims, None)
 
@@ -120,7 +126,7 @@ def _reduction(name: str) -> Rule:
         axes = None if is_none(axis_expr) else ints_of(axis_expr)
         if axes is None and not is_none(axis_expr):
             return None
-        dtype = x.shape.dtype if name != "mean" or x.shape.dtype == "float" else None
+        dtype = x.shape.dtype if name in ("max", "min") or x.shape.dtype == "float" else None
         return A.reduce(name, x, axes, keep, dtype)
 
     return rule
@@ -203,7 +209,7 @@ def _join(name: str) -> Rule:
         if not isinstance(seq, ListExpr | TupleExpr) or axis is None:
             return None
         xs = [call.env.operand(e, call.env.type_of(e)) for e in seq.items]
-        if any(o is None or not (o.shape.dims or o.shape.dtype) for o in xs):
+        if any(o is None or o.scalar is not None for o in xs):
             return None
         return A.concat(name, [o for o in xs if o is not None], axis, new_axis=name == "stack")
 
@@ -236,9 +242,8 @@ def _where(call: Call) -> TShape | None:
     if any(o is None for o in ops):
         return None
     cond, a, b = (o for o in ops if o is not None)
-    return A.broadcast(
-        "where", [cond, a, b], A.join_dtype(*(o.shape.dtype for o in (a, b) if o.shape.dims))
-    )
+    dtype = _arith_dtype("where", a, b)
+    return A.broadcast("where", [cond, a, b], None if dtype == "bool" else dtype)
 
 
 def _elementwise2(name: str) -> Rule:
