@@ -83,6 +83,20 @@ def test_demo_moons_resume_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     )
 
 
+def test_resume_from_a_bad_checkpoint_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a checkpoint")
+    for path, message in ((garbage, "garbage.npz"), (tmp_path / "missing.npz", "does not exist")):
+        code = cli.main(
+            ["demo", "moons", "--resume", str(path), "--mode", "eager", "--no-progress"]
+        )
+        assert code == 1
+        err = capsys.readouterr().err
+        assert err.startswith("shapegrad: ") and message in err and "Traceback" not in err
+
+
 def test_demo_moons_dump_ir_and_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot-png needs matplotlib")
     dump, png = tmp_path / "ir", tmp_path / "moons.png"

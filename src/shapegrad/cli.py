@@ -277,10 +277,7 @@ def demo_moons(args: argparse.Namespace) -> int:
     print(f"training accuracy: {100 * correct / len(y):.2f}% ({correct}/{len(y)})")
     print(f"training time: {run.seconds:.2f} s for {run.steps} steps")
     color = not args.no_color and plot.use_color()
-    print()
-    print(plot.line_chart(run.losses, title="loss (hinge)", width=60, height=8, y_min=0.0))
-    print()
-    print(plot.line_chart(run.lrs, title="learning rate", width=60, height=6, y_min=0.0))
+    _print_curves(run, "loss (hinge)", with_lr=True)
     print()
     print(
         plot.decision_boundary(
@@ -318,8 +315,7 @@ def demo_digits(args: argparse.Namespace) -> int:
     print(f"training time: {run.seconds:.2f} s for {run.steps} steps")
     print()
     print(format_confusion(confusion_matrix(split.y_test, predicted, 10)))
-    print()
-    print(plot.line_chart(run.losses, title="loss (cross-entropy)", width=60, height=8, y_min=0.0))
+    _print_curves(run, "loss (cross-entropy)", with_lr=False)
     if args.plot_png:
         _png(args.plot_png, run)
     return 0
@@ -351,6 +347,17 @@ def format_confusion(matrix: npt.NDArray[np.int64]) -> str:
     return "\n".join(lines)
 
 
+def _print_curves(run: Run, loss_title: str, with_lr: bool) -> None:
+    """The loss (and learning-rate) curves of ``run``; nothing when no step ran."""
+    if not run.losses:
+        return
+    print()
+    print(plot.line_chart(run.losses, title=loss_title, width=60, height=8, y_min=0.0))
+    if with_lr:
+        print()
+        print(plot.line_chart(run.lrs, title="learning rate", width=60, height=6, y_min=0.0))
+
+
 def _png(path: str, run: Run, *boundary: Any) -> None:
     try:
         plot.save_png(path, {"loss": run.losses, "learning rate": run.lrs}, *boundary)
@@ -378,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as error:  # an optional dependency, e.g. scikit-learn for digits
         print(f"shapegrad: {error}", file=sys.stderr)
         return 2
+    except (io.CheckpointError, OSError) as error:  # --resume / --save: say what, no traceback
+        print(f"shapegrad: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
