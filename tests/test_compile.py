@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
+from harness import Case, analytic_grads, cotangent_for
+from modes import MODES, Runner, as_tensors, outputs
+from op_table import CASES
 from shapegrad.backends import CompileOptions, get_backend, validate_inputs
 from shapegrad.ir import Graph
 from shapegrad.ops.protocol import Prim
@@ -247,3 +250,41 @@ def test_donate_argnums_records_aliases_for_updated_state() -> None:
         assert graph.outputs[out_k].aval == graph.inputs[in_i].aval
     with pytest.raises(sg.TraceError, match="donate_argnums"):
         sg.compile(step, donate_argnums=1).graph(params, x, y, 0.1)
+
+
+# --- the op table: compiled (numpy backend) equals eager --------------------------------
+
+COMPILED_NUMPY = Runner(
+    "compiled-numpy",
+    call=lambda fn, args: outputs(sg.compile(fn, backend="numpy")(*as_tensors(args))),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="numpy")(*as_tensors(args))
+    ),
+)
+
+
+def _assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12 * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_op_table_compiled_equals_eager_in_float64(case: Case) -> None:
+    arrays = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in case.arrays()]
+    eager = MODES["eager"]
+    for got, want in zip(
+        COMPILED_NUMPY.call(case.fn, arrays), eager.call(case.fn, arrays), strict=True
+    ):
+        _assert_close(got, want, f"{case.name}: forward")
+    argnums = case.diff_positions(arrays)
+    if not case.grad or not argnums:
+        return
+    ct = cotangent_for(case, arrays)
+    got_grads = analytic_grads(case, COMPILED_NUMPY, arrays, ct, argnums)
+    want_grads = analytic_grads(case, eager, arrays, ct, argnums)
+    for g, w, pos in zip(got_grads, want_grads, argnums, strict=True):
+        _assert_close(g, w, f"{case.name}: gradient of input {pos}")
