@@ -87,6 +87,15 @@ MODES: dict[str, Runner] = {
     "eager": Runner("eager", call=_eager_call, grad=_eager_grad),
 }
 
+# The compiled NumPy reference backend (trace -> passes -> node-by-node NumPy).
+MODES["numpy"] = Runner(
+    "numpy",
+    call=lambda fn, args: outputs(sg.compile(fn, backend="numpy")(*as_tensors(args))),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="numpy")(*as_tensors(args))
+    ),
+)
+
 
 def _c_unavailable() -> str | None:
     from shapegrad.backends.c import CBackend
