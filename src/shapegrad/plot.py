@@ -98,9 +98,7 @@ class BrailleCanvas:
         return ["".join(chr(_BRAILLE_BASE + bits) for bits in row) for row in self.cells]
 
 
-def _value_range(
-    values: Sequence[float], log_y: bool, y_min: float | None
-) -> tuple[float, float]:
+def _value_range(values: Sequence[float], log_y: bool, y_min: float | None) -> tuple[float, float]:
     finite = [v for v in values if math.isfinite(v) and (v > 0 or not log_y)]
     if not finite:
         raise ValueError(
