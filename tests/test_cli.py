@@ -144,7 +144,13 @@ def test_confusion_matrix_counts_pairs() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["demo", "mnist"], ["demo", "moons", "--epochs", "0"], ["demo", "moons", "--lr", "-1"]]
+    "args",
+    [
+        ["demo", "mnist"],
+        ["demo", "moons", "--epochs", "0"],
+        ["demo", "moons", "--lr", "-1"],
+        ["demo", "moons", "--backend", "bogus"],
+    ],
 )
 def test_bad_arguments_are_rejected_with_usage(
     args: list[str], capsys: pytest.CaptureFixture[str]

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import data, io, models, plot
+from shapegrad.backends import BackendUnavailable, available_backends, get_backend
 from shapegrad.ops.eager import no_grad, tensor
 from shapegrad.tensor import Tensor
 from shapegrad.train import optim, schedules
@@ -81,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train a small model and show the results")
     demo.add_argument("name", choices=("moons", "digits"), help="which demo to run")
     demo.add_argument(
-        "--backend", default="c", help="compiled-mode backend: c, numpy, cuda, ane (default c)"
+        "--backend",
+        default="c",
+        choices=available_backends(),
+        help="compiled-mode backend (default c; falls back to numpy where it cannot run)",
     )
     demo.add_argument("--mode", choices=("compiled", "eager"), default="compiled")
     demo.add_argument("--epochs", type=_positive_int, help="passes over the training data")
@@ -138,11 +142,9 @@ def resolve_backend(name: str, mode: str) -> str:
     """``name`` if it can run here, else ``"numpy"`` (with a message saying why)."""
     if mode == "eager":
         return name
-    from shapegrad.backends.base import BackendUnavailable, get_backend
-
     try:
         get_backend(name)
-    except (BackendUnavailable, ValueError) as error:
+    except BackendUnavailable as error:
         if name == "numpy":
             raise
         print(f"shapegrad: {error}", file=sys.stderr)
@@ -380,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.dump_ir).mkdir(parents=True, exist_ok=True)
         os.environ["SHAPEGRAD_DEBUG"] = str(Path(args.dump_ir).resolve())
         print(f"dumping every IR stage and the generated code to {args.dump_ir}")
+        if args.mode == "eager":
+            print("(eager mode compiles nothing, so nothing will be dumped)")
     try:
         return DEMOS[args.name](args)
     except ImportError as error:  # an optional dependency, e.g. scikit-learn for digits
