@@ -9,6 +9,7 @@ just above the line where mypy must report it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -46,17 +47,25 @@ def expected(path: Path) -> list[tuple[int, str]]:
 
 
 def run_mypy(config: Path, cache: Path) -> tuple[Findings, str]:
-    """One mypy run over the whole fixture directory; errors grouped by file name."""
-    stdout, stderr, _ = mypy_api.run(
-        ["--config-file", str(config), "--cache-dir", str(cache), "--no-pretty", str(FIXTURES)]
-    )
+    """One mypy run over the fixtures and the dogfooded code; errors grouped by file.
+
+    Fixture files are keyed by name, other files by path.
+    """
+    targets = [str(FIXTURES), *(str(p) for p in DOGFOOD if p.exists())]
+    os.environ["SHAPEGRAD_PLUGIN_DEBUG"] = "1"  # a bug in a rule must crash the test, not hide
+    try:
+        stdout, stderr, _ = mypy_api.run(
+            ["--config-file", str(config), "--cache-dir", str(cache), "--no-pretty", *targets]
+        )
+    finally:
+        del os.environ["SHAPEGRAD_PLUGIN_DEBUG"]
     findings: Findings = {p.name: [] for p in _fixture_files()}
     for line in stdout.splitlines():
         match = _REPORT.match(line)
         if match and match["kind"] == "error":
-            findings.setdefault(Path(match["file"]).name, []).append(
-                (int(match["line"]), match["msg"])
-            )
+            path = Path(match["file"])
+            key = path.name if path.parent.name == FIXTURES.name else str(path)
+            findings.setdefault(key, []).append((int(match["line"]), match["msg"]))
     return findings, stdout + stderr
 
 
@@ -88,6 +97,8 @@ def test_examples_and_model_code_check_clean_with_the_plugin(
     outside = {name: errs for name, errs in findings.items() if name not in fixture_names}
     assert outside == {}, output
     assert "error: INTERNAL ERROR" not in output
+    checked = re.search(r"checked (\d+) source files", output)
+    assert checked is not None and int(checked[1]) > len(fixture_names), output
 
 
 def test_every_buggy_fixture_expects_an_error_and_correct_ones_none() -> None:

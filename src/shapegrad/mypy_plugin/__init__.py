@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from mypy.checker import TypeChecker
 from mypy.nodes import (
@@ -141,33 +143,40 @@ class ShapePlugin(Plugin):
 
     def get_type_analyze_hook(self, fullname: str) -> Callable[[AnalyzeTypeContext], Type] | None:
         if fullname == TENSOR:
-            return analyze_tensor
+            return _guarded(analyze_tensor, lambda ctx: ctx.api.named_type(TENSOR, []))
         alias = simple_alias(fullname)
         if alias is not None:
-            return lambda ctx: _shaped_tensor(ctx, alias[0], alias[1], "")
-        return analyze_annotated if fullname in _ANNOTATED else None
+            return _guarded(
+                lambda ctx: _shaped_tensor(ctx, alias[0], alias[1], ""),
+                lambda ctx: ctx.api.named_type(TENSOR, []),
+            )
+        if fullname in _ANNOTATED:
+            return _guarded(analyze_annotated, lambda ctx: ctx.api.analyze_type(ctx.type.args[0]))
+        return None
 
     # --- calls ----------------------------------------------------------------------------
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
         if fullname.startswith("shapegrad.") and fullname.rsplit(".", 1)[-1] in FUNCTION_RULES:
             rule = FUNCTION_RULES[fullname.rsplit(".", 1)[-1]]
-            return lambda ctx: self._apply(rule, ctx, None)
+            return _guarded(lambda ctx: self._apply(rule, ctx, None), _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
-        return self._user_function
+        return _guarded(self._user_function, _default)
 
     def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
         cls, _, name = fullname.rpartition(".")
         if cls == TENSOR and name in METHOD_RULES:
             rule = METHOD_RULES[name]
-            return lambda ctx: self._apply(rule, ctx, ctx, name)
+            return _guarded(lambda ctx: self._apply(rule, ctx, ctx, name), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
-        return self._user_method
+        return _guarded(self._user_method, _default)
 
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
-        return self._transpose_attribute if fullname == f"{TENSOR}.T" else None
+        if fullname != f"{TENSOR}.T":
+            return None
+        return _guarded(self._transpose_attribute, lambda ctx: ctx.default_attr_type)
 
     # --- hook bodies ----------------------------------------------------------------------
 
@@ -264,6 +273,10 @@ class ShapePlugin(Plugin):
             errors._watchers = watchers
 
 
+def _default(ctx: FunctionContext | MethodContext) -> Type:
+    return ctx.default_return_type
+
+
 def _receiver(context: Context, reverse: bool) -> Expression | None:
     """The expression a method is called on (``x`` in ``x.sum()``, ``x + y``, ``2 * x``, ``x[0]``)."""
     if isinstance(context, CallExpr) and isinstance(context.callee, MemberExpr):
@@ -277,6 +290,29 @@ def _receiver(context: Context, reverse: bool) -> Expression | None:
     if isinstance(context, UnaryExpr):
         return context.expr
     return None
+
+
+_Ctx = TypeVar("_Ctx", FunctionContext, MethodContext, AttributeContext, AnalyzeTypeContext)
+
+
+def _guarded(
+    hook: Callable[[_Ctx], Type], fallback: Callable[[_Ctx], Type]
+) -> Callable[[_Ctx], Type]:
+    """``hook`` that degrades to mypy's own answer if a shape rule has a bug.
+
+    A checker that crashes the user's type check is worse than one that knows
+    less; ``SHAPEGRAD_PLUGIN_DEBUG=1`` re-raises (the tests set it).
+    """
+
+    def run(ctx: _Ctx) -> Type:
+        try:
+            return hook(ctx)
+        except Exception:
+            if os.environ.get("SHAPEGRAD_PLUGIN_DEBUG"):
+                raise
+            return fallback(ctx)
+
+    return run
 
 
 @functools.cache
