@@ -271,7 +271,7 @@ def test_fit_runs_epochs_calls_callbacks_and_stops() -> None:
     )
     assert len(history.loss) == 6 and len(history.epoch_loss) == 2
     assert [s for s, _ in seen] == [1, 2, 3, 4, 5, 6]
-    np.testing.assert_allclose(history.lr, [0.1 * (1 - k / 6) for k in range(6)], rtol=1e-9)
+    np.testing.assert_allclose(history.lr, [0.1 * (1 - k / 6) for k in range(6)], rtol=1e-6)
     assert history.epoch_loss[0] == pytest.approx(np.mean(history.loss[:3]))
 
     def stop_at_two(t: ScalarTrainer, info: Any) -> None:
@@ -447,3 +447,21 @@ def test_assigning_a_schedule_changes_the_learning_rate(mode: str) -> None:
     ws = [w - 0.3 * g for w, g in zip(ws, quad_grads(ws, a, b), strict=True)]
     for got, want in zip(trainer.get_params(), ws, strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-9)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_last_lr_reports_the_rate_each_step_used(mode: str) -> None:
+    x, y = moons(32)
+    sched = schedules.cosine_with_warmup(0.1, 10, warmup_steps=3)
+    trainer = ScalarTrainer(
+        hinge_loss, mlp_params(), optimizer=optim.SGD(0.1), schedule=sched, **_mode(mode)
+    )
+    used = []
+    for _ in range(6):
+        trainer.step(x, y)
+        used.append(trainer.last_lr)
+    np.testing.assert_allclose(used, sched.values(6), rtol=1e-6)
+    trainer.step(x, y, lr=0.25)
+    assert trainer.last_lr == pytest.approx(0.25)
+    trainer.step_many(np.stack([x, x]), np.stack([y, y]))
+    assert trainer.last_lr == pytest.approx(sched.value(8), rel=1e-6)  # steps 7 and 8 ran

@@ -60,6 +60,28 @@ def _total_steps(
     return len(batches) * epochs if isinstance(batches, Sized) and not callable(batches) else None
 
 
+class _Throughput:
+    """Examples per second over windows of about ``interval`` seconds."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.rate = 0.0
+        self._count = 0
+        self._since = time.perf_counter()
+        self._first = True
+
+    def add(self, examples: int) -> bool:
+        """Count ``examples``; True when a new rate was computed (time to refresh a display)."""
+        self._count += examples
+        now = time.perf_counter()
+        elapsed = now - self._since
+        if not (self._first or elapsed >= self.interval):
+            return False
+        self.rate = self._count / max(elapsed, 1e-9)
+        self._count, self._since, self._first = 0, now, False
+        return True
+
+
 def run_fit(
     trainer: ScalarTrainer,
     batches: Iterable[Any] | Callable[[int], Iterable[Any]],
@@ -79,6 +101,7 @@ def run_fit(
 
     history = History()
     bar = tqdm(total=_total_steps(batches, epochs), disable=not progress, unit="step", leave=True)
+    meter = _Throughput()
     start = time.perf_counter()
     losses: list[float] = []
     try:
@@ -86,18 +109,20 @@ def run_fit(
             losses = []
             for raw in _epoch_batches(batches, epoch):
                 batch = _as_tuple(raw)
-                lr = trainer.current_lr()
-                t0 = time.perf_counter()
                 loss = trainer.step(*batch)
-                rate = _batch_size(batch) / max(time.perf_counter() - t0, 1e-9)
+                lr = trainer.last_lr  # reported by the step itself: no extra schedule evaluation
                 losses.append(loss)
                 history.loss.append(loss)
                 history.lr.append(lr)
                 bar.update(1)
-                bar.set_postfix(
-                    epoch=epoch + 1, loss=f"{loss:.4f}", ex_s=f"{rate:,.0f}", refresh=False
-                )
-                info = StepInfo(epoch, trainer.global_step, loss, lr, rate)
+                if meter.add(_batch_size(batch)):  # refresh the text a few times a second only
+                    bar.set_postfix(
+                        epoch=epoch + 1,
+                        loss=f"{loss:.4f}",
+                        ex_s=f"{meter.rate:,.0f}",
+                        refresh=False,
+                    )
+                info = StepInfo(epoch, trainer.global_step, loss, lr, meter.rate)
                 for callback in callbacks:
                     callback(trainer, info)
             history.epoch_loss.append(sum(losses) / max(len(losses), 1))

@@ -39,6 +39,7 @@ class LiveStep:
         self.state_def = state_def
         self.batch_dtypes = list(batch_dtypes)
         self.dirty = False  # True when the buffers hold steps the trainer has not read back
+        self.last_lr = float("nan")  # the learning rate the latest step used
 
     def _arrays(self, batch: Sequence[Any]) -> list[Array]:
         out = []
@@ -49,15 +50,18 @@ class LiveStep:
         return out
 
     def step(self, batch: Sequence[Any]) -> float:
-        """Run one step on the non-state inputs; returns the loss."""
-        (loss,) = self.bound(*self._arrays(batch))
+        """Run one step on the non-state inputs; returns the loss (``last_lr`` is updated)."""
+        loss, lr = self.bound(*self._arrays(batch))
         self.dirty = True
+        self.last_lr = float(lr)
         return float(loss)
 
     def run_steps(self, stacked: Sequence[Any]) -> Array:
         """Run ``K`` steps on inputs stacked ``[K, ...]``; returns the K losses (a copy)."""
-        (losses,) = self.bound.run_steps(*self._arrays(stacked))
+        losses, lrs = self.bound.run_steps(*self._arrays(stacked))
         self.dirty = True
+        if len(lrs):
+            self.last_lr = float(lrs[-1])
         return np.array(losses, copy=True)
 
     def read(self) -> Any:
@@ -82,7 +86,7 @@ def bind_step(compiled: Any, key: Any, args: tuple[Any, ...], n_state_args: int)
     state_leaves, state_def = tree.flatten(tuple(args[:n_state_args]))
     if list(getattr(exe, "state_inputs", [])) != list(range(len(state_leaves))):
         return None
-    if len(getattr(exe, "free_outputs", ())) != 1:  # only the loss comes back
+    if len(getattr(exe, "free_outputs", ())) != 2:  # only the loss and the lr come back
         return None
     arrays = [np.asarray(x.numpy() if isinstance(x, Tensor) else x) for x in state_leaves]
     batch_dtypes = [lowered.graph.inputs[i].aval.dtype.numpy for i in exe.batch_inputs]

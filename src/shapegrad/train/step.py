@@ -105,8 +105,12 @@ def train_step(
     scaler: dict[str, Tensor] | None,
     lr: Tensor | None,
     inputs: tuple[Any, ...],
-) -> tuple[Tensor, Any, OptState, dict[str, Tensor] | None]:
-    """One update: ``(loss, new_params, new_opt_state, new_scaler_state)``."""
+) -> tuple[Tensor, Any, OptState, dict[str, Tensor] | None, Tensor]:
+    """One update: ``(loss, new_params, new_opt_state, new_scaler_state, lr_used)``.
+
+    The learning rate actually used comes back as an output so logging it costs nothing
+    (no eager evaluation of the schedule outside the compiled step).
+    """
     scale = scaler["scale"] if scaler is not None else None
     loss, grads = loss_and_grads(plan, params, inputs, scale)
     if plan.clip_norm is not None:
@@ -120,10 +124,11 @@ def train_step(
         params, full_grads(plan, params, grads), opt_state, rate, requires_grad=plan.flags
     )
     if scaler is None:
-        return loss, new_params, new_state, None
-    return mp.apply_or_skip(
+        return loss, new_params, new_state, None, rate
+    loss, new_params, new_state, new_scaler = mp.apply_or_skip(
         grads, (params, opt_state), (new_params, new_state), scaler, loss, plan.scale_window
     )
+    return loss, new_params, new_state, new_scaler, rate
 
 
 __all__ = ["LossFn", "StepPlan", "full_grads", "loss_and_grads", "loss_value", "train_step"]

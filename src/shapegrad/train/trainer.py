@@ -114,6 +114,7 @@ class ScalarTrainer:
         self._scaler = mp.init_state(self._initial_scale) if self._plan.fp16 else None
         self.global_step = 0  # calls of step(), skipped ones included
         self._live: LiveStep | None = None  # compiled step bound to its state (C backend)
+        self.last_lr = float("nan")  # the learning rate the latest step used
 
     # --- parameters and state ----------------------------------------------------------
 
@@ -341,17 +342,19 @@ class ScalarTrainer:
         live = self._ensure_live(optimizer, lr, inputs)
         if live is not None:
             loss = live.step(self._batch(lr, inputs))
+            self.last_lr = live.last_lr
             self.global_step += 1
             return loss
         rate = None if lr is None else self._scalar(lr)
         state = self.optimizer_state(optimizer)
         run = self._step_function(optimizer)
-        loss_t, params, new_state, scaler = run(
+        loss_t, params, new_state, scaler, used = run(
             self._params, state, self._scaler, rate, self._inputs(inputs)
         )
         self._params = tree.unflatten(self._plan.treedef, tree.flatten(params)[0])
         self._opt_states[optimizer.config_key()] = new_state
         self._scaler = scaler
+        self.last_lr = float(used)
         self.global_step += 1
         return float(loss_t)
 
@@ -373,6 +376,7 @@ class ScalarTrainer:
             return np.array([self.step(*row, lr=lr) for row in rows])
         rates = [] if lr is None else [np.full(count, lr, self._plan.master.numpy)]
         losses = live.run_steps([*rates, *stacked])
+        self.last_lr = live.last_lr
         self.global_step += count
         return losses
 
