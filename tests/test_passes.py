@@ -17,6 +17,7 @@ from shapegrad.compiler.passes import (
     fold_constants,
     optimize,
     simplify_algebra,
+    splat_value,
 )
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.graph import GraphOps
@@ -93,6 +94,8 @@ UNARY_GENERATORS: list[Callable[[Tensor], Tensor]] = [
     lambda x: x / 1.0,
     lambda x: sg.neg(sg.neg(x)),
     lambda x: x * -1.0,
+    lambda x: sg.neg(x * 3.0),
+    lambda x: sg.neg(x) * 0.5,
     lambda x: x - x,
     lambda x: sg.tanh(x),
     lambda x: sg.stop_gradient(x),
@@ -201,6 +204,18 @@ def test_simplify_removes_identities(
     graph = trace(fn, SHAPE)
     simplified = simplify_algebra(graph)
     assert prims_of(simplified) == expect_prims
+    assert_same_semantics(graph, simplified)
+
+
+@pytest.mark.parametrize(
+    "fn", [lambda x: sg.neg(x * 2.0), lambda x: sg.neg(2.0 * x), lambda x: sg.neg(x) * 2.0]
+)
+def test_simplify_folds_negation_into_a_constant_scale(fn: Callable[[Tensor], Tensor]) -> None:
+    graph = trace(fn, SHAPE)
+    simplified = simplify_algebra(graph)
+    assert Prim.NEG not in prims_of(simplified)
+    (mul,) = [n for n in simplified.nodes() if n.prim is Prim.MUL]
+    assert splat_value(mul.inputs[1]) == -2.0
     assert_same_semantics(graph, simplified)
 
 

@@ -192,6 +192,32 @@ def _simplify_arith(node: Node, b: Builder) -> Node | None:
     return None
 
 
+def _scaled_by_splat(node: Node) -> tuple[Node, float] | None:
+    """``(a, c)`` when ``node`` is ``mul(a, splat c)`` or ``mul(splat c, a)``."""
+    if node.prim is not Prim.MUL:
+        return None
+    x, y = node.inputs
+    for operand, other in ((x, y), (y, x)):
+        c = splat_value(other)
+        if c is not None:
+            return operand, c
+    return None
+
+
+def _fold_negation(node: Node, b: Builder) -> Node | None:
+    """-(a * c) -> a * (-c) and (-a) * c -> a * (-c) for a splat constant c (exact in IEEE)."""
+    if node.prim is Prim.NEG:
+        scaled = _scaled_by_splat(node.inputs[0])
+        if scaled is not None:
+            a, c = scaled
+            return b.make(Prim.MUL, [a, b.full(-c, a.aval)])
+    scaled = _scaled_by_splat(node)
+    if scaled is not None and scaled[0].prim is Prim.NEG:
+        a, c = scaled[0].inputs[0], scaled[1]
+        return b.make(Prim.MUL, [a, b.full(-c, a.aval)])
+    return None
+
+
 def _simplify_layout(node: Node, b: Builder) -> Node | None:
     x = node.inputs[0]
     p = node.prim
@@ -267,6 +293,10 @@ def _simplify_rule(node: Node, b: Builder) -> Node | None:
         return node.inputs[0]
     if p is Prim.NEG and node.inputs[0].prim is Prim.NEG:
         return node.inputs[0].inputs[0]
+    if (p is Prim.NEG or p is Prim.MUL) and node.aval.dtype.is_float:
+        found = _fold_negation(node, b)
+        if found is not None:
+            return found
     if p is Prim.CAST and node.inputs[0].aval == node.aval:
         return node.inputs[0]
     if p is Prim.WHERE and node.inputs[1] is node.inputs[2]:
@@ -285,7 +315,7 @@ def _simplify_rule(node: Node, b: Builder) -> Node | None:
 
 
 def simplify_algebra(graph: Graph) -> Graph:
-    """Local identities: x*1, x+0, x-0, 0-x, x-x, x/1, --x, reshape/permute chains,
+    """Local identities: x*1, x+0, x-0, 0-x, x-x, x/1, --x, -(x*c), reshape/permute chains,
     broadcast-of-broadcast, sum of a broadcast, elementwise-of-broadcasts, where(c, x, x),
     no-op casts, and ``stop_gradient`` removal (autodiff is done before passes run).
     """
