@@ -271,15 +271,20 @@ class ScalarTrainer:
         return float(run(self._params, self._inputs(inputs)))
 
     def backward(self, *inputs: Any) -> Any:
-        """Gradients of the loss, shaped like the parameters (zeros for frozen ones)."""
+        """Gradients of the loss, shaped like the parameters (zeros for frozen ones).
 
-        def grads_of(params: Any, xs: tuple[Any, ...]) -> Any:
-            scale = p.constant(np.asarray(self._initial_scale), self._plan.master, like=None)
-            _, grads = loss_and_grads(self._plan, params, xs, scale if self._plan.fp16 else None)
-            return full_grads(self._plan, params, grads)
+        With ``dtype="float16"`` the backward pass uses the current loss scale and the
+        gradients are unscaled (they may be non-finite if that scale overflows).
+        """
+        plan = self._plan
+
+        def grads_of(params: Any, xs: tuple[Any, ...], scale: Tensor | None) -> Any:
+            _, grads = loss_and_grads(plan, params, xs, scale)
+            return full_grads(plan, params, grads)
 
         self._sync()
-        return self._function("backward", grads_of)(self._params, self._inputs(inputs))
+        scale = self._scaler["scale"] if self._scaler is not None else None
+        return self._function("backward", grads_of)(self._params, self._inputs(inputs), scale)
 
     def step(self, *inputs: Any, lr: float | None = None) -> float:
         """Forward + backward + update with the trainer's optimizer; returns the loss.
