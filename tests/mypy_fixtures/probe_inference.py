@@ -72,3 +72,7 @@ def probe(
     c8: Wrong = sg.zeros((3, 4))
     # E: assignment to c9: value has shape [*batch, t], but the annotation says [0, 0, 0, 0, 0] (dimension -1: t != 0)
     c9: Wrong = seq.sum(axis=-1)
+    # dtype kinds: a comparison is Bool, an Int tensor times a Python float is unknown
+    # E: assignment to d1: value is bool, but the annotation says int
+    d1: Int[Tensor, "b 784"] = x > v
+    d2: Int[Tensor, " b"] = labels * 0.5

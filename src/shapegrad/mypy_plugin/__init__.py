@@ -157,8 +157,9 @@ class ShapePlugin(Plugin):
     # --- calls ----------------------------------------------------------------------------
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
-        if fullname.startswith("shapegrad.") and fullname.rsplit(".", 1)[-1] in FUNCTION_RULES:
-            rule = FUNCTION_RULES[fullname.rsplit(".", 1)[-1]]
+        op = _op_fullnames().get(fullname)
+        if op is not None:
+            rule = FUNCTION_RULES[op]
             return _guarded(lambda ctx: self._apply(rule, ctx, None), _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
@@ -313,6 +314,24 @@ def _guarded(
             return fallback(ctx)
 
     return run
+
+
+@functools.cache
+def _op_fullnames() -> dict[str, str]:
+    """``"shapegrad.functional.relu" -> "relu"``: the functions the rules describe, by definition site.
+
+    Keyed by where each public op is defined (not by bare name) so that another
+    function called ``sum`` or ``stack`` somewhere in shapegrad never gets an op rule.
+    """
+    import shapegrad
+
+    out: dict[str, str] = {}
+    for name in FUNCTION_RULES:
+        fn = getattr(shapegrad, name, None)
+        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+        if module and qualname:
+            out[f"{module}.{qualname}"] = name
+    return out
 
 
 @functools.cache

@@ -152,9 +152,11 @@ def _report(
         reason = compare(value, restrict(declared, rigid))
         if reason is not None:
             subject = f"{what} {name}{path}".strip() if name else f"{what}{path}"
-            api.fail(
-                f"{subject} has shape {show(value.dims)}, but the annotation says "
-                f"{show(declared.dims)} ({reason})",
-                stmt,
-                code=SHAPE_ERROR,
-            )
+            if reason.startswith("dtype"):
+                message = f"{subject} is {value.dtype}, but the annotation says {declared.dtype}"
+            else:
+                message = (
+                    f"{subject} has shape {show(value.dims)}, but the annotation says "
+                    f"{show(declared.dims)} ({reason})"
+                )
+            api.fail(message, stmt, code=SHAPE_ERROR)
