@@ -13,8 +13,9 @@ Columns: shapegrad eager; compiled C with one native call per step
 (``exe.bind(params)(x, y)``) and with K steps per native call
 (``run_steps`` on ``[K, ...]`` stacked batches); hand-written NumPy; PyTorch
 eager and ``jax.jit`` when importable. Then cold compile time (empty cache,
-trace + passes + codegen + cc + dlopen) and warm-cache first call in a fresh
-process. Timings are noisy on a shared machine: compare ratios within one run.
+trace + passes + codegen + cc + dlopen; wall time and CPU time, the latter
+unaffected by other users of the machine) and warm-cache first call in a fresh
+process after imports (trace + passes + codegen + cache hit + dlopen + first step). Timings are noisy on a shared machine: compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -275,23 +276,53 @@ def cold_compile(w: dict[str, Any]) -> float:
                 os.environ["XDG_CACHE_HOME"] = old
 
 
+def cold_compile_cpu(w: dict[str, Any]) -> float:
+    """CPU seconds of a cold compile (this process + the C compiler): immune to other load."""
+    import resource
+
+    with tempfile.TemporaryDirectory() as cache:
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache
+        try:
+            before = [
+                resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            ]
+            compiled(w)
+            after = [
+                resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            ]
+            return sum(
+                (a.ru_utime + a.ru_stime) - (b.ru_utime + b.ru_stime)
+                for a, b in zip(after, before, strict=True)
+            )
+        finally:
+            if old is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+
+
 _WARM = """
 import sys, time
 sys.path.insert(0, {here!r})
 import train_step as b
+import shapegrad.backends.c as c
+c.executable.ffi()  # imports (cffi/pycparser, the backend) are not part of the first call
 w = b.workload({name!r}, {batch}, 1)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 bound = b.compiled(w).bind(w["params"])
 bound(w["xs"][0], w["ys"][0])
-print(time.perf_counter() - t0)
+print(time.perf_counter() - t0, time.process_time() - c0)
 """
 
 
-def warm_first_call(name: str, batch: int) -> float:
+def warm_first_call(name: str, batch: int, cpu: bool = False) -> float:
+    """Wall (or CPU) seconds of the first call in a fresh process with a warm cache."""
     compiled(workload(name, batch, 1))  # make sure the cache holds it
     code = _WARM.format(here=os.path.dirname(os.path.abspath(__file__)), name=name, batch=batch)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu_time = out.stdout.strip().splitlines()[-1].split()
+    return float(cpu_time if cpu else wall)
 
 
 def fmt(seconds: float | None) -> str:
@@ -308,14 +339,25 @@ ROWS = {
     "mlp": ("mlp", 128, 10),
     "cnn": ("cnn", 64, 4),
 }
-COLUMNS = ["sg eager", "C 1-step", "C K-step", "NumPy", "PyTorch", "JAX jit", "cold", "warm"]
+COLUMNS = [
+    "sg eager",
+    "C 1-step",
+    "C K-step",
+    "NumPy",
+    "PyTorch",
+    "JAX jit",
+    "cold",
+    "cold cpu",
+    "warm",
+    "warm cpu",
+]
 
 
 def measure(column: str, row: str) -> float | None:
     """One cell of the table (run in its own process, see ``main``)."""
     name, batch, k = ROWS[row]
-    if column == "warm":
-        return warm_first_call(name, batch)
+    if column in ("warm", "warm cpu"):
+        return warm_first_call(name, batch, cpu=column == "warm cpu")
     w = workload(name, batch, k)
     cells: dict[str, Callable[[], float | None]] = {
         "sg eager": lambda: time_shapegrad_eager(w),
@@ -325,6 +367,7 @@ def measure(column: str, row: str) -> float | None:
         "PyTorch": lambda: time_torch(w, name),
         "JAX jit": lambda: time_jax(w, name),
         "cold": lambda: cold_compile(w),
+        "cold cpu": lambda: cold_compile_cpu(w),
     }
     return cells[column]()
 
