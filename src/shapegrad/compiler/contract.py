@@ -20,7 +20,7 @@ from shapegrad.dtypes import DType
 from shapegrad.ir import Node
 
 if TYPE_CHECKING:
-    from shapegrad.compiler.lower import ExprBuilder
+    from shapegrad.compiler.expand import ExprBuilder
 
 
 @dataclass(frozen=True)

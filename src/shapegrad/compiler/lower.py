@@ -17,7 +17,6 @@ The result, :class:`Lowered`, is what every loop-IR renderer consumes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,23 +24,12 @@ import numpy as np
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.contract import View, match_contraction
+from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
-from shapegrad.dtypes import DType, bool_, int32
+from shapegrad.dtypes import DType, bool_
 from shapegrad.ir import Graph, Node
-from shapegrad.ops.protocol import BINARY, UNARY, Prim
+from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import size_of
-
-Index = tuple[L.Affine, ...]
-
-
-@dataclass(frozen=True)
-class FlatIx:
-    """An index given as a row-major flat offset (avoids div/mod through reshapes)."""
-
-    flat: L.Affine
-
-
-Ix = Index | FlatIx
 
 # Contractions at or above this many multiply-adds call the BLAS-style Contract statement
 # (measured on the 2-core dev box: generated loops win below ~64k MACs; see notes in report).
@@ -161,145 +149,6 @@ def _neutral(op: str, dtype: DType) -> L.Const:
     if dtype.is_float:
         return L.Const(dtype, -math.inf)
     return L.Const(dtype, False if dtype == bool_ else -(2**31))
-
-
-_UNARY_OPS = {p: p.value for p in UNARY}
-_BINARY_OPS = {
-    Prim.ADD: "add",
-    Prim.SUB: "sub",
-    Prim.MUL: "mul",
-    Prim.DIV: "div",
-    Prim.POW: "pow",
-    Prim.MAX: "max",
-    Prim.MIN: "min",
-    Prim.LT: "lt",
-    Prim.LE: "le",
-    Prim.EQ: "eq",
-    Prim.NE: "ne",
-}
-assert set(_BINARY_OPS) == set(BINARY)
-
-
-def _multi(ix: Ix, shape: tuple[int, ...]) -> Index:
-    return L.unflatten(ix.flat, shape) if isinstance(ix, FlatIx) else ix
-
-
-def _flat(ix: Ix, shape: tuple[int, ...]) -> L.Affine:
-    return ix.flat if isinstance(ix, FlatIx) else L.flatten(ix, shape)
-
-
-class ExprBuilder:
-    """Expands a node's value at an index: loads for materialized nodes, inline math otherwise."""
-
-    def __init__(self, plan: FusionPlan, names: dict[int, str]) -> None:
-        self.plan = plan
-        self.names = names
-        self.subst: dict[int, Callable[[Ix], L.Expr]] = {}
-        self.inlined: dict[int, Node] = {}
-
-    def value(self, node: Node, ix: Ix) -> L.Expr:
-        """The scalar expression of ``node`` at ``ix``."""
-        if node.id in self.subst:
-            return self.subst[node.id](ix)
-        dtype = node.aval.dtype
-        if not isinstance(ix, FlatIx) and 1 in node.shape:
-            # Every valid access has index 0 along a size-1 axis (inside a concat/pad branch
-            # the affine form may not show it); pinning it keeps div/mod out of the index.
-            ix = tuple(L.const(0) if d == 1 else i for i, d in zip(ix, node.shape, strict=True))
-        if node.id in self.names:
-            return L.Load(dtype, self.names[node.id], _flat(ix, node.shape))
-        return self.expand(node, ix)
-
-    def expand(self, node: Node, ix: Ix) -> L.Expr:
-        """Compute ``node`` itself at ``ix`` (its operands via :meth:`value`)."""
-        dtype = node.aval.dtype
-        self.inlined[node.id] = node
-        prim, ins = node.prim, node.inputs
-        if prim in UNARY:
-            return L.Unary(dtype, _UNARY_OPS[prim], self.value(ins[0], ix))
-        if prim in BINARY:
-            a, b = self.value(ins[0], ix), self.value(ins[1], ix)
-            return L.Binary(dtype, _BINARY_OPS[prim], a, b)
-        if prim is Prim.WHERE:
-            c, a, b = (self.value(i, ix) for i in ins)
-            return L.Select(dtype, c, a, b)
-        if prim is Prim.CAST:
-            return L.Cast(dtype, self.value(ins[0], ix))
-        if prim is Prim.STOP_GRADIENT:
-            return self.value(ins[0], ix)
-        if prim is Prim.CONSTANT:
-            return L.Const(dtype, node.attr["value"].array.reshape(-1)[0].item())
-        if prim is Prim.RANDOM:
-            return L.Random(dtype, _flat(ix, node.shape), int(node.attr["seed"]))
-        if prim is Prim.RESHAPE:
-            squeezed = [d for d in node.shape if d != 1]
-            if not isinstance(ix, FlatIx) and squeezed == [d for d in ins[0].shape if d != 1]:
-                # Only size-1 axes come or go: map the index axis by axis (no flattening).
-                kept = iter([i for i, d in zip(ix, node.shape, strict=True) if d != 1])
-                inner = tuple(L.const(0) if d == 1 else next(kept) for d in ins[0].shape)
-                return self.value(ins[0], inner)
-            return self.value(ins[0], FlatIx(_flat(ix, node.shape)))
-        return self._layout(node, _multi(ix, node.shape))
-
-    def _layout(self, node: Node, ix: Index) -> L.Expr:
-        prim, attrs = node.prim, node.attr
-        if prim is Prim.IOTA:
-            return L.Cast(node.aval.dtype, L.IndexValue(int32, ix[attrs["axis"]]))
-        x = node.inputs[0]
-        if prim is Prim.PERMUTE:
-            inner: list[L.Affine] = [L.Affine()] * len(ix)
-            for out_axis, in_axis in enumerate(attrs["perm"]):
-                inner[in_axis] = ix[out_axis]
-            return self.value(x, tuple(inner))
-        if prim is Prim.BROADCAST:
-            dims = attrs["dims"]
-            idx = tuple(
-                ix[d] if x.shape[i] == node.shape[d] else L.const(0) for i, d in enumerate(dims)
-            )
-            return self.value(x, idx)
-        if prim is Prim.SLICE:
-            idx = tuple(
-                i * st + lo for i, lo, st in zip(ix, attrs["starts"], attrs["steps"], strict=True)
-            )
-            return self.value(x, idx)
-        if prim is Prim.PAD:
-            return self._pad(node, ix)
-        if prim is Prim.CONCAT:
-            return self._concat(node, ix)
-        raise NotImplementedError(f"loop lowering: cannot inline {prim.value}")
-
-    def _pad(self, node: Node, ix: Index) -> L.Expr:
-        x = node.inputs[0]
-        inner = tuple(i + (-lo) for i, lo in zip(ix, node.attr["low"], strict=True))
-        cond: L.Expr | None = None
-        for i, size, lo, hi in zip(
-            inner, x.shape, node.attr["low"], node.attr["high"], strict=True
-        ):
-            if lo == 0 and hi == 0:
-                continue
-            test = L.InRange(bool_, i, 0, size)
-            cond = test if cond is None else L.Binary(bool_, "and", cond, test)
-        value = self.value(x, inner)
-        if cond is None:
-            return value
-        return L.Select(node.aval.dtype, cond, value, L.Const(node.aval.dtype, node.attr["value"]))
-
-    def _concat(self, node: Node, ix: Index) -> L.Expr:
-        axis = node.attr["axis"]
-        offsets = np.cumsum([0] + [i.shape[axis] for i in node.inputs])
-        result: L.Expr | None = None
-        for operand, lo, hi in reversed(
-            list(zip(node.inputs, offsets[:-1], offsets[1:], strict=True))
-        ):
-            shifted = tuple(i + (-int(lo)) if d == axis else i for d, i in enumerate(ix))
-            value = self.value(operand, shifted)
-            if result is None:
-                result = value
-            else:
-                test = L.InRange(bool_, ix[axis], int(lo), int(hi))
-                result = L.Select(node.aval.dtype, test, value, result)
-        assert result is not None
-        return result
 
 
 class KernelBuilder:
@@ -545,7 +394,7 @@ class KernelBuilder:
         product = dst if epilogue is None else self.temp(dtype, size_of(root.shape), "prod")
         stmts: list[L.Stmt] = [match.statement(product, dtype)]
         if epilogue is not None:
-            ex.subst[root.id] = lambda ix: L.Load(dtype, product, _flat(ix, root.shape))
+            ex.subst[root.id] = lambda ix: L.Load(dtype, product, flat_index(ix, root.shape))
             vars_ = [self.fresh(d) for d in root.shape]
             index = tuple(L.var(x) for x in vars_)
             store = L.Store(dst, L.flatten(index, root.shape), ex.expand(epilogue, index))
