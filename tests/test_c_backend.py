@@ -200,3 +200,17 @@ def test_parallel_loops_give_the_same_result_with_two_threads() -> None:
     for threads in (2, 1):
         exe.lib.sg_set_threads(threads)
         np.testing.assert_allclose(exe([x])[0], want, rtol=1e-4)
+
+
+def test_mixing_protocol_calls_and_bound_calls_keeps_results_apart() -> None:
+    fn = sg.compile(lambda x: x * 2.0, backend="c")
+    x1, x2 = _f(3), _f(3, seed=1)
+    exe = fn.lower(x1).executable
+    step = exe.bind()
+    (first,) = step(x1)
+    np.testing.assert_array_equal(first, x1 * 2)
+    (fresh,) = exe([x2])
+    np.testing.assert_array_equal(fresh, x2 * 2)
+    (again,) = step(x1)  # same x1 object: must not reuse the protocol call's input pointer
+    np.testing.assert_array_equal(again, x1 * 2)
+    np.testing.assert_array_equal(fresh, x2 * 2)  # the protocol result was not overwritten

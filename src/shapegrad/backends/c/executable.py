@@ -10,7 +10,8 @@ Two ways to call:
 * ``exe(inputs)`` — the :class:`~shapegrad.backends.base.Executable` protocol:
   copies state inputs into the owned state buffers, runs once, returns fresh
   arrays (state outputs are copies). Never mutates the caller's arrays.
-* ``step = exe.bind(state)`` — the fast path for training loops: the state is
+* ``step = exe.bind(state)`` — the fast path for training loops (one live binding
+  per executable: a new ``bind`` copies new state in and takes over): the state is
   copied in once; ``step(*batch)`` passes only the non-state inputs (pointer
   updates, no allocation) and returns the non-state outputs in **reused**
   arrays that the next call overwrites; ``step.run_steps(*stacked)`` runs
@@ -126,6 +127,7 @@ class CExecutable:
             self._keep.append(array)
             self._set(program.buffers[name].slot, array)
         self.batch_inputs = [i for i in range(len(graph.inputs)) if i not in self.state]
+        self._bound: BoundStep | None = None  # the latest bind(); it owns the output slots
         self.free_outputs = [
             k for k in range(len(graph.outputs)) if k not in lowered.state_of_output
         ]
@@ -167,6 +169,8 @@ class CExecutable:
             if k in self._out_slot:
                 self._set(self._out_slot[k], out)
         rc = self.lib.sg_run(self._io, self._arena_ptr)
+        if self._bound is not None:
+            self._bound._reattach()  # the I/O table now points at this call's arrays
         self._check(rc)
         for k, i in self.lowered.state_of_output.items():
             np.copyto(outs[k], self.state[i])
@@ -192,7 +196,8 @@ class CExecutable:
         Example:
             >>> step = exe.bind([w, b]); loss, = step(x, y); w_new = step.state[0]
         """
-        return BoundStep(self, state)
+        self._bound = BoundStep(self, state)
+        return self._bound
 
 
 class BoundStep:
@@ -252,6 +257,14 @@ class BoundStep:
         """
         result: list[Array] = self._call(*batch)
         return result
+
+    def _reattach(self) -> None:
+        """Point the output slots back at our arrays and forget cached input pointers."""
+        exe = self.exe
+        for k, out in zip(exe.free_outputs, self.outputs, strict=True):
+            exe._set(exe._out_slot[k], out)
+        for n in range(len(self._last)):
+            self._last[n] = None
 
     def _make_call(self) -> Any:
         """A call function unrolled over the inputs (this is the µs-scale hot path)."""
