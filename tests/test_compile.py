@@ -75,6 +75,8 @@ def test_python_scalars_are_inputs_not_constants() -> None:
     assert fast(rand(3), 0.5).dtype == sg.float64
     with pytest.raises(sg.DTypeError, match=r"float64.*float32|float32.*float64"):
         fast(rand(3), np.float32(0.5))
+    with pytest.raises(sg.DTypeError, match=r"float64.*float32|float32.*float64"):
+        fast(rand(3, dtype=np.float32), np.float64(0.5))  # NumPy scalars keep their dtype
 
 
 def test_static_argnums_retrace_on_change() -> None:

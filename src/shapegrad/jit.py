@@ -80,6 +80,9 @@ def _flatten_args(obj: Any) -> tuple[list[Any], tree.TreeDef]:
     return out, _promote_scalars(td, iter(leaves), out)
 
 
+_LEAF = tree.TreeDef("leaf")
+
+
 def _promote_scalars(td: tree.TreeDef, leaves: Any, out: list[Any]) -> tree.TreeDef:
     if td.kind == "leaf":
         out.append(next(leaves))
@@ -87,23 +90,36 @@ def _promote_scalars(td: tree.TreeDef, leaves: Any, out: list[Any]) -> tree.Tree
     if td.kind == "static":
         if _is_scalar(td.static):
             out.append(td.static)
-            return tree.TreeDef("leaf")
+            return _LEAF
         return td
     children = tuple(_promote_scalars(c, leaves, out) for c in td.children)
-    return dataclasses.replace(td, children=children)
+    if all(a is b for a, b in zip(children, td.children, strict=True)):
+        return td  # nothing promoted below: skip the (slow) dataclass copy
+    return tree.TreeDef(td.kind, td.node_type, children, td.keys, td.static, td.template)
+
+
+_DTYPES: dict[np.dtype[Any], DType] = {}
+
+
+def _dtype_of(array: Array) -> DType:
+    found = _DTYPES.get(array.dtype)
+    if found is None:
+        found = _DTYPES[array.dtype] = dtype_of_array(array)
+    return found
 
 
 def _aval_of(leaf: Any, float_dtype: DType = float32) -> AVal:
     if isinstance(leaf, Tensor):
         return leaf.aval
-    if isinstance(leaf, bool):
-        return AVal((), bool_)
-    if isinstance(leaf, int):
-        return AVal((), int32)
-    if isinstance(leaf, float):
+    kind = type(leaf)  # exact types: np.float64 subclasses float but is not weakly typed
+    if kind is float:
         return AVal((), float_dtype)
-    array = np.asarray(leaf)
-    return AVal(tuple(array.shape), dtype_of_array(array))
+    if kind is bool:
+        return AVal((), bool_)
+    if kind is int:
+        return AVal((), int32)
+    array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
+    return AVal(tuple(array.shape), _dtype_of(array))
 
 
 def _leaf_avals(leaves: Sequence[Any]) -> list[AVal]:
@@ -117,12 +133,12 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[AVal]:
     floats = {
         a.dtype
         for leaf, a in zip(leaves, avals, strict=True)
-        if a.dtype.is_float and not isinstance(leaf, float)
+        if a.dtype.is_float and type(leaf) is not float
     }
     if len(floats) == 1 and float32 not in floats:
         (common,) = floats
         avals = [
-            _aval_of(leaf, common) if isinstance(leaf, float) else a
+            _aval_of(leaf, common) if type(leaf) is float else a
             for leaf, a in zip(leaves, avals, strict=True)
         ]
     return avals
