@@ -144,6 +144,23 @@ def test_grad_and_stop_gradient_inside_compile() -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
 
 
+def test_second_order_gradient_compiled_matches_finite_differences() -> None:
+    def f(x: Tensor) -> Tensor:
+        return (sg.tanh(x) ** 3).sum()
+
+    def h(x: Tensor) -> Tensor:
+        return (sg.grad(f)(x) * x).sum()
+
+    x = rand(5)
+    got = sg.compile(sg.grad(h))(x).numpy()
+    h_value = sg.compile(h)
+    eps = 1e-6
+    fd = [
+        (h_value(x + eps * e).item() - h_value(x - eps * e).item()) / (2 * eps) for e in np.eye(5)
+    ]
+    np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-9)
+
+
 def test_graph_printing_and_stats() -> None:
     fast = sg.compile(sg.value_and_grad(mlp_loss))
     params, x, y = make_params(), rand(8, 4), rand(8, 2)
