@@ -214,3 +214,18 @@ def test_mixing_protocol_calls_and_bound_calls_keeps_results_apart() -> None:
     (again,) = step(x1)  # same x1 object: must not reuse the protocol call's input pointer
     np.testing.assert_array_equal(again, x1 * 2)
     np.testing.assert_array_equal(fresh, x2 * 2)  # the protocol result was not overwritten
+
+
+@pytest.mark.parametrize("spec", ["ij,jk->ik", "ji,jk->ik", "bij,bjk->bik"])
+def test_large_products_split_across_threads_match_numpy(spec: str) -> None:
+    shapes = {"ij,jk->ik": ((130, 70), (70, 120)), "ji,jk->ik": ((70, 130), (70, 120))}
+    sa, sb = shapes.get(spec, ((3, 101, 64), (3, 64, 90)))
+    a, b = _f(*sa), _f(*sb, seed=1)
+    fn = sg.compile(lambda x, y: sg.einsum(spec, x, y), backend="c")
+    exe = fn.lower(a, b).executable
+    from shapegrad.backends.c.render import render_c
+
+    assert "part * " in render_c(exe.lowered.program, exe.n_slots)  # the row-block split
+    for threads in (2, 3, 1):
+        exe.lib.sg_set_threads(threads)
+        np.testing.assert_allclose(exe([a, b])[0], np.einsum(spec, a, b), rtol=2e-5, atol=2e-5)

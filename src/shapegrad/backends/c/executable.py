@@ -74,17 +74,25 @@ def load_library(path: str, key: str) -> Any:
 
 
 def num_threads() -> int:
-    """Threads for OpenMP loops and OpenBLAS: ``$SHAPEGRAD_NUM_THREADS``, default 1.
+    """Threads for OpenMP loops and split BLAS products: ``$SHAPEGRAD_NUM_THREADS``,
+    default the CPUs this process may run on.
 
-    Why 1: on the shared 2-core machine this was tuned on (load average 5-9), a
-    2-thread OpenBLAS/OpenMP step was 5-6x *slower* than 1 thread (threads spin at
-    barriers while descheduled); on an idle machine 2 threads gain up to ~1.8x on
-    large matrix products. Set ``SHAPEGRAD_NUM_THREADS=2`` (or more) on a quiet box.
+    OpenBLAS itself always runs single-threaded: large products are split into row
+    blocks by the generated code, one block per OpenMP thread. Measured on the shared
+    2-core box: OpenBLAS's own 2-thread pool made the 784-512-512-10 step 5-6x *slower*
+    under load (threads spin at barriers while descheduled); the split keeps 2 threads
+    at 1.3-1.8x faster than 1 on the CNN and MLP steps when the machine is quiet, and
+    no worse than ~1.3x slower under heavy load. ``SHAPEGRAD_NUM_THREADS=1`` turns
+    threading off.
     """
     try:
-        return max(1, int(os.environ.get("SHAPEGRAD_NUM_THREADS", "1")))
+        default = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        default = os.cpu_count() or 1
+    try:
+        return max(1, int(os.environ.get("SHAPEGRAD_NUM_THREADS", str(default))))
     except ValueError:
-        return 1
+        return default
 
 
 class NativeError(RuntimeError):

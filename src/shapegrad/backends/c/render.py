@@ -31,6 +31,9 @@ from shapegrad.dtypes import DType
 # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
 # scalar ops (≈ 20-40 µs of work) before splitting it pays off.
 OMP_MIN_WORK = 1 << 18
+# Library products at least this large (multiply-adds) are split into row blocks, one
+# single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
+CONTRACT_SPLIT_MACS = 1 << 20
 
 _PRELUDE = r"""
 #include <stdint.h>
@@ -89,7 +92,7 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step) {
 void sg_set_threads(int n) {
     sg_threads = n > 0 ? n : 1;
 #ifdef SG_USES_BLAS
-    scipy_openblas_set_num_threads(n);
+    scipy_openblas_set_num_threads(1); /* we split products across our own threads */
 #endif
     (void)n;
 }
@@ -298,18 +301,33 @@ class _Writer:
             raise NotImplementedError(f"C renderer: statement {type(s).__name__}")
 
     def contract(self, s: L.Contract, depth: int) -> None:
+        """Library products; large ones are split into row blocks across the OpenMP team
+        (each block a single-threaded BLAS call), see ``sg_set_threads``."""
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
         one, zero = ("1.0f", "0.0f") if s.dtype.name == "float32" else ("1.0", "0.0")
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
+        a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
+        split = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS and s.m >= 16
+        if split:
+            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
+            self.emit(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
+            depth += 1
+            self.emit(depth, f"int64_t m0 = part * {s.m} / sg_threads;")
+            self.emit(depth, f"int64_t m1 = (part + 1) * {s.m} / sg_threads;")
+            rows, a_off, c_off = "(int)(m1 - m0)", f" + m0 * {a_row}", f" + m0 * {s.n}"
+        else:
+            rows, a_off, c_off = str(s.m), "", ""
         self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
         self.emit(depth + 1, f"for (int64_t si = 0; si < {s.sum_batch}; ++si)")
         self.emit(
             depth + 2,
-            f"{fn}(101, {ta}, {tb}, {s.m}, {s.n}, {s.k}, {one}, "
-            f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}, {s.lda}, "
+            f"{fn}(101, {ta}, {tb}, {rows}, {s.n}, {s.k}, {one}, "
+            f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}{a_off}, {s.lda}, "
             f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}, {s.ldb}, "
-            f"si ? {one} : {zero}, {s.c} + bi * {s.stride_c}, {s.n});",
+            f"si ? {one} : {zero}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
         )
+        if split:
+            self.emit(depth - 1, "}")
 
 
 def _nest_size(s: L.Stmt) -> int:
