@@ -229,3 +229,16 @@ def test_large_products_split_across_threads_match_numpy(spec: str) -> None:
     for threads in (2, 3, 1):
         exe.lib.sg_set_threads(threads)
         np.testing.assert_allclose(exe([a, b])[0], np.einsum(spec, a, b), rtol=2e-5, atol=2e-5)
+
+
+def test_many_large_products_run_in_parallel_over_the_batch() -> None:
+    a, b = _f(10, 64, 48), _f(10, 48, 70, seed=1)
+    fn = sg.compile(lambda x, y: x @ y, backend="c")
+    exe = fn.lower(a, b).executable
+    from shapegrad.backends.c.render import render_c
+
+    source = render_c(exe.lowered.program, exe.n_slots)
+    assert "for (int64_t bi = 0; bi < 10; ++bi)" in source and "part * " not in source
+    for threads in (2, 1):
+        exe.lib.sg_set_threads(threads)
+        np.testing.assert_allclose(exe([a, b])[0], a @ b, rtol=2e-5, atol=2e-5)

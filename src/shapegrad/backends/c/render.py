@@ -244,10 +244,11 @@ class _Writer:
         used = sorted(_buffers_of(k.body))
         for name in used:
             self.emit(2, self._pointer(name))
-        has_library_call = any(isinstance(s, L.Contract) for s in k.body)
+        # Kernels made of several loop nests (concat parts, a library call and its
+        # epilogue) judge each nest on its own size; a single nest uses the kernel's work.
+        per_nest = len(k.body) > 1 or any(isinstance(s, L.Contract) for s in k.body)
         for s in k.body:
-            # A library call parallelises itself; loops around it are judged on their own size.
-            work = _nest_size(s) if has_library_call else k.work
+            work = _nest_size(s) if per_nest else k.work
             self.stmt(s, 2, parallel_ok=work >= OMP_MIN_WORK)
         if profile:
             self.emit(2, f"sg_profile[{number}] += sg_now() - sg_t0;")
@@ -307,7 +308,11 @@ class _Writer:
         one, zero = ("1.0f", "0.0f") if s.dtype.name == "float32" else ("1.0", "0.0")
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
         a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
-        split = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS and s.m >= 16
+        big = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS
+        if big and s.batch >= 8:
+            # many independent products: hand whole products to threads, rows stay intact
+            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
+        split = big and s.batch < 8 and s.m >= 16
         if split:
             self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
             self.emit(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
