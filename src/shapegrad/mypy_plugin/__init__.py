@@ -13,6 +13,20 @@ Certain mismatches are reported with the error code ``shapegrad-shape``
 (silence one line with ``# type: ignore[shapegrad-shape]``). Whatever is not
 statically known stays unknown and is never reported.
 
+Semantics: a dim name is bound per call, like a type variable, and is *rigid*
+inside the function whose signature declares it (``b`` is not ``784`` and not
+``n``); a name written only in a body annotation, ``_``, ``#b``, ``h+1`` and
+any non-literal size are unknown and never reported. Rebinding an annotated
+name (``x = x.reshape(...)``) is not checked; ``y: Float[...] = value`` and
+``return value`` are.
+
+Known limits: the return/assignment walk runs once per module after mypy's
+first pass and needs at least one shapegrad op or annotated call inside some
+function of the module to be scheduled; ``transpose``/``permute`` need a known
+rank; sums of named dims (``concat`` of ``[b]`` and ``[b]``) and ``einsum``
+with ``...`` are unknown; calling an object (``model(x)``) or an overloaded
+function does not instantiate dims.
+
 Modules: ``spec`` (shapes and jaxtyping specs), ``carrier`` (shapes inside
 mypy types), ``algebra``/``layers`` (op rules on shapes), ``unify`` (matching
 and instantiation), ``rules`` (shapegrad ops by name), ``calls`` (user
