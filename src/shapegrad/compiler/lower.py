@@ -31,9 +31,14 @@ from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import size_of
 
-# Contractions at or above this many multiply-adds call the BLAS-style Contract statement
-# (measured on the 2-core dev box: generated loops win below ~64k MACs; see notes in report).
-CONTRACT_MIN_MACS = 65536
+# Contractions of at least this many multiply-adds become a Contract (BLAS) statement.
+# Measured (1 thread, per call incl. ~1 µs Python): a lone matmul is faster through BLAS
+# at every size tried (10x16x16: 1.3 vs 2.2 µs; 32x32x32: 1.8 vs 17.5 µs; 128^3: 47 vs
+# 1876 µs), but inside the moons step the tiny products (<= 2560 MACs at batch 10) are
+# better as loops that share kernels with their fused epilogues (0.85-0.9 µs/step vs
+# 1.3-1.5 µs with BLAS everywhere); at batch 256 (4096-65536 MACs) BLAS wins
+# (11.4 µs vs 12.5 µs with a 65536 threshold, 15.7-18.7 µs all-loops).
+CONTRACT_MIN_MACS = 4096
 # Largest output row accumulated in a local scratch array (elements).
 LOCAL_ROW_MAX = 4096
 TIE_ROW = False
