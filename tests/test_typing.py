@@ -1,7 +1,6 @@
 """Typed containers (TList/ParamList), annotation-driven init, and sg.typechecked."""
 
 # jaxtyping shape strings are not Python forward references:
-# ruff: noqa: F722
 
 import math
 

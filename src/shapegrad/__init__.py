@@ -64,8 +64,8 @@ from shapegrad.functional import (
     zeros,
     zeros_like,
 )
-from shapegrad.jit import compile
 from shapegrad.io import load_checkpoint, save_checkpoint
+from shapegrad.jit import compile
 from shapegrad.ops.eager import check_numerics, no_grad, tensor
 from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
@@ -145,8 +145,8 @@ __all__ = [
     "randn",
     "relu",
     "reshape",
-    "schedules",
     "save_checkpoint",
+    "schedules",
     "sigmoid",
     "sin",
     "slice",
