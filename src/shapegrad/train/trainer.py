@@ -30,6 +30,7 @@ from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
+from shapegrad.train.ane import AneStep, check_ane_settings
 from shapegrad.train.fit import History, StepInfo, run_fit
 from shapegrad.train.live import LiveStep, bind_step
 from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState
@@ -70,6 +71,23 @@ class ScalarTrainer:
         requires_grad: per-parameter flags overriding those of ``params`` (length-checked).
         loss_scale: initial dynamic loss scale for float16 (default ``2**15``).
         loss_scale_window: double the scale after this many finite steps in a row.
+        example_inputs: one batch (``backend="ane"`` only): the constructor then traces,
+            lowers, converts and saves the Core ML program; otherwise the first call does.
+        device_optimizer: ``backend="ane"`` only: lower the optimizer update into the program.
+        ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
+            executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
+            evaluator of the test suite; default: Core ML, which needs macOS 13+.
+
+    ``mode="compiled", backend="ane"`` follows the Neural Engine training design
+    (:mod:`shapegrad.train.ane`, :class:`shapegrad.backends.ane.training.AneTrainer`):
+    parameters are program inputs, forward + backward (fp16) compile once per batch
+    signature, fp32 master weights and the optimizer stay on the host (or in the program,
+    in fp32, with ``device_optimizer=True``), and the dynamic loss scale skips steps
+    whose gradients overflow (``skipped_steps``, ``loss_scale``). ``forward``, ``step``,
+    ``fit``, ``get_params``/``set_params`` work as documented; on Linux the program is
+    built and saved but ``step``/``forward`` raise ``AneExecutionUnavailable`` (Core ML
+    execution needs macOS; never a silent fallback). ``clip_norm``, frozen parameters,
+    ``backward``, ``step_many``, side optimizers and checkpoints are not supported there.
     Example:
         >>> t = ScalarTrainer(loss, params, optimizer=sg.optim.SGD(lr=0.1, momentum=0.9))
         >>> t.step(x, y)
@@ -89,6 +107,10 @@ class ScalarTrainer:
         requires_grad: Sequence[bool] | None = None,
         loss_scale: float = 2.0**15,
         loss_scale_window: int = 2000,
+        *,
+        example_inputs: Sequence[Any] | None = None,
+        device_optimizer: bool = False,
+        ane_runner: Callable[[Any], Any] | None = None,
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
@@ -109,6 +131,15 @@ class ScalarTrainer:
         self._params = tree.unflatten(treedef, leaves)
         self._initial_scale = float(loss_scale)
         self.backend = _resolve_backend(backend) if mode == "compiled" else backend
+        self._ane: AneStep | None = None
+        if mode == "compiled" and backend == "ane":
+            check_ane_settings(flags, clip_norm, dtype, leaves)
+            self._ane = AneStep(
+                loss_fn, leaves, treedef, self.optimizer, loss_scale, loss_scale_window,
+                device_optimizer, ane_runner,
+            )  # fmt: skip
+            if example_inputs is not None:
+                self._ane.build(example_inputs)
         self._opt_states: dict[Any, OptState] = {}
         self._compiled: dict[Any, Callable[..., Any]] = {}
         self._scaler = mp.init_state(self._initial_scale) if self._plan.fp16 else None
@@ -161,6 +192,8 @@ class ScalarTrainer:
                 raise ValueError(f"set_params: parameter {k} is {value.aval}, expected {old.aval}")
             fresh.append(value)
         self._params = tree.unflatten(self._plan.treedef, fresh)
+        if self._ane is not None:
+            self._ane.set_params(fresh)
 
     def optimizer_state(self, optimizer: Optimizer | None = None) -> OptState:
         """The state of ``optimizer`` (default: the trainer's), created on first use."""
@@ -184,13 +217,17 @@ class ScalarTrainer:
 
     @property
     def loss_scale(self) -> float:
-        """The current dynamic loss scale (1.0 unless ``dtype="float16"``)."""
+        """The current dynamic loss scale (1.0 unless ``dtype="float16"`` or ``backend="ane"``)."""
+        if self._ane is not None:
+            return self._ane.loss_scale
         self._sync()
         return float(self._scaler["scale"]) if self._scaler is not None else 1.0
 
     @property
     def skipped_steps(self) -> int:
-        """Steps skipped because their gradients were not finite (float16 only)."""
+        """Steps skipped because their gradients were not finite (float16 / ane only)."""
+        if self._ane is not None:
+            return self._ane.skipped_steps
         self._sync()
         return int(self._scaler["skipped"]) if self._scaler is not None else 0
 
@@ -266,6 +303,8 @@ class ScalarTrainer:
 
     def forward(self, *inputs: Any) -> float:
         """The loss at the current parameters."""
+        if self._ane is not None:
+            return self._ane.forward(inputs)
         run = self._function("forward", lambda params, xs: loss_value(self._plan, params, xs))
         self._sync()
         return float(run(self._params, self._inputs(inputs)))
@@ -344,6 +383,8 @@ class ScalarTrainer:
     def _step_with(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
         if lr is None and self.schedule is None:
             lr = optimizer.lr
+        if self._ane is not None:
+            return self._ane_step(optimizer, inputs, lr)
         live = self._ensure_live(optimizer, lr, inputs)
         if live is not None:
             loss = live.step(self._batch(lr, inputs))
@@ -362,6 +403,19 @@ class ScalarTrainer:
         self.last_lr = float(used)
         self.global_step += 1
         return float(loss_t)
+
+    def _ane_step(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
+        assert self._ane is not None
+        if optimizer is not self.optimizer:
+            raise NotImplementedError("ScalarTrainer(backend='ane'): only the trainer's optimizer")
+        if lr is None:  # the schedule, at the host's step count (skipped steps included)
+            assert self.schedule is not None
+            lr = float(self.schedule(tensor(np.int32(self.global_step)), "float64"))
+        rate = float(lr)
+        loss = self._ane.step(inputs, rate)
+        self.last_lr = rate
+        self.global_step += 1
+        return loss
 
     def step_many(self, *stacked: Any, lr: float | None = None) -> npt.NDArray[Any]:
         """``K`` steps on inputs stacked along a new first axis ``[K, ...]``; returns K losses.
@@ -398,7 +452,11 @@ class ScalarTrainer:
         self, optimizer: Optimizer, lr: float | None, inputs: tuple[Any, ...]
     ) -> LiveStep | None:
         """The bound step for this optimizer/signature (binding it if possible), else None."""
-        if self.mode != "compiled" or not all(isinstance(x, np.ndarray) for x in inputs):
+        if (
+            self.mode != "compiled"
+            or self._ane is not None
+            or not all(isinstance(x, np.ndarray) for x in inputs)
+        ):
             return None
         key = (optimizer.config_key(), lr is None, tuple((x.shape, x.dtype) for x in inputs))
         if self._live is not None and self._live.key == key:
@@ -421,6 +479,9 @@ class ScalarTrainer:
 
     def _sync(self) -> None:
         """Copy the bound executable's live state back into the trainer's trees."""
+        if self._ane is not None:  # the adapter holds the master weights
+            self._params = tree.unflatten(self._plan.treedef, self._ane.get_leaves())
+            return
         live = self._live
         if live is None or not live.dirty:
             return
@@ -513,6 +574,8 @@ def _resolve_backend(name: str) -> str:
 
     if name not in available_backends():
         raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}")
+    if name == "ane":
+        return name  # no fallback: building or running the program raises its own clear error
     try:
         get_backend(name)
     except (ImportError, RuntimeError, ValueError) as exc:  # BackendUnavailable is a RuntimeError

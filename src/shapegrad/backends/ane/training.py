@@ -223,6 +223,20 @@ class AneTrainer:
             arrays.append(array.astype(dtype))
         return arrays
 
+    def _program_inputs(self, arrays: list[Array], rate: float) -> list[Array]:
+        """The program's positional inputs for this batch (weights, [state], batch, scale[, lr])."""
+        scale = np.array(self.scaler.scale, dtype=np.float32)
+        if not self.device_optimizer:
+            return [*self.params, *arrays, scale]
+        state_leaves, _ = tree.flatten(self.opt_state)
+        state = [np.asarray(t.numpy() if isinstance(t, Tensor) else t) for t in state_leaves]
+        return [*self.params, *state, *arrays, scale, np.array(rate, dtype=np.float32)]
+
+    def loss(self, *inputs: Array) -> float:
+        """The loss at the current weights (runs the step program, changes nothing)."""
+        arrays = self._check_inputs(inputs)
+        return float(self._run(self._program_inputs(arrays, float(self.optimizer.lr)))[0])
+
     def step(self, *inputs: Array, lr: float | None = None) -> float:
         """One training step on a batch; returns the loss (computed before the update).
 
@@ -233,16 +247,8 @@ class AneTrainer:
         rate = float(self.optimizer.lr if lr is None else lr)
         scale = np.array(self.scaler.scale, dtype=np.float32)
         n = len(self.params)
-        if self.device_optimizer:
-            state_leaves, state_def = tree.flatten(self.opt_state)
-            state_arrays = [
-                np.asarray(t.numpy() if isinstance(t, Tensor) else t) for t in state_leaves
-            ]
-            outputs = self._run(
-                [*self.params, *state_arrays, *arrays, scale, np.array(rate, dtype=np.float32)]
-            )
-        else:
-            outputs = self._run([*self.params, *arrays, scale])
+        state_def = tree.flatten(self.opt_state)[1]
+        outputs = self._run(self._program_inputs(arrays, rate))
         loss, scaled = float(outputs[0]), outputs[1 : 1 + n]
         finite = all_finite(scaled)
         self.scaler.update(finite)
