@@ -165,6 +165,87 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
             _leaf_paths(child, f"{prefix}[{key!r}]", out)
 
 
+# --- the per-call fast path ----------------------------------------------------------------
+#
+# A call whose arguments have exactly the structure, leaf types, shapes, dtypes and
+# contiguity of an earlier call reuses that call's Lowered without re-flattening into
+# TreeDefs, re-deriving signatures or re-validating: the fast key below is built in one
+# cheap pass and *is* the validation (anything it does not describe exactly - static
+# values it cannot hash, subclasses, traced tensors - takes the full path).
+
+_SCALARS = (float, int, bool)
+
+
+def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
+    """Append ``obj``'s leaves (raw arrays / scalars) and key parts; False when not keyable."""
+    kind = type(obj)
+    if kind is np.ndarray:
+        leaves.append(obj)
+        parts.append((obj.shape, obj.dtype, obj.flags.c_contiguous))
+        return True
+    if kind is Tensor:
+        payload = obj._payload
+        if type(payload) is not np.ndarray:
+            return False  # traced (inline it) or an unusual payload: the full path decides
+        leaves.append(payload)
+        # The aval's dtype name too: cheaper to hash than the AVal, and exact.
+        parts.append((payload.shape, payload.dtype, payload.flags.c_contiguous, obj.dtype.name))
+        return True
+    if kind is tuple or kind is list or isinstance(obj, tuple | list):  # ParamList too
+        parts.append((kind, len(obj)))
+        for child in obj:  # noqa: SIM110 - a loop, not all(genexpr): per-call hot path
+            if not _fast_key(child, leaves, parts):
+                return False
+        return True
+    if isinstance(obj, dict):
+        parts.append((kind, tuple(obj)))
+        for k in obj:  # noqa: SIM110 - as above
+            if not _fast_key(obj[k], leaves, parts):
+                return False
+        return True
+    if kind in _SCALARS or isinstance(obj, np.generic):
+        leaves.append(obj)
+        parts.append(kind)  # the value is an input, its type fixes the dtype
+        return True
+    if obj is None or kind is str:
+        parts.append((kind, obj))
+        return True
+    return False
+
+
+@dataclass
+class _FastEntry:
+    """What a fast-key hit needs: the Lowered, leaf conversions and prebuilt output avals."""
+
+    lowered: Lowered
+    convert: list[tuple[int, np.dtype[Any]]]  # leaves that are not ready-to-use arrays
+    out_avals: list[AVal]
+    run: Callable[[Sequence[Array]], list[Array]]
+    rebuild: Callable[[list[Any]], Any]  # tree.unflatten specialised to the output tree
+
+
+def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
+    inputs = lowered.graph.inputs
+    convert = []
+    for k, (leaf, node) in enumerate(zip(leaves, inputs, strict=True)):
+        want = node.aval.dtype.numpy
+        ready = (
+            type(leaf) is np.ndarray and leaf.dtype == want and leaf.flags.c_contiguous
+        )  # fixed by the fast key: true for every later call with this key
+        if not ready:
+            convert.append((k, want))
+    out_avals = [AVal(tuple(n.shape), n.aval.dtype) for n in lowered.graph.outputs]
+    exe = lowered.executable
+    run = getattr(exe, "run_validated", exe)  # skip the executable's own re-validation
+    return _FastEntry(lowered, convert, out_avals, run, tree.unflattener(lowered.out_treedef))
+
+
+def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
+    array = np.asarray(leaf, dtype=dtype)
+    # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 @dataclass
 class Lowered:
     """Everything one signature compiled to: graphs before/after the passes, stats, executable.
@@ -215,6 +296,7 @@ class Compiled:
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
+        self._fast: dict[Any, _FastEntry] = {}  # exact argument structure -> ready call
         try:
             self._param_names = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -223,6 +305,14 @@ class Compiled:
     # --- public -------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raw: list[Any] = []
+        parts: list[Any] = []
+        fast_key = None
+        if not self.static_argnums and _fast_key((args, kwargs), raw, parts):
+            fast_key = tuple(parts)
+            entry = self._fast.get(fast_key)
+            if entry is not None:
+                return self._run_fast(entry, raw)
         leaves, td, key = self._signature(args, kwargs)
         if any(isinstance(leaf, Tensor) and leaf.is_traced for leaf in leaves):
             return self.fn(*args, **kwargs)  # called inside another trace: inline it
@@ -231,12 +321,24 @@ class Compiled:
             _to_array(leaf, n.aval) for leaf, n in zip(leaves, lowered.graph.inputs, strict=True)
         ]
         validate_inputs(lowered.graph, arrays)
-        results = lowered.executable(arrays)
+        entry = _fast_entry(lowered, raw) if fast_key is not None else None
+        results = entry.run(arrays) if entry is not None else lowered.executable(arrays)
+        if entry is not None:
+            self._fast[fast_key] = entry  # only after a successful call
         tensors = [
             Tensor(EAGER, a, AVal(tuple(a.shape), n.aval.dtype))
             for a, n in zip(results, lowered.graph.outputs, strict=True)
         ]
         return tree.unflatten(lowered.out_treedef, tensors)
+
+    def _run_fast(self, entry: _FastEntry, leaves: list[Any]) -> Any:
+        """Run a call whose fast key matched: the key already validated every leaf."""
+        for k, dtype in entry.convert:
+            leaves[k] = _ready_array(leaves[k], dtype)
+        results = entry.run(leaves)
+        return entry.rebuild(
+            [Tensor(EAGER, a, aval) for a, aval in zip(results, entry.out_avals, strict=True)]
+        )
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Trace/optimize/compile for these arguments (or fetch from the cache) without running."""

@@ -90,6 +90,37 @@ def _unflatten(td: TreeDef, leaves: Any) -> Any:
     return td.node_type(children)
 
 
+def unflattener(treedef: TreeDef) -> Callable[[list[Any]], Any]:
+    """``unflatten(treedef, ·)`` specialised once: a function of the leaves alone.
+
+    The per-node decisions of :func:`_unflatten` are taken here, so calling the result
+    (the compiled-call hot path) only builds containers.
+    """
+    build = _builder(treedef)
+    return lambda leaves: build(iter(leaves))
+
+
+def _builder(td: TreeDef) -> Callable[[Any], Any]:
+    if td.kind == "leaf":
+        return next
+    if td.kind == "static":
+        value = td.static
+        return lambda it: value
+    kids = [_builder(c) for c in td.children]
+    node_type = td.node_type
+    if td.kind == "dict":
+        keys = td.keys
+        return lambda it: node_type(zip(keys, [k(it) for k in kids], strict=True))
+    rebuild: Callable[[list[Any]], Any] | None = getattr(td.template, "_sg_rebuild", None)
+    if rebuild is not None:
+        return lambda it: rebuild([k(it) for k in kids])
+    if node_type is tuple:
+        return lambda it: tuple([k(it) for k in kids])
+    if hasattr(node_type, "_fields"):  # namedtuple
+        return lambda it: node_type(*[k(it) for k in kids])
+    return lambda it: node_type([k(it) for k in kids])
+
+
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     """Apply ``fn`` leaf-wise over ``tree`` (and trees of the same structure in ``rest``)."""
     leaves, td = flatten(tree)
