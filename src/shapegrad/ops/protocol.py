@@ -39,6 +39,10 @@ Attrs = Mapping[str, Any]
 class Prim(enum.Enum):
     """Primitive operations. The value is the name printed in IR dumps."""
 
+    # Members are singletons: identity hashing (in C) instead of Enum's Python-level
+    # hash of the name, which dominated set/dict lookups on the eager hot path.
+    __hash__ = object.__hash__
+
     # elementwise unary
     NEG = "neg"
     EXP = "exp"

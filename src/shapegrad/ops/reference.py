@@ -98,7 +98,7 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
         empty = np.zeros(kept, dtype.numpy)
         result = np.max(args[0], axis=attrs["axes"]) if args[0].size else empty
     elif prim is Prim.EINSUM:
-        result = np.einsum(attrs["spec"], *args, optimize=len(args) > 1)
+        result = _einsum(attrs["spec"], args)
     elif prim is Prim.RESHAPE:
         result = np.reshape(args[0], attrs["shape"])
     elif prim is Prim.PERMUTE:
@@ -138,6 +138,23 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
     else:
         raise NotImplementedError(f"reference: no NumPy rule for {prim}")
     return np.asarray(result, dtype=dtype.numpy)
+
+
+_EINSUM_PATHS: dict[tuple[str, tuple[tuple[int, ...], ...]], Any] = {}
+
+
+def _einsum(spec: str, args: Sequence[Array]) -> Array:
+    """np.einsum with the contraction path computed once per (spec, shapes): planning the
+    path costs more than a small contraction, and the planned path routes through BLAS."""
+    if len(args) < 2:
+        return np.asarray(np.einsum(spec, *args))
+    key = (spec, tuple(a.shape for a in args))
+    path = _EINSUM_PATHS.get(key)
+    if path is None:
+        if len(_EINSUM_PATHS) > 4096:
+            _EINSUM_PATHS.clear()
+        path = _EINSUM_PATHS[key] = np.einsum_path(spec, *args, optimize="greedy")[0]
+    return np.asarray(np.einsum(spec, *args, optimize=path))
 
 
 def _broadcast_in_dim(x: Array, shape: Sequence[int], dims: Sequence[int]) -> Array:
