@@ -242,3 +242,79 @@ def test_many_large_products_run_in_parallel_over_the_batch() -> None:
     for threads in (2, 1):
         exe.lib.sg_set_threads(threads)
         np.testing.assert_allclose(exe([a, b])[0], a @ b, rtol=2e-5, atol=2e-5)
+
+
+def test_sgd_update_of_a_product_is_one_accumulating_library_call() -> None:
+    w, x, g = _f(70, 40), _f(128, 70, seed=1), _f(128, 40, seed=2)
+
+    def step(w: sg.Tensor, x: sg.Tensor, g: sg.Tensor) -> sg.Tensor:
+        return w - 0.05 * sg.einsum("bi,bo->io", x, g)
+
+    fn = sg.compile(step, backend="c", donate_argnums=0)
+    exe = fn.lower(w, x, g).executable
+    from shapegrad.compiler import loops as L
+
+    calls = [s for k in exe.lowered.program.kernels for s in k.body if isinstance(s, L.Contract)]
+    assert [(c.alpha, c.beta) for c in calls] == [(pytest.approx(-0.05), 1.0)]
+    assert len(exe.lowered.program.kernels) == 1  # no product temp, no separate update pass
+    want = w.astype(np.float64) - 0.05 * (x.astype(np.float64).T @ g)
+    bound = exe.bind([w])
+    bound(x, g)
+    np.testing.assert_allclose(bound.state[0], want, rtol=1e-5, atol=1e-5)
+    bound(x, g)  # the state was updated in place: a second step applies it again
+    twice = want - 0.05 * (x.astype(np.float64).T @ g)
+    np.testing.assert_allclose(bound.state[0], twice, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_large_sum_of_products_split_over_the_summed_axis_matches_numpy(donate: bool) -> None:
+    g, cols, w = _f(8, 16, 16, 16), _f(8, 8, 9, 16, 16, seed=1), _f(16, 8, 9, seed=2)
+    spec = "bohw,bckhw->ock"
+
+    def plain(g: sg.Tensor, cols: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return sg.einsum(spec, g, cols)
+
+    def update(g: sg.Tensor, cols: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return w - 0.5 * sg.einsum(spec, g, cols)  # beta = 1: partials add onto w
+
+    fn = sg.compile(update if donate else plain, backend="c")
+    exe = fn.lower(g, cols, w).executable
+    from shapegrad.backends.c.render import render_c
+
+    assert "omp barrier" in render_c(exe.lowered.program, exe.n_slots)
+    product = np.einsum(spec, g.astype(np.float64), cols)
+    want = w - 0.5 * product if donate else product
+    for threads in (2, 3, 1):
+        exe.lib.sg_set_threads(threads)
+        np.testing.assert_allclose(exe([g, cols, w])[0], want, rtol=2e-5, atol=2e-4)
+
+
+def test_large_im2col_patches_are_built_per_image_inside_the_products() -> None:
+    import shapegrad.functional as F
+
+    def conv_loss(w: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        xp = F.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        cols = F.stack([xp[:, :, i : i + 20, j : j + 20] for i in range(3) for j in range(3)], 2)
+        out = F.einsum("bckhw,ock->bohw", cols, w)
+        return (sg.relu(out) * out).sum()
+
+    w, x = _f(8, 16, 9) * 0.2, _f(6, 16, 20, 20, seed=1)
+    step = sg.value_and_grad(conv_loss, argnums=(0, 1))
+    exe = sg.compile(step, backend="c").lower(w, x).executable
+    from shapegrad.compiler import loops as L
+
+    fused = [s for k in exe.lowered.program.kernels for s in k.body if isinstance(s, L.BatchFused)]
+    # patches rebuilt per image for the forward product and the weight gradient; the
+    # input gradient's patch gradient is consumed (col2im) per image right after its product
+    assert sorted((f.operand, f.contract.sum_batch) for f in fused) == [
+        ("b", 1),
+        ("b", 6),
+        ("c", 1),
+    ]
+    value, (gw, gx) = step(sg.tensor(w), sg.tensor(x))
+    for threads in (2, 3, 1):
+        exe.lib.sg_set_threads(threads)
+        got_value, got_gw, got_gx = exe([w, x])
+        np.testing.assert_allclose(got_value, value.numpy(), rtol=1e-4)
+        np.testing.assert_allclose(got_gw, gw.numpy(), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got_gx, gx.numpy(), rtol=1e-4, atol=1e-4)

@@ -438,6 +438,33 @@ class Contract(Stmt):
     sum_batch: int = 1
     sum_stride_a: int = 0
     sum_stride_b: int = 0
+    # ``c = alpha * product + beta * c`` (beta 1: accumulate into c, e.g. an SGD update)
+    alpha: float = 1.0
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchFused(Stmt):
+    """A batched ``contract`` whose operand slices are produced one batch index at a time.
+
+    For each index ``bi`` of the contract's batch (or summed) axis, every loop nest of
+    ``producer`` runs with its outer variable fixed to ``bi`` and writes that operand
+    slice (``slice`` elements) into the calling thread's part of ``scratch`` (at
+    ``slice * tid``; ``tid`` is the variable ``sg_tid`` in store indices, below
+    ``slots``), and then the product for ``bi`` reads it there. The operand (e.g. a
+    convolution's im2col patches) is never materialized whole: each slice stays in cache.
+    ``operand`` names the contract operand fed this way ("a" or "b"), or is "c": then
+    the product for ``bi`` is written to the scratch slice and the nests of ``consumer``
+    (outer variable fixed to ``bi``) read it there (e.g. a convolution's col2im).
+    """
+
+    producer: tuple[Loop, ...]
+    contract: Contract
+    operand: str
+    scratch: str
+    slice: int
+    slots: int
+    consumer: tuple[Loop, ...] = ()
 
 
 @dataclass
@@ -513,10 +540,17 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}{s.var.name} = wrap({s.buffer}[{s.index}], {s.var.extent})")
         elif isinstance(s, CheckBounds):
             out.append(f"{pad}check {s.buffer}[0:{s.size}] in [-{s.n}, {s.n}) else error {s.code}")
+        elif isinstance(s, BatchFused):
+            c = s.contract
+            out.append(f"{pad}per batch index bi (scratch {s.scratch}, {s.slots} slots):")
+            out.extend(_format_stmts(s.producer, depth + 1))
+            out.extend(_format_stmts((c,), depth + 1))
+            out.extend(_format_stmts(s.consumer, depth + 1))
         elif isinstance(s, Contract):
             out.append(
                 f"{pad}{s.c} = contract({s.a}{'^T' if s.trans_a else ''}, {s.b}{'^T' if s.trans_b else ''})"
                 f" m={s.m} n={s.n} k={s.k} batch={s.batch} sum={s.sum_batch}"
+                + (f" alpha={s.alpha} beta={s.beta}" if (s.alpha, s.beta) != (1.0, 0.0) else "")
             )
     return out
 
@@ -527,6 +561,9 @@ def loads_in(body: tuple[Stmt, ...]) -> Iterator[Load]:
         exprs: list[Expr] = []
         if isinstance(s, Loop):
             yield from loads_in(s.body)
+        elif isinstance(s, BatchFused):
+            yield from loads_in(s.producer)
+            yield from loads_in(s.consumer)
         elif isinstance(s, Store):
             exprs = [s.value]
         elif isinstance(s, Declare):

@@ -17,13 +17,13 @@ The result, :class:`Lowered`, is what every loop-IR renderer consumes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.contract import View, match_contraction
+from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.dtypes import DType, bool_
@@ -79,6 +79,7 @@ def lower_to_loops(
     Example:
         >>> print(lower_to_loops(graph).program.format())
     """
+    from shapegrad.compiler.batchfuse import fuse_batch_producers
     from shapegrad.compiler.memory import plan_memory
 
     plan = plan or plan_fusion(graph)
@@ -88,6 +89,7 @@ def lower_to_loops(
     output_names = builder.output_names
     program = L.Program(name, buffers, kernels)
     lowered = Lowered(program, input_names, output_names, state_of_output, constants)
+    fuse_batch_producers(program)
     plan_memory(lowered, graph)
     return lowered
 
@@ -396,6 +398,12 @@ class KernelBuilder:
         dtype = root.aval.dtype
         # With an epilogue the product goes to its own temp: ``dst`` is then written once
         # per element, so it may be a state buffer that the epilogue also reads.
+        update = None if epilogue is None else self._update_form(root, epilogue, dst, match, ex)
+        if update is not None:
+            work = 2 * match.m * match.n * match.k * match.batch * match.sum_batch
+            assert epilogue is not None
+            self.add(epilogue, update, work, ex)
+            return True
         product = dst if epilogue is None else self.temp(dtype, size_of(root.shape), "prod")
         stmts: list[L.Stmt] = [match.statement(product, dtype)]
         if epilogue is not None:
@@ -407,6 +415,49 @@ class KernelBuilder:
         work = 2 * match.m * match.n * match.k * match.batch * match.sum_batch
         self.add(epilogue if epilogue is not None else root, tuple(stmts), work, ex)
         return True
+
+    def _update_form(
+        self, root: Node, epilogue: Node, dst: str, match: ContractMatch, ex: ExprBuilder
+    ) -> tuple[L.Stmt, ...] | None:
+        """``dst = p -/+ c * product`` (an SGD-style update) as ``dst = p`` followed by a
+        library call with ``alpha = -/+c, beta = 1``: no product temp, no second pass.
+
+        Memory planning later renames ``dst`` to ``p``'s state buffer when the update is
+        done in place, which turns the copy into a no-op that it drops.
+        """
+        if epilogue.prim not in (Prim.SUB, Prim.ADD) or epilogue.inputs[1] is root:
+            return None
+        base, term = epilogue.inputs
+        scale: Node | None = None
+        if term.prim is Prim.MUL and root in term.inputs:
+            scale = term.inputs[1] if term.inputs[0] is root else term.inputs[0]
+        elif term is not root:
+            return None
+        vars_ = [self.fresh(d) for d in root.shape]
+        index = tuple(L.var(x) for x in vars_)
+        flat = L.flatten(index, root.shape)
+        alpha = 1.0
+        if scale is not None:
+            value = ex.value(scale, index)
+            if not isinstance(value, L.Const) or scale is root:
+                return None
+            alpha = float(value.value)
+        if epilogue.prim is Prim.SUB:
+            alpha = -alpha
+        old = ex.value(base, index)
+        if not (isinstance(old, L.Load) and old.index == flat and old.dtype == root.aval.dtype):
+            return None  # the updated value is not a plain same-shaped buffer
+        if old.buffer in (match.a.buffer, match.b.buffer) or dst in (
+            match.a.buffer,
+            match.b.buffer,
+        ):
+            return None
+        ex.inlined[epilogue.id] = epilogue
+        if scale is not None:
+            ex.inlined[term.id] = term
+        call = replace(match.statement(dst, root.aval.dtype), alpha=alpha, beta=1.0)
+        copy = _nest(vars_, "parallel", (L.Store(dst, flat, old),))
+        return (*copy, call)
 
     def _pack(self, operand: Node, term: str, order: str) -> View:
         """Write ``operand`` (axes named by ``term``) to a new temp with axes in ``order``."""

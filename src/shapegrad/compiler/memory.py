@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from shapegrad.compiler import loops as L
 from shapegrad.ir import Graph
@@ -39,7 +39,7 @@ def buffers_read(kernel: L.Kernel) -> set[str]:
     names = {ld.buffer for ld in L.loads_in(kernel.body)}
     for s in _walk(kernel.body):
         if isinstance(s, L.Contract):
-            names |= {s.a, s.b}
+            names |= {s.a, s.b} | ({s.c} if s.beta else set())
         elif isinstance(s, L.IndexLoad | L.CheckBounds) or (
             isinstance(s, L.Store) and s.accumulate
         ):
@@ -67,6 +67,10 @@ def _walk(body: tuple[L.Stmt, ...]) -> Iterator[L.Stmt]:
         yield s
         if isinstance(s, L.Loop):
             yield from _walk(s.body)
+        elif isinstance(s, L.BatchFused):
+            yield from _walk(s.producer)
+            yield s.contract
+            yield from _walk(s.consumer)
 
 
 def place_state_updates(lowered: Lowered, graph: Graph) -> None:
@@ -134,11 +138,16 @@ def _can_write_in_place(
         return False
     for s in statements:
         if isinstance(s, L.IndexLoad) or (
-            isinstance(s, L.Contract) and {s.a, s.b, s.c} & {src, state}
+            isinstance(s, L.Contract) and {s.a, s.b, s.c} & {src, state} and not _updates(s, src)
         ):
             return False
     index = stores[0].index
     return all(ld.index == index for ld in L.loads_in(kernel.body) if ld.buffer == state)
+
+
+def _updates(s: L.Contract, src: str) -> bool:
+    """A library call accumulating into ``src`` (after ``src = state`` in the same kernel)."""
+    return s.c == src and s.beta != 0.0 and src not in (s.a, s.b)
 
 
 def _rename(program: L.Program, old: str, new: str) -> None:
@@ -146,7 +155,21 @@ def _rename(program: L.Program, old: str, new: str) -> None:
         return new if name == old else name
 
     for kernel in program.kernels:
-        kernel.body = tuple(_rename_stmt(s, fix) for s in kernel.body)
+        body = (_rename_stmt(s, fix) for s in kernel.body)
+        kernel.body = tuple(s for s in body if not _is_self_copy(s))
+
+
+def _is_self_copy(s: L.Stmt) -> bool:
+    """A loop nest whose only effect is ``x[i] = x[i]`` (left by an in-place update)."""
+    while isinstance(s, L.Loop) and len(s.body) == 1:
+        s = s.body[0]
+    return (
+        isinstance(s, L.Store)
+        and s.accumulate is None
+        and isinstance(s.value, L.Load)
+        and s.value.buffer == s.buffer
+        and s.value.index == s.index
+    )
 
 
 def _rename_expr(e: L.Expr, fix: Callable[[str], str]) -> L.Expr:
@@ -179,6 +202,13 @@ def _rename_stmt(s: L.Stmt, fix: Callable[[str], str]) -> L.Stmt:
         return replace(s, buffer=fix(s.buffer))
     if isinstance(s, L.Contract):
         return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c))
+    if isinstance(s, L.BatchFused):
+        producer = tuple(cast(L.Loop, _rename_stmt(x, fix)) for x in s.producer)
+        contract = cast(L.Contract, _rename_stmt(s.contract, fix))
+        consumer = tuple(cast(L.Loop, _rename_stmt(x, fix)) for x in s.consumer)
+        return replace(
+            s, producer=producer, contract=contract, consumer=consumer, scratch=fix(s.scratch)
+        )
     return s
 
 

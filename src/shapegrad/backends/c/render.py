@@ -24,6 +24,7 @@ that the fork/join (a few µs on this machine) costs more than it saves.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DType
@@ -34,10 +35,17 @@ OMP_MIN_WORK = 1 << 18
 # Library products at least this large (multiply-adds) are split into row blocks, one
 # single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
 CONTRACT_SPLIT_MACS = 1 << 20
+# A large sum of products whose output has at most this many elements is split over the
+# summed axis instead (each thread keeps a private partial of the output on its stack):
+# the products keep all their rows (m=32, not 16, for the CNN's weight gradient).
+SUM_SPLIT_MAX_OUT = 1 << 14
 
 _PRELUDE = r"""
 #include <stdint.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
 static int sg_threads = 1;
@@ -298,6 +306,8 @@ class _Writer:
             )
         elif isinstance(s, L.Contract):
             self.contract(s, depth)
+        elif isinstance(s, L.BatchFused):
+            self.batch_fused(s, depth)
         else:
             raise NotImplementedError(f"C renderer: statement {type(s).__name__}")
 
@@ -305,10 +315,14 @@ class _Writer:
         """Library products; large ones are split into row blocks across the OpenMP team
         (each block a single-threaded BLAS call), see ``sg_set_threads``."""
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
-        one, zero = ("1.0f", "0.0f") if s.dtype.name == "float32" else ("1.0", "0.0")
+        f = "f" if s.dtype.name == "float32" else ""
+        one, alpha, beta = f"1.0{f}", f"{s.alpha!r}{f}", f"{s.beta!r}{f}"
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
         a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
         big = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS
+        if big and s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= SUM_SPLIT_MAX_OUT:
+            self.contract_sum_split(s, depth)
+            return
         if big and s.batch >= 8:
             # many independent products: hand whole products to threads, rows stay intact
             self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
@@ -326,13 +340,122 @@ class _Writer:
         self.emit(depth + 1, f"for (int64_t si = 0; si < {s.sum_batch}; ++si)")
         self.emit(
             depth + 2,
-            f"{fn}(101, {ta}, {tb}, {rows}, {s.n}, {s.k}, {one}, "
+            f"{fn}(101, {ta}, {tb}, {rows}, {s.n}, {s.k}, {alpha}, "
             f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}{a_off}, {s.lda}, "
             f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}, {s.ldb}, "
-            f"si ? {one} : {zero}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
+            f"si ? {one} : {beta}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
         )
         if split:
             self.emit(depth - 1, "}")
+
+    def contract_sum_split(self, s: L.Contract, depth: int) -> None:
+        """A sum of products (a convolution's weight gradient) split over the summed axis:
+        each thread accumulates whole products into a private partial, then the partials
+        are added into ``c`` in thread order (deterministic for a given team size)."""
+        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+        t, f = ctype(s.dtype), ("f" if s.dtype.name == "float32" else "")
+        size, total = s.m * s.n, s.sum_batch
+        e = self.emit
+        e(depth, "{")
+        e(depth, "#ifdef _OPENMP")
+        e(depth, "#pragma omp parallel num_threads(sg_threads)")
+        e(depth, "#endif")
+        e(depth, "{")
+        d = depth + 1
+        e(d, "int nt = 1, tid = 0;")
+        e(d, "#ifdef _OPENMP")
+        e(d, "nt = omp_get_num_threads(); tid = omp_get_thread_num();")
+        e(d, "#endif")
+        e(d, f"{t} part[{size}];")
+        e(d, f"int64_t s0 = tid * {total} / nt, s1 = (tid + 1) * {total} / nt;")
+        e(d, "for (int64_t si = s0; si < s1; ++si)")
+        e(
+            d + 1,
+            f"{fn}(101, {112 if s.trans_a else 111}, {112 if s.trans_b else 111}, "
+            f"{s.m}, {s.n}, {s.k}, {s.alpha!r}{f}, "
+            f"{s.a} + {s.offset_a} + si * {s.sum_stride_a}, {s.lda}, "
+            f"{s.b} + {s.offset_b} + si * {s.sum_stride_b}, {s.ldb}, "
+            f"si > s0 ? 1.0{f} : 0.0{f}, part, {s.n});",
+        )
+        self.add_partials(s, d, "tid")
+        e(depth, "}")
+        e(depth, "}")
+
+    def add_partials(self, s: L.Contract, d: int, tid: str) -> None:
+        """Add each thread's ``part`` (its products ``s0 <= si < s1``) into ``s.c``, in
+        thread order; thread 0 also applies ``beta``."""
+        e, f, size = self.emit, ("f" if s.dtype.name == "float32" else ""), s.m * s.n
+        e(d, "for (int q = 0; q < nt; ++q) {")
+        e(d + 1, "#ifdef _OPENMP")
+        e(d + 1, "#pragma omp barrier")
+        e(d + 1, "#endif")
+        e(d + 1, f"if (q != {tid}) continue;")
+        init = f"0.0{f}" if s.beta == 0.0 else f"{s.beta!r}{f} * {s.c}[i]"
+        e(d + 1, "if (q == 0)")
+        e(
+            d + 2,
+            f"for (int64_t i = 0; i < {size}; ++i) {s.c}[i] = {init} + (s1 > s0 ? part[i] : 0.0{f});",
+        )
+        e(d + 1, "else if (s1 > s0)")
+        e(d + 2, f"for (int64_t i = 0; i < {size}; ++i) {s.c}[i] += part[i];")
+        e(d, "}")
+
+    def batch_fused(self, s: L.BatchFused, depth: int) -> None:
+        """Per batch index: the producer nests write this thread's scratch slice, then one
+        library call reads it (see ``loops.BatchFused``)."""
+        c, e = s.contract, self.emit
+        fn = "scipy_cblas_sgemm" if c.dtype.name == "float32" else "scipy_cblas_dgemm"
+        t, f = ctype(c.dtype), ("f" if c.dtype.name == "float32" else "")
+        summed = c.sum_batch > 1
+        count = c.sum_batch if summed else c.batch
+        e(depth, "{")
+        e(depth, f"int sg_team = sg_threads < {s.slots} ? sg_threads : {s.slots};")
+        e(depth, "(void)sg_team;")
+        e(depth, "#pragma omp parallel num_threads(sg_team)")
+        e(depth, "{")
+        d = depth + 1
+        e(d, "int64_t sg_tid = 0; int nt = 1;")
+        e(d, "#ifdef _OPENMP")
+        e(d, "sg_tid = omp_get_thread_num(); nt = omp_get_num_threads();")
+        e(d, "#endif")
+        e(d, "(void)nt;")
+        if summed:
+            e(d, f"{t} part[{c.m * c.n}];")
+            e(d, f"int64_t s0 = sg_tid * {count} / nt, s1 = (sg_tid + 1) * {count} / nt;")
+            e(d, "for (int64_t bi = s0; bi < s1; ++bi) {")
+        else:
+            e(d, "#pragma omp for schedule(static)")
+            e(d, f"for (int64_t bi = 0; bi < {count}; ++bi) {{")
+        for nest in s.producer:
+            e(d + 1, "{")
+            e(d + 2, f"int64_t {nest.var.name} = bi;")
+            self.stmts(nest.body, d + 2, parallel_ok=False)
+            e(d + 1, "}")
+        if s.operand == "c":
+            c = replace(c, c=f"{s.scratch} + sg_tid * {s.slice}", stride_c=0)
+        fed = f"{s.scratch} + sg_tid * {s.slice}"
+        a_step = c.sum_stride_a if summed else c.stride_a
+        b_step = c.sum_stride_b if summed else c.stride_b
+        a = fed if s.operand == "a" else f"{c.a} + {c.offset_a} + bi * {a_step}"
+        b = fed if s.operand == "b" else f"{c.b} + {c.offset_b} + bi * {b_step}"
+        beta = f"bi > s0 ? 1.0{f} : 0.0{f}" if summed else f"{c.beta!r}{f}"
+        out = "part" if summed else f"{c.c} + bi * {c.stride_c}"
+        e(
+            d + 1,
+            f"{fn}(101, {112 if c.trans_a else 111}, {112 if c.trans_b else 111}, "
+            f"{c.m}, {c.n}, {c.k}, {c.alpha!r}{f}, {a}, {c.lda}, {b}, {c.ldb}, "
+            f"{beta}, {out}, {c.n});",
+        )
+        for nest in s.consumer:
+            e(d + 1, "{")
+            e(d + 2, f"int64_t {nest.var.name} = bi;")
+            self.stmts(nest.body, d + 2, parallel_ok=False)
+            e(d + 1, "}")
+        e(d, "}")
+        if summed:
+            self.add_partials(c, d, "sg_tid")
+        e(depth, "}")
+        e(depth, "}")
 
 
 def _nest_size(s: L.Stmt) -> int:
