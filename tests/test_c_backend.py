@@ -6,6 +6,7 @@ The whole op table also runs in "c" mode through tests/test_ops.py (tests/modes.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -318,3 +319,19 @@ def test_large_im2col_patches_are_built_per_image_inside_the_products() -> None:
         np.testing.assert_allclose(got_value, value.numpy(), rtol=1e-4)
         np.testing.assert_allclose(got_gw, gw.numpy(), rtol=1e-4, atol=1e-3)
         np.testing.assert_allclose(got_gx, gx.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_pad_rows_are_split_into_range_loops_without_per_element_tests() -> None:
+    import shapegrad.functional as F
+
+    x = _f(3, 5, 7)
+    pads = ((0, 0), (2, 1), (3, 0))
+    fn = sg.compile(lambda x: F.pad(sg.relu(x) + 1.0, pads), backend="c")
+    exe = fn.lower(x).executable
+    from shapegrad.backends.c.render import render_c
+
+    source = render_c(exe.lowered.program, exe.n_slots)
+    # the window of the last axis is its own loop; the row test is decided once per row
+    assert re.search(r"for \(int64_t (\w+) = 3; \1 < 10; \+\+\1\)", source)
+    assert re.search(r"if \(\(0 <= \(\w+ - 2\) && \(\w+ - 2\) < 5\)\) \{", source)
+    np.testing.assert_array_equal(exe([x])[0], np.pad(np.maximum(x, 0) + 1.0, pads))
