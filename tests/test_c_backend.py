@@ -331,7 +331,8 @@ def test_pad_rows_are_split_into_range_loops_without_per_element_tests() -> None
     from shapegrad.backends.c.render import render_c
 
     source = render_c(exe.lowered.program, exe.n_slots)
-    # the window of the last axis is its own loop; the row test is decided once per row
+    # each padded axis runs as segments (the window of the last axis is its own loop)
+    # on which the range tests are constant: none is left in the generated code
     assert re.search(r"for \(int64_t (\w+) = 3; \1 < 10; \+\+\1\)", source)
-    assert re.search(r"if \(\(0 <= \(\w+ - 2\) && \(\w+ - 2\) < 5\)\) \{", source)
+    assert "0 <= (" not in source.split("sg_body")[1]
     np.testing.assert_array_equal(exe([x])[0], np.pad(np.maximum(x, 0) + 1.0, pads))

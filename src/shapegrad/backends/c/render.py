@@ -27,6 +27,7 @@ import math
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.segments import segments, specialize
 from shapegrad.dtypes import DType
 
 # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
@@ -280,8 +281,14 @@ class _Writer:
                     depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)"
                 )
                 parallel_ok = False
-            split = _range_split(s)
-            if split is not None:
+            elif (segs := segments(s)) is not None:
+                for lo, hi in segs:  # no per-element range tests inside (pads, col2im)
+                    v = s.var.name
+                    self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
+                    self.stmts(specialize(s.body, s.var, lo, hi), depth + 1, parallel_ok)
+                    self.emit(depth, "}")
+                return
+            elif (split := _range_split(s)) is not None:
                 self.split_loop(s, split, depth)
                 return
             v = s.var.name
