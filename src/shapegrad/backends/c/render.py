@@ -288,9 +288,6 @@ class _Writer:
                     self.stmts(specialize(s.body, s.var, lo, hi), depth + 1, parallel_ok)
                     self.emit(depth, "}")
                 return
-            elif (split := _range_split(s)) is not None:
-                self.split_loop(s, split, depth)
-                return
             v = s.var.name
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
             self.stmts(s.body, depth + 1, parallel_ok)
@@ -321,25 +318,6 @@ class _Writer:
             self.batch_fused(s, depth)
         else:
             raise NotImplementedError(f"C renderer: statement {type(s).__name__}")
-
-    def split_loop(self, s: L.Loop, split: tuple[int, int, L.Store, L.Store], depth: int) -> None:
-        """An innermost loop as three range loops: outside / inside / outside the window
-        where its range tests hold, so none of them tests per element (and all vectorize)."""
-        lo, hi, inside, outside = split
-        v, n = s.var.name, s.var.extent
-        value = inside.value
-        if isinstance(value, L.Select) and _invariant(value.cond, s.var):
-            # tests on outer variables only: decide once per row, not per element
-            self.emit(depth, f"if ({render_expr(value.cond)}) {{")
-            self.split_loop(s, (lo, hi, replace(inside, value=value.a), outside), depth + 1)
-            self.emit(depth, "} else {")
-            self.split_loop(s, (0, 0, outside, replace(inside, value=value.b)), depth + 1)
-            self.emit(depth, "}")
-            return
-        for start, stop, store in ((0, lo, outside), (lo, hi, inside), (hi, n, outside)):
-            if stop > start:
-                self.emit(depth, f"for (int64_t {v} = {start}; {v} < {stop}; ++{v})")
-                self.emit(depth + 1, _store(store, self.program))
 
     def contract(self, s: L.Contract, depth: int) -> None:
         """Library products; large ones are split into row blocks across the OpenMP team
@@ -486,60 +464,6 @@ class _Writer:
             self.add_partials(c, d, "sg_tid")
         e(depth, "}")
         e(depth, "}")
-
-
-def _range_split(s: L.Loop) -> tuple[int, int, L.Store, L.Store] | None:
-    """``(lo, hi, store inside, store outside)`` when ``s`` is an innermost loop storing
-    ``select(tests, a, b)`` and some of the ``lo <= v + c < hi`` tests are on its own
-    variable ``v`` (a pad): inside ``[lo, hi)`` those tests are true, outside the value
-    is ``b``. None otherwise."""
-    if len(s.body) != 1 or not isinstance(s.body[0], L.Store):
-        return None
-    store = s.body[0]
-    value = store.value
-    if store.accumulate is not None or not isinstance(value, L.Select):
-        return None
-    tests: list[L.Expr] = []
-    _conjuncts(value.cond, tests)
-    lo, hi, rest = 0, s.var.extent, []
-    for t in tests:
-        if isinstance(t, L.InRange) and t.index.terms == ((s.var, 1),):
-            lo, hi = max(lo, t.lo - t.index.const), min(hi, t.hi - t.index.const)
-        else:
-            rest.append(t)
-    if len(rest) == len(tests):
-        return None
-    hi = max(hi, lo)
-    inner: L.Expr = value.a
-    if rest:
-        cond = rest[0]
-        for t in rest[1:]:
-            cond = L.Binary(value.cond.dtype, "and", cond, t)
-        inner = L.Select(value.dtype, cond, value.a, value.b)
-    return (
-        lo,
-        hi,
-        L.Store(store.buffer, store.index, inner),
-        L.Store(store.buffer, store.index, value.b),
-    )
-
-
-def _invariant(cond: L.Expr, var: L.Var) -> bool:
-    """Whether ``cond`` is range tests on plain variables other than ``var``."""
-    tests: list[L.Expr] = []
-    _conjuncts(cond, tests)
-    return all(
-        isinstance(t, L.InRange) and all(isinstance(a, L.Var) and a != var for a in t.index.atoms())
-        for t in tests
-    )
-
-
-def _conjuncts(e: L.Expr, out: list[L.Expr]) -> None:
-    if isinstance(e, L.Binary) and e.op == "and":
-        _conjuncts(e.a, out)
-        _conjuncts(e.b, out)
-    else:
-        out.append(e)
 
 
 def _nest_size(s: L.Stmt) -> int:
