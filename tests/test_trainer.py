@@ -8,25 +8,13 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
-from shapegrad import Float, ParamList, Tensor
+from shapegrad import Tensor
 from shapegrad.autodiff import _topological_order
 from shapegrad.data import Batches, make_moons
+from shapegrad.models import MoonsMLP as MLP
 from shapegrad.ops.protocol import Prim
 from shapegrad.train import ScalarTrainer, StopTraining, losses, optim, schedules
 from test_optim import BACKENDS, MODES, ref_adam, ref_adamw, ref_sgd
-
-
-class MLP(
-    ParamList[
-        Float[Tensor, "h 2"],
-        Float[Tensor, "h"],
-        Float[Tensor, "h h"],
-        Float[Tensor, "h"],
-        Float[Tensor, "1 h"],
-        Float[Tensor, "1"],
-    ]
-):
-    names = ("w1", "b1", "w2", "b2", "w3", "b3")
 
 
 def mlp_scores(params: Any, x: Tensor) -> Tensor:

@@ -220,19 +220,13 @@ class ShapePlugin(Plugin):
         return attach(ctx.default_return_type, shape, env.str_type())
 
     def _user_function(self, ctx: FunctionContext) -> Type:
-        env = Env(ctx.api)
-        result = instantiate(
-            env,
-            ctx.context,
-            list(ctx.callee_arg_names),
-            ctx.arg_types,
-            ctx.args,
-            ctx.default_return_type,
-        )
-        self._after_hook(ctx.api)
-        return result
+        return self._instantiate_user_callee(ctx)
 
     def _user_method(self, ctx: MethodContext) -> Type:
+        return self._instantiate_user_callee(ctx)
+
+    def _instantiate_user_callee(self, ctx: FunctionContext | MethodContext) -> Type:
+        """Bind the callee's named dims from the arguments and infer its return shape."""
         env = Env(ctx.api)
         result = instantiate(
             env,
