@@ -164,6 +164,9 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
     elif td.kind == "dict":
         for key, child in zip(td.keys, td.children, strict=True):
             _leaf_paths(child, f"{prefix}[{key!r}]", out)
+    elif td.kind == "node":  # modules, dataclasses, registered types: their field names
+        for key, child in zip(td.keys, td.children, strict=True):
+            _leaf_paths(child, f"{prefix}.{key}", out)
 
 
 # --- the per-call fast path ----------------------------------------------------------------

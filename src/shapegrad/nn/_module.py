@@ -143,13 +143,14 @@ class Module:
         found = cls.__dict__.get("__sg_fields__")
         if found is not None:
             return found  # type: ignore[no-any-return]
-        module = sys.modules.get(cls.__module__)
-        try:
-            hints = typing.get_type_hints(
-                cls, globalns=vars(module) if module else None, localns=cls.__sg_namespace__
-            )
-        except NameError as error:
-            raise TypeError(f"{cls.__name__}: cannot resolve a field annotation: {error}") from None
+        hints: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):  # base-class fields first, as dataclasses do
+            if not (isinstance(klass, type) and issubclass(klass, Module)) or klass is Module:
+                continue
+            module = sys.modules.get(klass.__module__)
+            globalns = dict(vars(module)) if module else {}
+            for name, annotation in klass.__dict__.get("__annotations__", {}).items():
+                hints[name] = _resolve(klass, name, annotation, globalns)
         infos = []
         for name, annotation in hints.items():
             if name.startswith("_") or typing.get_origin(annotation) is ClassVar:
@@ -168,12 +169,17 @@ class Module:
             raise TypeError(
                 f"{type(self).__name__}: unknown field {unknown[0]!r}; fields are {sorted(known)}"
             )
-        bindings = _specs.Bindings()
         for f in fields:
             value = values.get(f.name, f.options.default)
             if value is _MISSING:
                 raise TypeError(f"{type(self).__name__}: missing field {f.name!r}")
-            object.__setattr__(self, f.name, _check_field(self, f, value, bindings))
+            object.__setattr__(self, f.name, _check_field(self, f, value))
+        # Two passes: symbolic dims ('3*d') may use dims bound by later fields.
+        bindings = _specs.Bindings()
+        for symbolic in (False, True):
+            for f in fields:
+                if f.kind == "tensor":
+                    _match_field(self, f, getattr(self, f.name), bindings, symbolic)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(
@@ -324,6 +330,19 @@ Module.__sg_tree__ = (_tree_flatten, _tree_unflatten)  # type: ignore[attr-defin
 # --- helpers ---------------------------------------------------------------------------------
 
 
+def _resolve(klass: type, name: str, annotation: Any, globalns: dict[str, Any]) -> Any:
+    """Evaluate a string annotation (``from __future__ import annotations``) in its scope."""
+    if not isinstance(annotation, str):
+        return annotation
+    scope = getattr(klass, "__sg_namespace__", {})
+    try:
+        return eval(annotation, globalns, dict(scope))  # the user's own annotation text
+    except NameError as error:
+        raise TypeError(
+            f"{klass.__name__}.{name}: cannot resolve the annotation {annotation!r}: {error}"
+        ) from None
+
+
 def _classify(cls: type, name: str, annotation: Any, options: _FieldOptions) -> _FieldInfo:
     if _specs.is_tensor_annotation(annotation):
         return _FieldInfo(name, "tensor", annotation, options, spec=_specs.parse_annotation(annotation))
@@ -341,24 +360,15 @@ def _classify(cls: type, name: str, annotation: Any, options: _FieldOptions) -> 
     return _FieldInfo(name, "static", annotation, options)
 
 
-def _check_field(owner: Module, f: _FieldInfo, value: Any, bindings: _specs.Bindings) -> Any:
+def _check_field(owner: Module, f: _FieldInfo, value: Any) -> Any:
     where = f"{type(owner).__name__}.{f.name}"
     if f.kind == "tensor":
-        if not isinstance(value, Tensor):
-            try:
-                value = tensor(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"{where}: expected a tensor, got {type(value).__name__}") from None
-        assert f.spec is not None
-        before = bindings.copy()
-        reason = _specs.match(f.spec, value, bindings)
-        if reason is not None:
-            raise ShapeError(
-                where,
-                f"expected {f.spec.describe()}, got {_specs.describe_value(value)}: {reason} "
-                f"(dim bindings so far: {before.describe()})",
-            )
-        return value
+        if isinstance(value, Tensor):
+            return value
+        try:
+            return tensor(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{where}: expected a tensor, got {type(value).__name__}") from None
     if f.kind == "module":
         if not isinstance(value, f.module or Module):
             raise TypeError(f"{where}: expected a {f.annotation.__name__}, got {type(value).__name__}")
@@ -369,6 +379,20 @@ def _check_field(owner: Module, f: _FieldInfo, value: Any, bindings: _specs.Bind
             raise TypeError(f"{where}: expected a list of {f.module.__name__ if f.module else 'Module'}")
         return items
     return value
+
+
+def _match_field(
+    owner: Module, f: _FieldInfo, value: Tensor, bindings: _specs.Bindings, symbolic: bool
+) -> None:
+    assert f.spec is not None
+    before = bindings.copy()
+    reason = _specs.match(f.spec, value, bindings, symbolic=symbolic)
+    if reason is not None:
+        raise ShapeError(
+            f"{type(owner).__name__}.{f.name}",
+            f"expected {f.spec.describe()}, got {_specs.describe_value(value)}: {reason} "
+            f"(dim bindings so far: {before.describe()})",
+        )
 
 
 class _Sizes:
