@@ -84,8 +84,8 @@ def _named(section: str, value: Any, names: list[str]) -> dict[str, Any]:
         return {section: value}
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(_named(f"{section}/{key}", sub, names))
+        for key, sub in value.items():  # each entry named by its own leaves' paths
+            out.update(_named(f"{section}/{key}", sub, param_names(sub)))
         return out
     leaves, _ = tree.flatten(value)
     if len(leaves) != len(names):
@@ -266,7 +266,7 @@ def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor
     if isinstance(like, Tensor | np.ndarray):
         return loaded[section]
     if isinstance(like, Mapping):
-        return {k: _rebuild(v, f"{section}/{k}", names, loaded) for k, v in like.items()}
+        return {k: _rebuild(v, f"{section}/{k}", param_names(v), loaded) for k, v in like.items()}
     leaves, treedef = tree.flatten(like)
     keys = list(_named(section, like, names))
     return tree.unflatten(treedef, [loaded[k] for k in keys[: len(leaves)]])
