@@ -145,11 +145,11 @@ def test_eager_grad_matches_float64_finite_differences() -> None:
     eps = 1e-6
 
     def at(sign: float) -> float:
-        moved = tree.unflatten(td, [sg.tensor(t.numpy() + sign * eps * d) for t, d in zip(leaves, direction)])
+        moved = tree.unflatten(td, [sg.tensor(t.numpy() + sign * eps * d) for t, d in zip(leaves, direction, strict=True)])
         return gpt_loss(moved, ids, targets).item()
 
     numeric = (at(1.0) - at(-1.0)) / (2 * eps)
-    analytic = sum(float((g.numpy() * d).sum()) for g, d in zip(tree.flatten(grads)[0], direction))
+    analytic = sum(float((g.numpy() * d).sum()) for g, d in zip(tree.flatten(grads)[0], direction, strict=True))
     assert analytic == pytest.approx(numeric, rel=1e-6)
 
 
@@ -161,7 +161,7 @@ def test_compiled_c_grad_matches_eager() -> None:
     assert isinstance(grads, TinyGPT)
     eager_value, eager_grads = sg.value_and_grad(gpt_loss)(model, ids, targets)
     assert value.item() == pytest.approx(eager_value.item(), rel=1e-12)
-    for (name, g), e in zip(grads.named().items(), tree.flatten(eager_grads)[0]):
+    for (name, g), e in zip(grads.named().items(), tree.flatten(eager_grads)[0], strict=True):
         np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
@@ -194,7 +194,7 @@ def test_scalar_trainer_with_adam_matches_a_numpy_adam() -> None:
         trainer.step(*_batch(t))
     trained = trainer.get_params()
     assert isinstance(trained, TinyGPT)
-    for got, want in zip(tree.flatten(trained)[0], _numpy_adam(model, 5, 0.01)):
+    for got, want in zip(tree.flatten(trained)[0], _numpy_adam(model, 5, 0.01), strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=2e-4, atol=2e-5)
 
 
@@ -215,7 +215,7 @@ def test_checkpoint_resume_is_bit_identical(tmp_path: Path) -> None:
     resumed.load_checkpoint(path)
     resumed_losses = [resumed.step(*_batch(t)) for t in range(3, 6)]
     assert resumed_losses == losses[3:]
-    for a, b in zip(tree.flatten(straight.get_params())[0], tree.flatten(resumed.get_params())[0]):
+    for a, b in zip(tree.flatten(straight.get_params())[0], tree.flatten(resumed.get_params())[0], strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def test_uniform_statistics_and_independence_between_keys() -> None:
     expected = everything.size / 32
     chi2 = ((counts - expected) ** 2 / expected).sum()
     assert chi2 < 31 + 5 * np.sqrt(2 * 31)  # 5 sigma above the mean of chi2(31)
-    for a, b in zip(samples, samples[1:]):  # consecutive keys: uncorrelated
+    for a, b in itertools.pairwise(samples):  # consecutive keys: uncorrelated
         assert abs(np.corrcoef(a, b)[0, 1]) < 5 / np.sqrt(n)
     for a in samples:  # neighbouring elements: uncorrelated
         assert abs(np.corrcoef(a[:-1], a[1:])[0, 1]) < 5 / np.sqrt(n)
@@ -93,7 +95,7 @@ def test_key_functions_trace_with_a_traced_counter() -> None:
     for count in (0, 1, 2**30):
         got = fast(key, np.int32(count))
         want = draw(key, sg.tensor(np.int32(count)))
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g.numpy(), w.numpy())
     assert fast.trace_count == 1
 

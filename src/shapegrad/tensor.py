@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from shapegrad.dtypes import DType, DTypeLike, as_dtype
 from shapegrad.ops.protocol import AVal, Ops, Prim
-from shapegrad.shapes import Shape, ShapeError, fmt, normalize_axis
+from shapegrad.shapes import Shape, ShapeError, fmt
 
 if TYPE_CHECKING:
     from shapegrad.ops.eager import TapeNode

@@ -87,7 +87,7 @@ def _dataclass_node(cls: type) -> _Node:
     def unflatten(aux: Any, children: list[Any]) -> Any:
         # Bypass __init__/__post_init__: the leaves may be gradients or traced values
         # that a constructor's validation was never meant to see (Equinox does the same).
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         for n, child in zip(names, children, strict=True):
             object.__setattr__(obj, n, child)
         return obj
@@ -208,7 +208,7 @@ def _flatten(obj: Any, leaves: list[Any]) -> TreeDef:
         leaves.append(obj)
         return _LEAF
     if isinstance(obj, tuple | list):
-        if is_data_list(obj):
+        if type(obj) is list and is_data_list(obj):
             leaves.append(_as_data(obj))
             return _LEAF
         children = []

@@ -30,11 +30,12 @@ mechanism (kept because mypy types it element by element).
 
 from __future__ import annotations
 
+import inspect
 import sys
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, cast
 
 from shapegrad import _specs
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
@@ -47,6 +48,7 @@ __all__ = ["Module", "field"]
 
 Role = Literal["weight", "bias", "gain", "state"]
 _MISSING: Any = object()
+_CLASS_VAR: Any = ClassVar
 
 
 @dataclass(frozen=True)
@@ -149,11 +151,11 @@ class Module:
                 continue
             module = sys.modules.get(klass.__module__)
             globalns = dict(vars(module)) if module else {}
-            for name, annotation in klass.__dict__.get("__annotations__", {}).items():
+            for name, annotation in inspect.get_annotations(klass).items():
                 hints[name] = _resolve(klass, name, annotation, globalns)
         infos = []
         for name, annotation in hints.items():
-            if name.startswith("_") or typing.get_origin(annotation) is ClassVar:
+            if name.startswith("_") or typing.get_origin(annotation) is _CLASS_VAR:
                 continue
             default = getattr(cls, name, _MISSING)
             options = default if isinstance(default, _FieldOptions) else _FieldOptions(default=default)
@@ -216,7 +218,7 @@ class Module:
         """
         sizes = _Sizes({**(dims or {}), **dim_kwargs}, cls.__name__)
         counter = iter(range(1 << 30))
-        built = _build(cls, sizes, seed, as_dtype(dtype), counter)
+        built: Self = _build(cls, sizes, seed, as_dtype(dtype), counter)
         sizes.check_all_used()
         return built
 
@@ -458,7 +460,7 @@ def _build(cls: type[Module], sizes: _Sizes, seed: int, dtype: Any, counter: Ite
                         f"{where}: missing the length of list field {f.name!r}; pass {length}=N"
                     )
                 sizes.used.add(length)
-                length = int(scope[length])
+                length = int(cast(int, scope[length]))
             child_scope = sizes.scope(f.options.dims, scope)
             values[f.name] = [
                 _build(f.module, sizes, seed, dtype, counter, child_scope, f"{path}{f.name}.{i}.")

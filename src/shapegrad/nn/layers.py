@@ -75,7 +75,7 @@ class Linear(Module):
     """
 
     w: Float[Tensor, "d_out d_in"]
-    b: Float[Tensor, "d_out"]
+    b: Float[Tensor, " d_out"]
 
     def __call__(self, x: Tensor) -> Tensor:
         return linear(x, self.w, self.b)

@@ -30,8 +30,8 @@ __all__ = ["BatchNorm", "GroupNorm", "LayerNorm"]
 class LayerNorm(Module):
     """Layer normalisation over the last axis (size ``c``)."""
 
-    weight: Float[Tensor, "c"] = field(role="gain")
-    bias: Float[Tensor, "c"] = field(role="bias")
+    weight: Float[Tensor, " c"] = field(role="gain")
+    bias: Float[Tensor, " c"] = field(role="bias")
     eps: float = 1e-5
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -41,10 +41,10 @@ class LayerNorm(Module):
 class BatchNorm(Module):
     """Batch normalisation over ``[N, c, *spatial]`` (``BatchNorm1d/2d/3d`` in one)."""
 
-    weight: Float[Tensor, "c"] = field(role="gain")
-    bias: Float[Tensor, "c"] = field(role="bias")
-    running_mean: Float[Tensor, "c"] = field(role="state", init=init.zeros)
-    running_var: Float[Tensor, "c"] = field(role="state", init=init.ones)
+    weight: Float[Tensor, " c"] = field(role="gain")
+    bias: Float[Tensor, " c"] = field(role="bias")
+    running_mean: Float[Tensor, " c"] = field(role="state", init=init.zeros)
+    running_var: Float[Tensor, " c"] = field(role="state", init=init.ones)
     momentum: float = 0.1
     eps: float = 1e-5
 
@@ -72,8 +72,8 @@ class GroupNorm(Module):
     or with ``.replace(groups=...)``.
     """
 
-    weight: Float[Tensor, "c"] = field(role="gain")
-    bias: Float[Tensor, "c"] = field(role="bias")
+    weight: Float[Tensor, " c"] = field(role="gain")
+    bias: Float[Tensor, " c"] = field(role="bias")
     groups: int = 1
     eps: float = 1e-5
 
