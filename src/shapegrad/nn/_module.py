@@ -142,9 +142,9 @@ class Module:
 
     @classmethod
     def _fields(cls) -> tuple[_FieldInfo, ...]:
-        found = cls.__dict__.get("__sg_fields__")
+        found: tuple[_FieldInfo, ...] | None = cls.__dict__.get("__sg_fields__")
         if found is not None:
-            return found  # type: ignore[no-any-return]
+            return found
         hints: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):  # base-class fields first, as dataclasses do
             if not (isinstance(klass, type) and issubclass(klass, Module)) or klass is Module:
@@ -317,13 +317,13 @@ def _tree_flatten(obj: Module) -> tuple[list[Any], tuple[str, ...], Any]:
 
 def _tree_unflatten(aux: Any, children: list[Any]) -> Module:
     cls, statics = aux
-    obj = object.__new__(cls)  # no validation: leaves may be gradients or traced values
+    obj: Module = object.__new__(cls)  # no validation: leaves may be gradients or traced values
     names = [f.name for f in cls._fields() if f.kind != "static"]
     for name, value in zip(names, children, strict=True):
         object.__setattr__(obj, name, value)
     for name, value in statics:
         object.__setattr__(obj, name, value)
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 Module.__sg_tree__ = (_tree_flatten, _tree_unflatten)  # type: ignore[attr-defined]
