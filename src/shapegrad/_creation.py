@@ -155,7 +155,9 @@ def dropout(x: Tensor, p: float, seed: int | Tensor, training: bool = True) -> T
     Example:
         >>> sg.dropout(sg.ones(4), 0.0, seed=0).tolist()
         [1.0, 1.0, 1.0, 1.0]
-        >>> y = sg.dropout(x, 0.1, sg.random.fold_in(key, step))
+        >>> key = sg.random.key(0)
+        >>> sg.dropout(sg.ones(1000), 0.5, sg.random.fold_in(key, 3)).sum().item() > 0
+        True
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout: probability must be in [0, 1], got {p}")

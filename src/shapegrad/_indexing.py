@@ -51,9 +51,13 @@ def index(x: Tensor, index: Any) -> Tensor:
         raise ShapeError(
             "index", f"too many indices ({n_real}) for a tensor of shape {fmt(x.shape)}"
         )
+    advanced = any(_is_array_index(i) for i in items)
+    # NumPy's placement rule looks at the index as written: an Ellipsis (even one that
+    # expands to no axes), a slice or None between advanced indices separates them.
+    written = [k for k, i in enumerate(items) if _is_array_index(i) or (advanced and _is_int(i))]
+    adjacent = written == list(range(written[0], written[-1] + 1)) if written else True
     at = next((k for k, i in enumerate(items) if i is Ellipsis), len(items))
     items[at : at + 1] = [slice(None)] * (x.ndim - n_real)  # also pads a missing '...' at the end
-    advanced = any(_is_array_index(i) for i in items)
 
     # Pass 1: slices, ints (when no arrays) and None; array positions keep their axis whole.
     starts, stops, steps, reversed_axes = [], [], [], []
@@ -99,7 +103,7 @@ def index(x: Tensor, index: Any) -> Tensor:
         y = p.gather(y, order, position)
     if not advanced:
         return y
-    return _gather_advanced(y, kept, x)
+    return _gather_advanced(y, kept, x, adjacent)
 
 
 def _check_int(i: int, size: int, axis: int, x: Tensor) -> int:
@@ -143,7 +147,7 @@ def _index_tensor(item: Any, size: int, axis: int, x: Tensor, like: Tensor) -> T
     return p.constant(wrapped, int32, like=like)
 
 
-def _gather_advanced(y: Tensor, kept: list[Any], x: Tensor) -> Tensor:
+def _gather_advanced(y: Tensor, kept: list[Any], x: Tensor, adjacent: bool) -> Tensor:
     """Pass 2: the array indices of ``kept`` (one per axis of ``y``) as one flat gather."""
     adv = [k for k, item in enumerate(kept) if item is not None]
     rest = [k for k in range(y.ndim) if k not in adv]
@@ -160,7 +164,6 @@ def _gather_advanced(y: Tensor, kept: list[Any], x: Tensor) -> Tensor:
     moved = p.permute(y, adv + rest)
     merged = p.reshape(moved, [stride, *[y.shape[k] for k in rest]])
     out = p.gather(merged, flat, 0)  # shape: batch + rest
-    adjacent = adv == list(range(adv[0], adv[-1] + 1))
     if not adjacent or adv[0] == 0:
         return out
     # NumPy puts adjacent advanced dims where the first advanced index was.

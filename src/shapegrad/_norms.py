@@ -50,7 +50,10 @@ def batch_norm(
     Returns:
         ``(y, new_running_mean, new_running_var)``.
     Example:
-        >>> y, m, v = sg.batch_norm(x, g, b, m, v, training=True)
+        >>> x = sg.tensor([[1.0, 2.0], [3.0, 6.0]])
+        >>> y, m, v = sg.batch_norm(x, None, None, sg.zeros(2), sg.ones(2), training=True)
+        >>> [round(a, 3) for a in y.numpy()[0].tolist() + m.tolist() + v.tolist()]
+        [-1.0, -1.0, 0.2, 0.4, 1.1, 1.7]
     """
     if x.ndim < 2:
         raise ShapeError("batch_norm", f"input must be [N, C, ...], got {fmt(x.shape)}")

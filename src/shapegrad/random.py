@@ -7,8 +7,11 @@ retrace (a Python-int ``seed`` is baked into the graph instead).
 
     >>> k = sg.random.key(0)
     >>> k_drop, k_init = sg.random.split(k)
-    >>> step = sg.compile(lambda x, key: sg.dropout(x, 0.1, key))
-    >>> step(x, sg.random.fold_in(k_drop, 1))      # fresh mask, same executable
+    >>> step = sg.compile(lambda x, key: sg.dropout(x, 0.5, key))
+    >>> a = step(sg.ones(8), sg.random.fold_in(k_drop, 1))   # fresh masks,
+    >>> b = step(sg.ones(8), sg.random.fold_in(k_drop, 2))   # one executable
+    >>> step.trace_count
+    1
 
 How the bits are made: element ``i`` of a sample is ``P_key(i)``, where
 ``P_key`` is a keyed permutation of the 24-bit integers built from five rounds
