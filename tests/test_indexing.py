@@ -26,7 +26,9 @@ def index_cases(draw: Any) -> tuple[tuple[int, ...], tuple[Any, ...]]:
     array_shape = draw(st.sampled_from([(2,), (1,), (2, 1), (3,)]))
     while axis < len(shape):
         size = shape[axis]
-        kind = draw(st.sampled_from(["int", "slice", "slice", "none", "array", "ellipsis", "stop"]))
+        # After '...' the remaining items must index exactly the trailing axes: no early stop.
+        kinds = ["int", "slice", "slice", "none", "array"] + ([] if used_ellipsis else ["ellipsis", "stop"])
+        kind = draw(st.sampled_from(kinds))
         if kind == "stop":
             break
         if kind == "none":
