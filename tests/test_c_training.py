@@ -130,7 +130,7 @@ def test_cnn_with_blas_contractions_matches_eager() -> None:
     fn = sg.compile(_step(_cnn_loss), backend="c", donate_argnums=0, contract_min=0)
     exe = fn.lower(params, xs[0], ys[0]).executable
     assert any(
-        k.body and type(k.body[0]).__name__ == "Contract" for k in exe.lowered.program.kernels
+        k.body and type(k.body[0]).__name__ == "Contract" for k in exe.program.kernels
     )
     (got,) = exe.bind(params).run_steps(xs, ys)
     np.testing.assert_allclose(got.reshape(-1), expected, rtol=1e-3, atol=1e-5)
