@@ -71,8 +71,6 @@ FLOAT_FUNCTIONS = {
 ARITH = {"add": "+", "sub": "-", "mul": "*"}
 COMPARE = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}
 MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i"}
-# Relative cost of one evaluation, for the renderers' scheduling estimates.
-EXPENSIVE = frozenset({"exp", "log", "sin", "cos", "tanh", "sqrt", "pow"})
 
 
 class CStyleRenderer:
@@ -277,26 +275,15 @@ class CStyleRenderer:
 
 
 def estimate_work(s: L.Stmt) -> int:
-    """Scalar operations of a statement: iterations times the ops evaluated per iteration
-    (transcendentals count 8). Renderers use it to decide whether splitting pays."""
+    """Scalar operations of a statement, as renderers count them to decide whether splitting
+    a loop across threads pays: one per element stored, two per element reduced
+    (load + combine), ``2mnk`` per product."""
     if isinstance(s, L.Loop):
         return s.var.extent * max(1, sum(estimate_work(x) for x in s.body))
     if isinstance(s, L.Reduce):
-        return math.prod(v.extent for v in s.vars) * (1 + _expr_ops(s.value))
-    if isinstance(s, L.Store):
-        return 1 + _expr_ops(s.value)
+        return 2 * math.prod(v.extent for v in s.vars)
     if isinstance(s, L.Contract):
         return 2 * s.m * s.n * s.k * s.batch * s.sum_batch
     if isinstance(s, L.CheckBounds):
         return s.size
-    return 1
-
-
-def _expr_ops(e: L.Expr) -> int:
-    ops = 0
-    for x in L.walk_expr(e):
-        if isinstance(x, L.Unary | L.Binary):
-            ops += 8 if x.op in EXPENSIVE else 1
-        elif isinstance(x, L.Select | L.Random):
-            ops += 1
-    return ops
+    return 1 if isinstance(s, L.Store) else 0
