@@ -342,8 +342,6 @@ class ParamList(TList[*Ts]):
         where = f"{cls.__name__}.init"
         if specs is None:
             raise TypeError(f"{where}: subscript the class with annotations first")
-        from shapegrad.nn._module import infer_role, role_initializer
-
         sizes = _merge_dims(specs, dims or {}, dim_kwargs, where)
         inits = _per_element(initializer, len(specs), where)
         single = not isinstance(initializer, Sequence)
@@ -353,10 +351,11 @@ class ParamList(TList[*Ts]):
         for i, (spec, init) in enumerate(zip(specs, inits, strict=True)):
             shape = _specs.build_shape(spec, sizes, f"{where} (element {i})")
             element_dtype = _specs.pick_dtype(spec, base_dtype, where)
-            if single and len(shape) < 2 and infer_role(element_names[i], shape) == "gain":
+            if single and _specs.infer_role(element_names[i], shape) == "gain":
                 # One initializer for all: a norm gain (named ln_g, gamma, scale...) gets
                 # ones, as in sg.nn.Module, not the zeros a weight initializer gives biases.
-                init = role_initializer("gain")
+                tensors.append(tensor(np.ones(shape, element_dtype.numpy), element_dtype))
+                continue
             tensors.append(_as_tensor(init(shape, seed=(seed, i), dtype=element_dtype)))
         return cls(tensors, requires_grad=requires_grad, names=names)
 

@@ -38,15 +38,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self, cast
 
 from shapegrad import _specs
+from shapegrad._specs import Role, infer_role
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
 from shapegrad.nn import init as _init
 from shapegrad.ops.eager import tensor
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
-__all__ = ["Module", "field"]
+__all__ = ["Module", "field", "infer_role", "role_initializer"]
 
-Role = Literal["weight", "bias", "gain", "state"]
 _MISSING: Any = object()
 _CLASS_VAR: Any = ClassVar
 
@@ -97,19 +97,6 @@ class _FieldInfo:
     options: _FieldOptions
     spec: _specs.TensorSpec | None = None
     module: type[Module] | None = None
-
-
-_GAIN_NAMES = ("gain", "gamma", "scale", "g")
-
-
-def infer_role(name: str, shape: tuple[int, ...], is_float: bool = True) -> Role:
-    """The default role of a tensor called ``name`` of ``shape`` (see the module docstring)."""
-    if len(shape) >= 2:
-        return "weight"
-    last = name.rsplit(".", 1)[-1].lower()
-    if last in _GAIN_NAMES or last.endswith(tuple("_" + g for g in _GAIN_NAMES)):
-        return "gain"
-    return "bias"
 
 
 def role_initializer(role: Role) -> Any:
