@@ -246,3 +246,13 @@ def test_checkpoint_keys_inside_lists_keep_parameter_names(tmp_path: Path) -> No
     assert "params/blocks/1.ln_g" in np.load(path).files
     loaded = sg.load_checkpoint(path, params).params
     np.testing.assert_array_equal(loaded["blocks"][1].w1.numpy(), params["blocks"][1].w1.numpy())
+
+
+def test_a_tensor_in_a_static_field_is_an_error_not_a_constant() -> None:
+    class Biased(Module):
+        w: Float[Tensor, "o i"]
+        b: Tensor | None = None
+
+    with pytest.raises(TypeError, match=r"Biased.b holds a tensor but is annotated"):
+        Biased(w=np.ones((2, 2), np.float32), b=np.ones(2, np.float32))
+    assert Biased(w=np.ones((2, 2), np.float32)).b is None

@@ -37,6 +37,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self, cast
 
+import numpy as np
+
 from shapegrad import _specs
 from shapegrad._specs import Role, infer_role
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
@@ -367,6 +369,11 @@ def _check_field(owner: Module, f: _FieldInfo, value: Any) -> Any:
         if items is None or not all(isinstance(m, f.module or Module) for m in items):
             raise TypeError(f"{where}: expected a list of {f.module.__name__ if f.module else 'Module'}")
         return items
+    if isinstance(value, Tensor | np.ndarray):  # it would be baked in as a constant
+        raise TypeError(
+            f"{where} holds a tensor but is annotated {f.annotation!r}, so it would be a "
+            "static setting, not a parameter; annotate it as a tensor (Float[Tensor, 'd'])"
+        )
     return value
 
 
