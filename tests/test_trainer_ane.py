@@ -86,8 +86,9 @@ def test_linux_builds_and_saves_then_step_raises(tmp_path: Any, monkeypatch: Any
         mlp_loss, [sg.tensor(p) for p in mlp_params([2, 4, 2])], mode="compiled",
         backend="ane", optimizer=SGD(lr=0.1), example_inputs=batch,
     )  # fmt: skip
-    assert trainer._ane is not None and trainer._ane.trainer.executable is not None
-    assert trainer._ane.trainer.executable.package.exists()
+    engine = trainer.strategy.engine  # type: ignore[attr-defined]
+    assert engine is not None and engine.executable is not None
+    assert engine.executable.package.exists()
     with pytest.raises(AneExecutionUnavailable, match="needs macOS"):
         trainer.step(*batch)
     with pytest.raises(AneExecutionUnavailable):
