@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,7 +58,11 @@ from shapegrad.ir import Graph, topological_order
 from shapegrad.ops.eager import tensor
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
+from shapegrad.train import mixed_precision as mp
 from shapegrad.train.mixed_precision import LossScalePolicy
+from shapegrad.train.optim import Optimizer, OptState
+from shapegrad.train.step import StepPlan, full_grads, loss_and_grads
+from shapegrad.train.strategies import FunctionCache, Kind, StepStrategy, convert_input
 
 LossFn = Callable[..., Tensor]
 RunnerFactory = Callable[[MilProgram], MilRunner]
@@ -304,6 +308,156 @@ def loss_scale_headroom(max_abs_grad: float) -> float:
     return 2.0 ** math.floor(math.log2(65504.0 / max_abs_grad))
 
 
+# --- ScalarTrainer(mode="compiled", backend="ane") ---------------------------------------
+
+
+class AneStrategy(StepStrategy):
+    """``mode="compiled", backend="ane"``: :class:`~shapegrad.train.ane.AneTrainer` per batch
+    signature; the fp32 master weights, the optimizer and the loss scale live on the host.
+
+    Args:
+        plan: the step plan (its ``scaling.window`` is the loss-scale growth window).
+        optimizer: the trainer's optimizer (the only one this strategy updates with).
+        leaves: the float32 master parameters.
+        loss_scale: the initial dynamic loss scale (capped at 2**15: fp16's limit).
+        device_optimizer: lower the update into the program.
+        runner: executor factory for the lowered program (default: Core ML, macOS only).
+    """
+
+    kind: ClassVar[Kind] = "ane"
+
+    def __init__(
+        self,
+        plan: StepPlan,
+        optimizer: Optimizer,
+        leaves: Sequence[Tensor],
+        loss_scale: float,
+        device_optimizer: bool = False,
+        runner: RunnerFactory | None = None,
+    ) -> None:
+        super().__init__(plan)
+        self.optimizer = optimizer
+        self.device_optimizer = device_optimizer
+        self.runner = runner
+        self._leaves: list[Array] = [np.asarray(x.numpy(), dtype=np.float32) for x in leaves]
+        self._opt_state: OptState | None = None  # before the engine exists
+        self.scaler = LossScaler(loss_scale, plan.scaling.window)
+        self.scaler.scale = min(self.scaler.scale, self.scaler.max_scale)  # 2**16 is inf in fp16
+        self.engine: AneTrainer | None = None  # built for the latest batch signature
+        self.functions = FunctionCache("ane")
+
+    def build(self, inputs: Sequence[Any]) -> AneTrainer:
+        """Trace, lower, convert and save the step program for this batch signature."""
+        arrays = [_ane_array(x) for x in inputs]
+        old = self.engine
+        if old is not None and old.input_avals == [(a.shape, a.dtype) for a in arrays]:
+            return old
+        engine = AneTrainer(
+            self._structured_loss,
+            self._leaves,
+            arrays,
+            self.optimizer,
+            device_optimizer=self.device_optimizer,
+            scaler=self.scaler,
+            runner=self.runner,
+            name="trainer_ane_step",
+        )
+        if self._opt_state is not None:  # keep the optimizer's progress across signatures
+            engine.opt_state = self._opt_state
+        self.engine = engine
+        return engine
+
+    def _structured_loss(self, params: list[Tensor], *inputs: Any) -> Tensor:
+        return self.plan.loss_fn(tree.unflatten(self.plan.treedef, list(params)), *inputs)
+
+    def _store(self, engine: AneTrainer) -> None:
+        self._leaves, self._opt_state = engine.params, engine.opt_state
+
+    def step(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
+        if optimizer is not self.optimizer:
+            raise NotImplementedError("ScalarTrainer(backend='ane'): only the trainer's optimizer")
+        if lr is None:  # the schedule, at the host's step count (skipped steps included)
+            schedule = self.plan.schedule
+            lr = float(
+                optimizer.lr
+                if schedule is None
+                else schedule(tensor(np.int32(self.global_step)), "float64")
+            )
+        engine = self.build(inputs)
+        loss = float(engine.step(*[_ane_array(x) for x in inputs], lr=float(lr)))
+        self._store(engine)
+        self.last_lr = float(lr)
+        self.global_step += 1
+        return loss
+
+    def forward(self, inputs: tuple[Any, ...]) -> float:
+        return float(self.build(inputs).loss(*[_ane_array(x) for x in inputs]))
+
+    def backward(self, inputs: tuple[Any, ...]) -> Any:
+        """Gradients from an ``sg.compile(..., backend="ane")`` program (macOS to run)."""
+        plan = self.plan
+
+        def grads_of(params: Any, xs: tuple[Any, ...]) -> Any:
+            _, grads = loss_and_grads(plan, params, xs, None)
+            return full_grads(plan, params, grads)
+
+        xs = tuple(convert_input(x, plan.compute) for x in inputs)
+        return self.functions.get("backward", grads_of)(self.params(), xs)
+
+    def params(self) -> Any:
+        return tree.unflatten(self.plan.treedef, [tensor(a) for a in self._leaves])
+
+    def set_params(self, params: Any) -> None:
+        self._leaves = [np.asarray(x.numpy(), dtype=np.float32) for x in tree.flatten(params)[0]]
+        if self.engine is not None:
+            self.engine.params = list(self._leaves)
+
+    def _own(self, optimizer: Optimizer) -> None:
+        if optimizer.config_key() != self.optimizer.config_key():
+            raise NotImplementedError("ScalarTrainer(backend='ane'): only the trainer's optimizer")
+
+    def optimizer_state(self, optimizer: Optimizer) -> OptState:
+        self._own(optimizer)
+        if self.engine is not None:
+            state: OptState = self.engine.opt_state
+            return state
+        if self._opt_state is None:
+            self._opt_state = optimizer.init([tensor(a) for a in self._leaves])
+        return self._opt_state
+
+    def set_optimizer_state(self, state: OptState, optimizer: Optimizer) -> None:
+        self._own(optimizer)
+        self._opt_state = state
+        if self.engine is not None:
+            self.engine.opt_state = state
+
+    def reset_optimizer_state(self) -> None:
+        self._opt_state = None
+        if self.engine is not None:
+            self._opt_state = self.optimizer.init([tensor(a) for a in self._leaves])
+            self.engine.opt_state = self._opt_state
+
+    def step_count(self, optimizer: Optimizer) -> int:
+        return self.global_step  # the ANE schedule runs on the host's step count
+
+    def scaler_state(self) -> mp.ScalerState | None:
+        return self.scaler.state()
+
+    def set_scaler_state(self, state: mp.ScalerState | None) -> None:
+        if state is not None:
+            self.scaler.set_state(state)
+
+
+def _ane_array(x: Any) -> Array:
+    """A batch input as the ANE program takes it: floats as float32, integers as int32."""
+    array = np.asarray(x.numpy() if isinstance(x, Tensor) else x)
+    if array.dtype.kind == "f":
+        return array.astype(np.float32, copy=False)
+    if array.dtype.kind in "iub":
+        return array.astype(np.int32, copy=False)
+    return array
+
+
 def check_ane_settings(
     flags: Sequence[bool], clip_norm: float | None, dtype: Any, leaves: Sequence[Tensor]
 ) -> None:
@@ -328,6 +482,7 @@ def check_ane_settings(
 
 
 __all__ = [
+    "AneStrategy",
     "AneTrainer",
     "LossScaler",
     "all_finite",

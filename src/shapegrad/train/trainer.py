@@ -41,7 +41,6 @@ from shapegrad.train.optim import trainable_flags as _flags
 from shapegrad.train.schedules import Schedule
 from shapegrad.train.step import LossFn, StepPlan
 from shapegrad.train.strategies import (
-    AneStrategy,
     BoundStrategy,
     CompiledStrategy,
     EagerStrategy,
@@ -148,7 +147,7 @@ class ScalarTrainer:
         elif kind == "bound":
             self._strategy = BoundStrategy(plan, params_tree, scaler, self.backend)
         else:
-            from shapegrad.train.ane import check_ane_settings
+            from shapegrad.train.ane import AneStrategy, check_ane_settings
 
             check_ane_settings(flags, clip_norm, dtype, leaves)
             ane = AneStrategy(
