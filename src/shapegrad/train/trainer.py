@@ -87,10 +87,11 @@ class ScalarTrainer:
     signature, fp32 master weights and the optimizer stay on the host (or in the program,
     in fp32, with ``device_optimizer=True``), and the dynamic loss scale skips steps
     whose gradients overflow (``skipped_steps``, ``loss_scale``). ``forward``, ``step``,
-    ``fit``, ``get_params``/``set_params`` work as documented; on Linux the program is
-    built and saved but ``step``/``forward`` raise ``AneExecutionUnavailable`` (Core ML
-    execution needs macOS; never a silent fallback). ``clip_norm``, frozen parameters,
-    ``backward``, ``step_many``, side optimizers and checkpoints are not supported there.
+    ``step_many`` (K single steps), ``fit``, ``get_params``/``set_params`` and checkpoints
+    work as documented; on Linux the program is built and saved but ``step``/``forward``
+    raise ``AneExecutionUnavailable`` (Core ML execution needs macOS; never a silent
+    fallback). ``clip_norm``, frozen parameters and side optimizers (``adam_step``...) are
+    not supported there; ``backward`` compiles its own program for the ane backend.
     Example:
         >>> t = ScalarTrainer(loss, params, optimizer=sg.optim.SGD(lr=0.1, momentum=0.9))
         >>> t.step(x, y)
