@@ -218,3 +218,31 @@ def test_bound_state_is_read_back_only_when_asked() -> None:
     assert strategy.live is None
     trainer.step(a, b)
     assert strategy.live is not None and int(trainer.optimizer_state()["step"]) == 3
+
+
+def embedding_regression(params: Any, ids: Tensor, targets: Tensor) -> Tensor:
+    (table,) = params
+    return ((sg.embedding(table, ids) - targets) ** 2).mean()
+
+
+@pytest.mark.skipif(not HAS_C, reason="the C backend (a C compiler) is not available")
+def test_a_failing_step_in_step_many_keeps_the_steps_before_it() -> None:
+    """A bad id at step 2 of 4: IndexError naming the step; the trainer's state is that
+    of the two completed steps (read back from the executable), as in an eager run of two."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(4, 3)).astype(np.float32)
+    ids = rng.integers(0, 4, size=(4, 5)).astype(np.int32)
+    targets = rng.normal(size=(4, 5, 3)).astype(np.float32)
+    ids[2, 1] = 7  # out of range for 4 rows
+    trainer = ScalarTrainer(
+        embedding_regression, [sg.tensor(table)], mode="compiled", backend="c",
+        optimizer=optim.SGD(0.1),
+    )  # fmt: skip
+    with pytest.raises(IndexError, match="step 2"):
+        trainer.step_many(ids, targets)
+    reference = ScalarTrainer(embedding_regression, [sg.tensor(table)], optimizer=optim.SGD(0.1))
+    for t in range(2):
+        reference.step(ids[t], targets[t])
+    for got, want in zip(trainer.get_params(), reference.get_params(), strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert int(trainer.optimizer_state()["step"]) == 2

@@ -43,9 +43,12 @@ the protocol below is the whole contract. Its semantics:
 * **State.** ``bound.state`` are the live state arrays (read them, but do not
   keep them across steps expecting old values); ``read_state()`` returns
   copies; ``write_state(arrays)`` replaces the state in place (validated).
-* **Errors.** A native error (e.g. an out-of-range gather index) raises after
-  the call; the steps before it have updated the state; what the failing step
-  itself left is defined by the backend's error contract.
+* **Errors.** A native error (e.g. an out-of-range gather index) is recorded
+  by the program and raised after the call (``IndexError`` for bad indices).
+  In a K-step run the message names the failing step: the steps before it are
+  complete (state updated, outputs written), later ones did not run, and the
+  message says whether the failing step itself changed any state (it does not
+  when the bad index is a program input, checked before any kernel).
 """
 
 from __future__ import annotations

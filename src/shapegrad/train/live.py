@@ -110,12 +110,12 @@ class LiveStep:
     def step(self, inputs: Sequence[Any], lr: float | None) -> float:
         """Run one step; returns the loss (``last_lr`` is updated)."""
         batch = self._batch(inputs) if self._convert else inputs
+        self.dirty = True  # before the call: a failing step may have changed the state
         if lr is None:
             loss, rate = self._run(*batch)
         else:
             self._rate[()] = lr
             loss, rate = self._run(self._rate, *batch)
-        self.dirty = True
         self.last_lr = float(rate)
         return float(loss)
 
@@ -127,8 +127,8 @@ class LiveStep:
             arrays.append(a if a.flags.c_contiguous else a.copy(order="C"))
         count = arrays[0].shape[0]
         rates = [] if lr is None else [np.full(count, lr, self._rate.dtype)]
+        self.dirty = True  # before the call: the steps before a failing one are applied
         losses, lrs = self.bound.run_steps(*rates, *arrays)
-        self.dirty = True
         if len(lrs):
             self.last_lr = float(lrs[-1])
         return np.array(losses, copy=True)
