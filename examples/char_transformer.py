@@ -2,6 +2,8 @@
 
 Blocks are a list of sub-modules; every parameter's shape is in an annotation, sizes come
 from `CharModel.init(v=..., d=..., layers=...)`. Causal single-head attention, pre-norm.
+The loss takes a `key`, so the trainer hands it a fresh random key every step (dropout
+masks change per step inside one compiled C step; checkpoints resume the same stream).
 Run: python examples/char_transformer.py [steps]
 """
 
@@ -41,15 +43,19 @@ class CharModel(Module):
     head: Linear = field(dims={"d_in": "d", "d_out": "v"})
 
 
-def logits(model: CharModel, ids: Int[Tensor, "b t"]) -> Float[Tensor, "b t v"]:
+def logits(model: CharModel, ids: Int[Tensor, "b t"], key: Tensor | None = None) -> Float[Tensor, "b t v"]:
     x = sg.embedding(model.embed, ids) + model.position
     for block in model.blocks:
         x = block(x)
+    if key is not None:  # training: dropout before the head
+        x = sg.dropout(x, 0.1, key)
     return model.head(model.ln_f(x))
 
 
-def loss(model: CharModel, ids: Int[Tensor, "b t"], targets: Int[Tensor, "b t"]) -> Float[Tensor, ""]:
-    scores = logits(model, ids)
+def loss(
+    model: CharModel, ids: Int[Tensor, "b t"], targets: Int[Tensor, "b t"], *, key: Tensor
+) -> Float[Tensor, ""]:
+    scores = logits(model, ids, key)
     return sg.cross_entropy(scores.reshape((-1, scores.shape[-1])), targets.reshape((-1,)))
 
 
