@@ -27,7 +27,7 @@ from shapegrad.backends.base import BackendUnavailable, CompileOptions, register
 from shapegrad.backends.cuda.render import render_cuda
 from shapegrad.backends.cuda.toolchain import NvccNotFound, build_launcher, make_spec, nvcc
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.pipeline import lower_program, stage_dumper
+from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import CUDA_TARGET, Target
 from shapegrad.ir import Graph
 
@@ -89,17 +89,8 @@ class CudaBackend:
         except NvccNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            _dump(options.debug_dir, options.name, program, spec.full_source())
+            dump_program(options.debug_dir, options.name, program, spec.full_source(), ".cu")
         return CudaExecutable(graph, program, load_launcher(path, spec.key), path, device)
-
-
-def _dump(folder: str, name: str, program: L.Program, source: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    for suffix, text in ((".loops.txt", program.format() + "\n"), (".cu", source)):
-        path = os.path.join(folder, name + suffix)
-        with open(path + ".tmp", "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(path + ".tmp", path)
 
 
 register_backend("cuda", CudaBackend)
