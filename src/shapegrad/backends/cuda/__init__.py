@@ -90,7 +90,9 @@ class CudaBackend:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
             dump_program(options.debug_dir, options.name, program, spec.full_source(), ".cu")
-        return CudaExecutable(graph, program, load_launcher(path, spec.key), path, device)
+        launches = source.count(">>>(") + source.count("cublasGemmStridedBatchedEx(blas")
+        lib = load_launcher(path, spec.key)
+        return CudaExecutable(graph, program, lib, path, device, launches)
 
 
 register_backend("cuda", CudaBackend)

@@ -42,7 +42,13 @@ class CudaExecutable:
     """A compiled graph on one device; see the module docstring."""
 
     def __init__(
-        self, graph: Graph, program: L.Program, lib: Any, path: str, device: DeviceContext
+        self,
+        graph: Graph,
+        program: L.Program,
+        lib: Any,
+        path: str,
+        device: DeviceContext,
+        launches_per_step: int = 0,
     ) -> None:
         self.graph, self.program, self.lib, self.path, self.device = (
             graph,
@@ -52,6 +58,7 @@ class CudaExecutable:
             device,
         )
         f = ffi()
+        self.launches_per_step = launches_per_step  # kernels + cuBLAS calls (the dumped source)
         self.layout = StateLayout.of(graph)
         self.n_slots = max(program.n_slots, 1)
         self._slot_of_input = [program.buffers[b].slot for b in program.inputs]
