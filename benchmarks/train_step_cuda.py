@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_step as base  # noqa: E402  (the shared workloads)
+import train_step as base
 
-import shapegrad as sg  # noqa: E402
+import shapegrad as sg
 
 ROWS = {
     "moons10": ("moons", 10, 200),
