@@ -258,3 +258,21 @@ def test_nvcc_reports_a_clear_error_for_bad_source() -> None:
     with pytest.raises(NvccError, match="nvcc -cubin -arch=sm_90 failed"):
         compile_check("__global__ void broken( {")
     assert subprocess.run(["nvcc", "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: nothing is unavailable here")
+def test_trainer_on_cuda_raises_without_a_gpu_unless_asked_to_fall_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shapegrad.models import MoonsMLP
+
+    params = MoonsMLP.init(sg.nn.init.kaiming, seed=0, h=4)
+
+    def loss(p: Any, x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+        return sg.hinge(sg.nn.mlp(p, x).reshape((x.shape[0],)), y)
+
+    with pytest.raises(BackendUnavailable, match="backend 'cuda' cannot run here"):
+        sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda")
+    trainer = sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda", fallback="numpy")
+    assert trainer.backend == "numpy"
+    assert "falling back to 'numpy'" in capsys.readouterr().out
