@@ -63,8 +63,9 @@ def _permute(x: Tensor, k0: Tensor, k1: Tensor) -> Tensor:
     """The keyed permutation ``P_(k0, k1)`` of 24-bit integers (float64), elementwise."""
     s = x
     for r, (add, mul) in enumerate(zip(_ADD, _MUL, strict=True)):
-        s = _low(s + (k0 if r % 2 == 0 else k1) + float(add))
-        s = _low(s * float(mul))
+        # ((s + a) mod M) * C mod M == (s + a) * C mod M, and (s + a) * C < 2^50 is exact:
+        # one reduction instead of two (each one is a separate C loop today).
+        s = _low((s + (k0 if r % 2 == 0 else k1) + float(add)) * float(mul))
         s = _low(s * (s * 2.0 + 1.0))
         high = _floor_div(s, _HALF)
         s = (s - high * _HALF) * _HALF + high  # swap the 12-bit halves
