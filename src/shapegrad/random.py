@@ -24,6 +24,10 @@ counter bit flips half the output bits. The integers are held exactly in
 float64 (every product is below 2^49), so eager and every compiled backend give
 identical bits. (The RANDOM primitive cannot take the key: its seed is a
 compile-time attribute.)
+
+Cost: compiled with the C backend a keyed sample takes about 28 elementwise loops
+over float64 today (intermediates used twice are materialised by fusion), roughly
+10-25x a seeded ``sg.rand``; ``benchmarks/keys_and_modules.py`` measures it.
 """
 
 from __future__ import annotations
