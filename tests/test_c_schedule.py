@@ -5,6 +5,7 @@ the product, im2col patch tests split per kernel position, vectorized transcende
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
@@ -111,3 +112,27 @@ def test_transcendentals_use_vector_math_within_tolerance() -> None:
     x64 = x.astype(np.float64)
     want = np.tanh(x64) + np.exp(x64 * 0.5) * np.log(np.abs(x64) + 1.0)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_thread_count_follows_shapegrad_then_openmp_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shapegrad.backends.c.executable import num_threads
+
+    monkeypatch.delenv("SHAPEGRAD_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
+    assert num_threads() == 3
+    monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", "1")
+    assert num_threads() == 1
+
+
+def test_openmp_waits_passively_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shapegrad.backends.c.executable import configure_openmp_waiting
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    configure_openmp_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    configure_openmp_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
