@@ -110,6 +110,7 @@ CUDA_TARGET = Target(
     name="cuda",
     contract_min_macs=1 << 15,
     contract_dtypes=frozenset({"float16", "float32", "float64"}),
+    runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
     row_form=False,
     batch_fusion=False,
     alignment=256,
