@@ -200,15 +200,14 @@ def time_numpy(w: dict[str, Any], name: str) -> float | None:
     return per_call(step)
 
 
-def time_torch(w: dict[str, Any], name: str) -> float | None:
-    try:
-        import torch
-    except Exception:  # not installed (or a broken install): leave the column empty
-        return None
-    torch.set_num_threads(2)
-    params = [torch.tensor(p, requires_grad=True) for p in w["params"]]
-    x = torch.tensor(w["xs"][0])
-    y = torch.tensor(w["ys"][0]).long() if name != "moons" else torch.tensor(w["ys"][0])
+def torch_sgd_step(w: dict[str, Any], name: str, device: str = "cpu") -> Callable[[], Any]:
+    """The workload's SGD step in PyTorch (same math, same initial weights); returns the loss."""
+    import torch
+
+    params = [torch.tensor(p, requires_grad=True, device=device) for p in w["params"]]
+    x = torch.tensor(w["xs"][0], device=device)
+    y = torch.tensor(w["ys"][0], device=device)
+    y = y if name == "moons" else y.long()
 
     def forward() -> Any:
         if name == "cnn":
@@ -223,14 +222,24 @@ def time_torch(w: dict[str, Any], name: str) -> float | None:
             return torch.relu(1 - y * out[:, 0]).mean()
         return torch.nn.functional.cross_entropy(out, y)
 
-    def step() -> None:
+    def step() -> Any:
         loss = forward()
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads, strict=True):
-                p -= LR * g
+                p.sub_(LR * g)
+        return loss
 
-    return per_call(step)
+    return step
+
+
+def time_torch(w: dict[str, Any], name: str) -> float | None:
+    try:
+        import torch
+    except Exception:  # not installed (or a broken install): leave the column empty
+        return None
+    torch.set_num_threads(2)
+    return per_call(torch_sgd_step(w, name))
 
 
 def time_jax(w: dict[str, Any], name: str) -> float | None:
