@@ -216,7 +216,18 @@ def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
     if obj is None or kind is str:
         parts.append((kind, obj))
         return True
-    return False
+    node = tree.node_for(kind)  # a registered container: sg.nn.Module, a dataclass, ...
+    if node is None:
+        return False
+    children, keys, aux = node.flatten(obj)
+    try:
+        parts.append((kind, tuple(keys), aux, hash(aux)))
+    except TypeError:
+        return False  # unhashable static data: the full path compares it
+    for child in children:  # noqa: SIM110 - as above
+        if not _fast_key(child, leaves, parts):
+            return False
+    return True
 
 
 @dataclass
