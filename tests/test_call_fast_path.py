@@ -161,7 +161,7 @@ def test_modules_and_dataclasses_take_the_fast_path() -> None:
 
     class Affine(sg.nn.Module):
         w: Float[Tensor, "3 2"]
-        b: Float[Tensor, "2"]
+        b: Float[Tensor, 2]
 
     @dataclass
     class Pair:
