@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad import tree
+from shapegrad._names import safe_name
 from shapegrad.backends.base import (
     Array,
     CompileOptions,
@@ -532,7 +533,7 @@ def compile(
         raise ValueError(f"unknown backend {backend!r}; choose one of {available_backends()}")
 
     def make(f: Callable[..., Any]) -> Compiled:
-        label = name or str(getattr(f, "__name__", "fn"))
+        label = safe_name(name or str(getattr(f, "__name__", "fn")))
         options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
         return Compiled(f, backend, nums, options, donate)
 

@@ -17,6 +17,7 @@ import shlex
 import shutil
 from dataclasses import replace
 
+from shapegrad._names import safe_name
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
 from shapegrad.backends.c.executable import BoundStep, CExecutable, NativeError, load_library
 from shapegrad.backends.c.render import render_c, uses_blas
@@ -67,7 +68,7 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[Lower
     """
     options = options or CompileOptions()
     plan = plan_fusion(graph, fuse_epilogues=bool(options.get("fuse_epilogues", True)))
-    lowered = lower_to_loops(graph, options.name, plan, options.get("contract_min"))
+    lowered = lower_to_loops(graph, safe_name(options.name), plan, options.get("contract_min"))
     n_slots = assign_slots(lowered)
     profile = bool(options.get("profile", False))
     return lowered, render_c(lowered.program, n_slots, profile)
