@@ -37,7 +37,7 @@ from shapegrad.backends.base import (
 )
 from shapegrad.compiler.debug import GraphDumper, debug_root
 from shapegrad.compiler.passes import PassStat, count_nodes, optimize
-from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32
+from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
 from shapegrad.ops.eager import EAGER
 from shapegrad.ops.graph import GraphOps
@@ -148,7 +148,7 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[AVal]:
 def _to_array(leaf: Any, aval: AVal) -> Array:
     if isinstance(leaf, Tensor):
         leaf = leaf.numpy()
-    array = np.asarray(leaf, dtype=aval.dtype.numpy)
+    array = to_numpy(leaf, aval.dtype.numpy, what="compiled call")
     # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
     return array if array.flags.c_contiguous else array.copy(order="C")
 
@@ -242,7 +242,7 @@ def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
 
 
 def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
-    array = np.asarray(leaf, dtype=dtype)
+    array = to_numpy(leaf, dtype, what="compiled call")
     # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
     return array if array.flags.c_contiguous else array.copy(order="C")
 

@@ -1,0 +1,222 @@
+"""No silent wrong answers at the edges (issue 17, items 2, 4, 7, 9 and 11).
+
+References: NumPy, closed forms, and PyTorch where installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+from shapegrad.dtypes import DTypeError, Int32OverflowError
+from shapegrad.train.losses import softmax_cross_entropy
+
+MODES = ["eager", "numpy", "c"]
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+
+
+def _run(mode: str, fn: Callable[..., Any], *args: Any) -> Any:
+    if mode == "eager":
+        return fn(*[sg.tensor(a) if isinstance(a, np.ndarray) else a for a in args])
+    if mode == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    return sg.compile(fn, backend=mode)(*args)
+
+
+# --- item 2: user strings never reach generated source unescaped -------------------------
+
+
+@needs_cc
+def test_function_name_cannot_inject_code_into_the_c_source(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHAPEGRAD_DEBUG", str(tmp_path / "dump"))
+    evil = "f */ int injected_symbol = 1; /*"
+    fn = sg.compile(lambda x: x * 3.0, backend="c", name=evil)
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(fn(x).numpy(), 3 * x)
+    (source,) = (tmp_path / "dump").rglob("*.c")
+    text = source.read_text()
+    assert "injected_symbol" in text  # the name is still there, readable ...
+    assert "*/ int injected_symbol" not in text  # ... but it cannot close the comment
+    with open(fn.lower(x).executable.source_path, "rb") as handle:
+        assert b"injected_symbol" not in handle.read()  # no such symbol was compiled
+
+
+def test_safe_name() -> None:
+    from shapegrad._names import safe_name
+
+    assert "*/" not in safe_name("f */ int x; /*")
+    assert "/" not in safe_name("../../etc/passwd") and ".." not in safe_name("../../etc/passwd")
+    assert safe_name("<lambda>") == "<lambda>" and safe_name("Model.loss") == "Model.loss"
+    assert safe_name("") == "fn" and len(safe_name("x" * 1000)) == 80
+
+
+@needs_cc
+def test_debug_dump_names_stay_inside_the_dump_directory(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dump = tmp_path / "a" / "b" / "dump"
+    monkeypatch.setenv("SHAPEGRAD_DEBUG", str(dump))
+    fn = sg.compile(lambda x: x + 1.0, backend="c", name="../../../escaped")
+    fn(np.ones(2, np.float32))
+    outside = [p for p in tmp_path.rglob("*") if not p.resolve().is_relative_to(dump.resolve())]
+    assert all(p in (tmp_path / "a", tmp_path / "a" / "b", dump) for p in outside), outside
+
+
+# --- item 4: integers that do not fit int32 are refused, never wrapped --------------------
+
+TABLE = np.arange(12, dtype=np.float32).reshape(4, 3)
+BIG = np.array([2**32 + 1])  # wraps to 1 in int32
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_take_refuses_int64_indices_outside_int32(mode: str) -> None:
+    with pytest.raises(Int32OverflowError, match="4294967297"):
+        _run(mode, lambda t, i: sg.take(t, i, axis=0), TABLE, BIG)
+    with pytest.raises(IndexError):  # also an IndexError, as an out-of-range index is
+        _run(mode, lambda t, i: sg.embedding(t, i), TABLE, BIG)
+
+
+def test_take_with_host_int64_indices_refuses_them_eagerly() -> None:
+    with pytest.raises(Int32OverflowError, match="take: indices value 4294967297"):
+        sg.take(sg.tensor(TABLE), BIG, axis=0)
+    with pytest.raises(Int32OverflowError, match="embedding: indices value -4294967295"):
+        sg.embedding(sg.tensor(TABLE), -BIG + 2)
+
+
+@pytest.mark.parametrize("bad", [np.array([1.7]), np.array([True, False])])
+def test_float_and_bool_index_arrays_are_rejected_not_truncated(bad: np.ndarray[Any, Any]) -> None:
+    with pytest.raises(DTypeError, match="indices must be integers"):
+        sg.take(sg.tensor(TABLE), bad, axis=0)
+    with pytest.raises(DTypeError, match="indices must be integers"):
+        sg.embedding(sg.tensor(TABLE), bad)
+
+
+def test_in_range_int64_indices_still_work() -> None:
+    got = sg.take(sg.tensor(TABLE), np.array([3, 0], np.int64), axis=0).numpy()
+    np.testing.assert_array_equal(got, TABLE[[3, 0]])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cross_entropy_refuses_labels_outside_int32(mode: str) -> None:
+    labels = np.array([0, 1, 2, 2**32 + 1])
+    with pytest.raises(Int32OverflowError, match="4294967297"):
+        _run(mode, sg.cross_entropy, TABLE, labels)
+
+
+def test_tensor_creation_refuses_to_wrap() -> None:
+    with pytest.raises(Int32OverflowError, match="1099511627776"):
+        sg.tensor(np.array([2**40]))
+    with pytest.raises(OverflowError):
+        sg.tensor([1, -(2**31) - 1])
+    assert sg.tensor(np.array([2**31 - 1, -(2**31)])).tolist() == [2**31 - 1, -(2**31)]
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_trainer_refuses_int64_labels_outside_int32(mode: str) -> None:
+    from shapegrad import models
+
+    params = models.DigitsMLP.init(sg.nn.init.kaiming, seed=0, h=8)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    trainer = sg.ScalarTrainer(models.digits_loss, params, mode=mode, backend="numpy")
+    with pytest.raises(Int32OverflowError):
+        trainer.step(x, np.array([0, 1, 2, 2**32 + 1]))
+
+
+# --- item 7: cross-entropy with masked (-inf) logits is finite, like PyTorch --------------
+
+INF = np.inf
+MASKED = np.array([[0.0, -INF, 1.0], [2.0, 0.0, -INF], [-INF, -INF, 3.0]], np.float32)
+LABELS = np.array([0, 1, 2], np.int32)
+
+
+def _masked_reference() -> tuple[float, np.ndarray[Any, Any]]:
+    """Closed form in float64: loss = mean(lse - x[label]); grad = (softmax - onehot) / n."""
+    x = MASKED.astype(np.float64)
+    shift = x.max(axis=1, keepdims=True)
+    e = np.exp(x - shift)
+    lse = np.log(e.sum(axis=1)) + shift[:, 0]
+    loss = float(np.mean(lse - x[np.arange(3), LABELS]))
+    grad = (e / e.sum(axis=1, keepdims=True) - np.eye(3)[LABELS]) / 3
+    return loss, grad
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("loss", [sg.cross_entropy, softmax_cross_entropy], ids=["sg", "train"])
+def test_cross_entropy_with_masked_logits_is_finite(mode: str, loss: Any) -> None:
+    value, grad = _run(mode, sg.value_and_grad(loss), MASKED, LABELS)
+    want_value, want_grad = _masked_reference()
+    assert np.isfinite(value.item())
+    np.testing.assert_allclose(value.item(), want_value, rtol=1e-6)
+    np.testing.assert_allclose(grad.numpy(), want_grad, rtol=1e-5, atol=1e-7)
+    onehot = np.eye(3, dtype=np.float32)[LABELS]
+    soft_value = _run(mode, loss, MASKED, onehot)
+    np.testing.assert_allclose(soft_value.item(), want_value, rtol=1e-6)
+
+
+def test_cross_entropy_with_masked_logits_matches_pytorch() -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is the reference here")
+    x = torch.tensor(MASKED.astype(np.float64), requires_grad=True)
+    want = torch.nn.functional.cross_entropy(x, torch.tensor(LABELS, dtype=torch.long))
+    want.backward()
+    value, grad = sg.value_and_grad(sg.cross_entropy)(sg.tensor(MASKED.astype(np.float64)), LABELS)
+    np.testing.assert_allclose(value.item(), want.item(), rtol=1e-12)
+    assert x.grad is not None
+    np.testing.assert_allclose(grad.numpy(), x.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+@needs_cc
+def test_compiled_masked_cross_entropy_is_the_same_for_every_batch() -> None:
+    fn = sg.compile(sg.cross_entropy, backend="c")
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        logits = rng.standard_normal((8, 5)).astype(np.float32)
+        labels = rng.integers(0, 5, 8).astype(np.int32)
+        logits[np.arange(8), (labels + 1) % 5] = -INF
+        want = sg.cross_entropy(sg.tensor(logits), labels).item()
+        assert np.isfinite(want)
+        np.testing.assert_allclose(fn(logits, labels).item(), want, rtol=1e-6)
+
+
+# --- items 9 and 11: reductions over zero-length axes --------------------------------------
+
+EMPTY = np.zeros((3, 0), np.float32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mean_over_an_empty_axis_is_nan(mode: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy: "Mean of empty slice"
+        want = EMPTY.mean(axis=1)
+    got = _run(mode, lambda x: sg.mean(x, axis=1), EMPTY).numpy()
+    assert got.shape == (3,) and np.isnan(got).all() and np.isnan(want).all()
+    assert np.isnan(_run(mode, lambda x: sg.mean(x), EMPTY).item())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_logsumexp_and_softmax_over_an_empty_axis(mode: str) -> None:
+    lse = _run(mode, lambda x: sg.logsumexp(x, axis=1), EMPTY).numpy()
+    np.testing.assert_array_equal(lse, np.full(3, -np.inf, np.float32))
+    kept = _run(mode, lambda x: sg.logsumexp(x, axis=1, keepdims=True), EMPTY)
+    assert kept.shape == (3, 1)
+    assert _run(mode, lambda x: sg.softmax(x, axis=1), EMPTY).shape == (3, 0)
+    assert _run(mode, lambda x: sg.log_softmax(x, axis=1), EMPTY).shape == (3, 0)
+    grad = _run(mode, sg.grad(lambda x: sg.softmax(x, axis=1).sum()), EMPTY)
+    assert grad.shape == (3, 0)
+
+
+def test_empty_axis_reductions_match_pytorch() -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch is the reference here")
+    z = torch.zeros(3, 0)
+    np.testing.assert_array_equal(
+        sg.logsumexp(sg.tensor(EMPTY), axis=1).numpy(), torch.logsumexp(z, 1).numpy()
+    )
+    np.testing.assert_array_equal(sg.mean(sg.tensor(EMPTY), axis=1).numpy(), z.mean(1).numpy())
+    assert sg.softmax(sg.tensor(EMPTY), axis=1).shape == tuple(torch.softmax(z, 1).shape)
