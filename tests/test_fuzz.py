@@ -144,7 +144,7 @@ def _torch_available() -> bool:
     return True
 
 
-FAST_SEEDS = range(6)  # 48 programs, one C compile per 8: about 30 s on the shared 2-core box
+FAST_SEEDS = range(10)  # 80 programs, one C compile per 8: about 20-30 s cold on the 2-core box
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)
