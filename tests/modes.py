@@ -112,3 +112,28 @@ MODES["c"] = Runner(
     ),
     unavailable=_c_unavailable,
 )
+
+
+def _c_plain() -> Any:
+    """The C target with its CPU-specific stages off: a target can switch them off and
+    every op still computes the same values."""
+    from shapegrad.compiler.target import C_TARGET
+
+    return C_TARGET.replace(
+        batch_fusion=False,
+        row_form=False,
+        fuse_epilogues=False,
+        skip_stages=frozenset({"hoist_bounds_checks"}),
+    )
+
+
+MODES["c_plain"] = Runner(
+    "c_plain",
+    call=lambda fn, args: outputs(
+        sg.compile(fn, backend="c", target=_c_plain())(*as_tensors(args))
+    ),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="c", target=_c_plain())(*as_tensors(args))
+    ),
+    unavailable=_c_unavailable,
+)

@@ -50,8 +50,8 @@ X = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
 
 def _key(fn: Callable[[sg.Tensor], sg.Tensor]) -> str:
     graph = sg.compile(fn, backend="numpy").graph(X)
-    lowered, source = generate(graph, CompileOptions(name="<lambda>"))
-    return toolchain.make_spec(source, uses_blas(lowered.program)).key
+    program, source = generate(graph, CompileOptions(name="<lambda>"))
+    return toolchain.make_spec(source, uses_blas(program)).key
 
 
 def _check(fn: Callable[[sg.Tensor], sg.Tensor], scale: float) -> None:

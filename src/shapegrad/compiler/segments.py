@@ -10,7 +10,6 @@ unchanged: a select with a constant condition is exactly the branch it picks.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 from shapegrad.compiler import loops as L
 
@@ -23,7 +22,7 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     tests on ``loop.var`` inside ``loop``, or None when there are none (or too many)."""
     n = loop.var.extent
     points = {0, n}
-    for e in _exprs(loop.body):
+    for e in L.all_expressions(loop.body):
         for x in L.walk_expr(e):
             if isinstance(x, L.InRange) and x.index.terms == ((loop.var, 1),):
                 points |= {min(max(b - x.index.const, 0), n) for b in (x.lo, x.hi)}
@@ -35,36 +34,15 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
 
 def specialize(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> tuple[L.Stmt, ...]:
     """``body`` with every range test on ``var`` folded for ``lo <= var < hi``."""
-    return tuple(_stmt(s, var, lo, hi) for s in body)
-
-
-def _exprs(body: tuple[L.Stmt, ...]) -> list[L.Expr]:
-    out: list[L.Expr] = []
-    for s in body:
-        if isinstance(s, L.Loop):
-            out.extend(_exprs(s.body))
-        elif isinstance(s, L.Store | L.Accumulate):
-            out.append(s.value)
-        elif isinstance(s, L.Declare):
-            out.append(s.init)
-    return out
-
-
-def _stmt(s: L.Stmt, var: L.Var, lo: int, hi: int) -> L.Stmt:
-    if isinstance(s, L.Loop):
-        return replace(s, body=specialize(s.body, var, lo, hi))
-    if isinstance(s, L.Store | L.Accumulate):
-        return replace(s, value=_expr(s.value, var, lo, hi))
-    if isinstance(s, L.Declare):
-        return replace(s, init=_expr(s.init, var, lo, hi))
-    return s
+    return L.map_body(body, lambda e: _fold(e, var, lo, hi))
 
 
 def _truth(e: L.Expr) -> bool | None:
     return bool(e.value) if isinstance(e, L.Const) and e.dtype.name == "bool" else None
 
 
-def _expr(e: L.Expr, var: L.Var, lo: int, hi: int) -> L.Expr:
+def _fold(e: L.Expr, var: L.Var, lo: int, hi: int) -> L.Expr:
+    """One bottom-up folding step (children are already folded)."""
     if isinstance(e, L.InRange) and e.index.terms == ((var, 1),):
         first, last = lo + e.index.const, hi - 1 + e.index.const
         if e.lo <= first and last < e.hi:
@@ -73,22 +51,16 @@ def _expr(e: L.Expr, var: L.Var, lo: int, hi: int) -> L.Expr:
             return L.bool_const(False)
         return e
     if isinstance(e, L.Select):
-        cond = _expr(e.cond, var, lo, hi)
-        known = _truth(cond)
+        known = _truth(e.cond)
         if known is not None:
-            return _expr(e.a if known else e.b, var, lo, hi)
-        return replace(e, cond=cond, a=_expr(e.a, var, lo, hi), b=_expr(e.b, var, lo, hi))
-    if isinstance(e, L.Binary):
-        a, b = _expr(e.a, var, lo, hi), _expr(e.b, var, lo, hi)
-        if e.op == "and":
-            ta, tb = _truth(a), _truth(b)
-            if ta is False or tb is False:
-                return L.bool_const(False)
-            if ta is True:
-                return b
-            if tb is True:
-                return a
-        return replace(e, a=a, b=b)
-    if isinstance(e, L.Unary | L.Cast):
-        return replace(e, x=_expr(e.x, var, lo, hi))
+            return e.a if known else e.b
+        return e
+    if isinstance(e, L.Binary) and e.op == "and":
+        ta, tb = _truth(e.a), _truth(e.b)
+        if ta is False or tb is False:
+            return L.bool_const(False)
+        if ta is True:
+            return e.b
+        if tb is True:
+            return e.a
     return e

@@ -1,13 +1,16 @@
 """Backend ``"c"``: loop IR rendered to C, compiled by the system compiler, loaded with cffi.
 
-Pipeline: ``lower_to_loops`` (fusion, memory plan) -> ``render_c`` -> compile
-into the disk cache (``toolchain``) -> ``dlopen`` -> :class:`CExecutable`.
-``SHAPEGRAD_DEBUG=<dir>`` (via ``CompileOptions.debug_dir``) receives
-``<name>.loops.txt`` and ``<name>.c``.
+Pipeline: ``compiler.pipeline.lower_program`` with :data:`C_TARGET` (the loop
+stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
+``dlopen`` -> :class:`CExecutable`. ``SHAPEGRAD_DEBUG=<dir>`` (via
+``CompileOptions.debug_dir``) receives the program after every loop stage
+(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt`` and ``<name>.c``.
 
-Backend options (``CompileOptions.extra``): ``contract_min`` (smallest
-matrix product, in multiply-adds, sent to BLAS), ``fuse_epilogues`` (bool),
-``profile`` (bool: per-kernel wall time, read with ``CExecutable.profile()``).
+Backend options (``CompileOptions.extra``): ``target`` (a
+:class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
+``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
+``fuse_epilogues`` (bool) as shorthands for those target fields, ``profile``
+(bool: per-kernel wall time, read with ``CExecutable.profile()``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from dataclasses import replace
 
 from shapegrad._names import safe_name
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
@@ -32,8 +34,8 @@ from shapegrad.backends.c.toolchain import (
     missing_compiler_message,
 )
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.fusion import plan_fusion
-from shapegrad.compiler.lower import Lowered, lower_to_loops
+from shapegrad.compiler.pipeline import lower_program, stage_dumper
+from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph
 
 __all__ = [
@@ -47,31 +49,28 @@ __all__ = [
 ]
 
 
-def assign_slots(lowered: Lowered) -> int:
-    """Number the I/O table: inputs (graph order), then outputs, then constants."""
-    buffers = lowered.program.buffers
-    slot = 0
-    order = list(dict.fromkeys(lowered.input_buffers))
-    order += [b.name for b in buffers.values() if b.kind == "output"]
-    order += [b.name for b in buffers.values() if b.kind == "const"]
-    for name in order:
-        buffers[name] = replace(buffers[name], slot=slot)
-        slot += 1
-    return slot
+def c_target(options: CompileOptions) -> Target:
+    """The target for one compilation: ``C_TARGET`` with the options' overrides."""
+    target = options.get("target", C_TARGET)
+    if not isinstance(target, Target):
+        raise TypeError(f"backend option 'target' must be a Target, got {type(target).__name__}")
+    if options.get("contract_min") is not None:
+        target = target.replace(contract_min_macs=int(options.get("contract_min")))
+    if options.get("fuse_epilogues") is not None:
+        target = target.replace(fuse_epilogues=bool(options.get("fuse_epilogues")))
+    return target
 
 
-def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[Lowered, str]:
-    """Lower and render ``graph``; returns (lowered program, C source).
+def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Program, str]:
+    """Run the loop pipeline and render ``graph``; returns (program, C source).
 
     Example:
-        >>> lowered, source = generate(graph); print(source)
+        >>> program, source = generate(graph); print(source)
     """
     options = options or CompileOptions()
-    plan = plan_fusion(graph, fuse_epilogues=bool(options.get("fuse_epilogues", True)))
-    lowered = lower_to_loops(graph, safe_name(options.name), plan, options.get("contract_min"))
-    n_slots = assign_slots(lowered)
-    profile = bool(options.get("profile", False))
-    return lowered, render_c(lowered.program, n_slots, profile)
+    hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
+    program, _stats = lower_program(graph, c_target(options), safe_name(options.name), hook)
+    return program, render_c(program, bool(options.get("profile", False)))
 
 
 class CBackend:
@@ -86,9 +85,9 @@ class CBackend:
         return True, ""
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
-        lowered, source = generate(graph, options)
+        program, source = generate(graph, options)
         try:
-            spec = make_spec(source, uses_blas(lowered.program))
+            spec = make_spec(source, uses_blas(program))
             path, _cached = library_for(spec)
             try:
                 lib = load_library(path, spec.key)
@@ -98,8 +97,8 @@ class CBackend:
         except CompilerNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            _dump(options.debug_dir, options.name, lowered.program, full_source(spec))
-        return CExecutable(graph, lowered, lib, path)
+            _dump(options.debug_dir, options.name, program, full_source(spec))
+        return CExecutable(graph, program, lib, path)
 
 
 def _dump(folder: str, name: str, program: L.Program, source: str) -> None:

@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from shapegrad.backends.base import Array, validate_inputs
-from shapegrad.compiler.lower import Lowered
+from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
 
 _CDEF = """
 int sg_run(void **io, char *arena);
-int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step);
+int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done);
 extern const char sg_key[];
 void sg_set_threads(int n);
 extern double sg_profile[];
@@ -112,36 +112,33 @@ def _aligned_empty(nbytes: int) -> Array:
 class CExecutable:
     """A compiled graph; see the module docstring for the calling conventions."""
 
-    def __init__(self, graph: Graph, lowered: Lowered, lib: Any, source_path: str) -> None:
+    def __init__(self, graph: Graph, program: L.Program, lib: Any, source_path: str) -> None:
         self.graph = graph
-        self.lowered = lowered
+        self.program = program
         self.lib = lib
         self.source_path = source_path
         f = ffi()
-        program = lowered.program
-        self.n_slots = max((b.slot for b in program.buffers.values()), default=-1) + 1
+        self.n_slots = program.n_slots
         self._io = f.new("void *[]", max(self.n_slots, 1))
         self._keep: list[Any] = []
         self.arena = _aligned_empty(max(program.arena_bytes, 64))
         self._arena_ptr = f.cast("char *", self.arena.ctypes.data)
-        self.state_inputs = sorted(set(lowered.state_of_output.values()))
+        self.state_inputs = sorted(set(program.state_of_output.values()))
         self.state: dict[int, Array] = {}
         for i in self.state_inputs:
             node = graph.inputs[i]
             self.state[i] = np.zeros(node.shape, node.aval.dtype.numpy)
             self._set(i, self.state[i])
-        for name, value in lowered.constants.items():
+        for name, value in program.constants.items():
             array = np.ascontiguousarray(value)
             self._keep.append(array)
             self._set(program.buffers[name].slot, array)
         self.batch_inputs = [i for i in range(len(graph.inputs)) if i not in self.state]
         self._bound: BoundStep | None = None  # the latest bind(); it owns the output slots
         self.free_outputs = [
-            k for k in range(len(graph.outputs)) if k not in lowered.state_of_output
+            k for k in range(len(graph.outputs)) if k not in program.state_of_output
         ]
-        self._out_slot = {
-            k: program.buffers[lowered.output_buffers[k]].slot for k in self.free_outputs
-        }
+        self._out_slot = {k: program.buffers[program.outputs[k]].slot for k in self.free_outputs}
         # run_validated's hot-path data: pinned buffers by slot, last input objects by index.
         self._pin = f.from_buffer
         self._in_keep: list[Any] = [None] * max(self.n_slots, 1)
@@ -154,23 +151,34 @@ class CExecutable:
     def _set(self, slot: int, array: Array) -> None:
         self._io[slot] = ffi().cast("void *", array.ctypes.data)
 
-    def _check(self, rc: int) -> None:
-        if rc:
-            text = self._error_text(rc)
-            raise NativeIndexError(text) if "out of range" in text else NativeError(text)
+    def _check(self, rc: int, step: int | None = None, steps: int = 1) -> None:
+        """Raise the error the program recorded (the error-flag contract), if any.
 
-    def _error_text(self, rc: int) -> str:
-        from shapegrad.compiler import loops as L
-        from shapegrad.compiler.memory import _walk
+        In a ``K``-step run, ``step`` is the failing step: steps before it are complete
+        (state updated, outputs written); it and later steps did not happen when the bad
+        index is a program input (checked before any kernel), see ``Program.errors``.
+        """
+        if not rc:
+            return
+        name = self.program.name
+        known = self.program.errors.get(rc)
+        text = f"compiled {name}: {known}" if known else f"compiled {name}: native error code {rc}"
+        if step is not None:
+            done = f"steps 0..{step - 1} were applied" if step else "no step was applied"
+            text += f"; at step {step} of {steps} ({done}"
+            if self._checked_first(rc):
+                text += f", step {step} changed nothing)"
+            else:
+                text += f", step {step} may have updated part of the state)"
+        raise NativeIndexError(text) if known else NativeError(text)
 
-        for kernel in self.lowered.program.kernels:
-            for s in _walk(kernel.body):
-                if isinstance(s, L.CheckBounds) and s.code == rc:
-                    return (
-                        f"compiled {self.lowered.program.name}: gather/scatter index out of range "
-                        f"[{-s.n}, {s.n}) in kernel {kernel.name} ({kernel.root})"
-                    )
-        return f"compiled {self.lowered.program.name}: native error code {rc}"
+    def _checked_first(self, code: int) -> bool:
+        """Whether check ``code`` runs before any kernel (an input index, hoisted)."""
+        kernels = self.program.kernels
+        first = kernels[0] if kernels and kernels[0].name == "k_checks" else None
+        return first is not None and any(
+            isinstance(s, L.CheckBounds) and s.code == code for s in first.body
+        )
 
     def __call__(self, inputs: Sequence[Array]) -> list[Array]:
         validate_inputs(self.graph, inputs)
@@ -204,7 +212,7 @@ class CExecutable:
         if self._bound is not None:
             self._bound._reattach()  # the I/O table now points at this call's arrays
         self._check(rc)
-        for k, i in self.lowered.state_of_output.items():
+        for k, i in self.program.state_of_output.items():
             np.copyto(outs[k], self.state[i])
         return outs
 
@@ -215,7 +223,7 @@ class CExecutable:
             >>> exe = sg.compile(step, backend="c", profile=True).lower(*args).executable
             >>> for name, root, seconds in exe.profile(): print(name, root, seconds)
         """
-        kernels = self.lowered.program.kernels
+        kernels = self.program.kernels
         try:
             times = self.lib.sg_profile
             return [(k.name, k.root, float(times[i])) for i, k in enumerate(kernels)]
@@ -275,6 +283,7 @@ class BoundStep:
         self._call = self._make_call()
         self._stacked: dict[int, list[Array]] = {}
         self._steps = ffi().new("int64_t[]", max(exe.n_slots, 1))
+        self._done = ffi().new("int64_t *")
 
     @property
     def state(self) -> list[Array]:
@@ -379,12 +388,12 @@ class BoundStep:
         for j, out in zip(exe.free_outputs, outs, strict=True):
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
             steps[exe._out_slot[j]] = out.nbytes // max(k, 1)
-        rc = exe.lib.sg_run_steps(io, self._arena, k, steps)
+        rc = exe.lib.sg_run_steps(io, self._arena, k, steps, self._done)
         for n in range(len(self._last)):
             self._last[n] = None  # input slots now point at the stacked arrays
         for j, out in zip(exe.free_outputs, self.outputs, strict=True):
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
-        exe._check(rc)
+        exe._check(rc, int(self._done[0]), k)
         return outs
 
 

@@ -47,12 +47,13 @@ from functools import lru_cache
 from shapegrad import _cache
 from shapegrad._cache import CacheError as CacheError
 from shapegrad._cache import CacheWarning as CacheWarning
+from shapegrad._version import __version__
 
 DEFAULT_CFLAGS = (
     "-O2 -ftree-vectorize -fpeel-loops -march=native -fopenmp -fno-math-errno -fno-trapping-math "
     "-fno-signed-zeros -fassociative-math -fno-semantic-interposition"
 )
-_VERSION = "0.1.0"
+_VERSION = __version__
 
 # Counts compiler runs in this process (tests check cache hits with it).
 compile_count = 0
