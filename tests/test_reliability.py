@@ -220,3 +220,29 @@ def test_empty_axis_reductions_match_pytorch() -> None:
     )
     np.testing.assert_array_equal(sg.mean(sg.tensor(EMPTY), axis=1).numpy(), z.mean(1).numpy())
     assert sg.softmax(sg.tensor(EMPTY), axis=1).shape == tuple(torch.softmax(z, 1).shape)
+
+
+# --- item 5: a compiled out-of-range label raises the eager IndexError ----------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("eager", "c"), ("compiled", "numpy"), ("compiled", "c")]
+)
+def test_trainer_out_of_range_label_raises_and_training_stops(mode: str, backend: str) -> None:
+    if backend == "c" and mode == "compiled" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    from shapegrad import models
+
+    params = models.DigitsMLP.init(sg.nn.init.kaiming, seed=0, h=8)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    good, bad = np.array([0, 1, 2, 9], np.int32), np.array([0, 1, 2, 10], np.int32)
+    trainer = sg.ScalarTrainer(models.digits_loss, params, mode=mode, backend=backend)
+    trainer.step(x, good)
+    before = [p.numpy().copy() for p in trainer.get_params()]
+    with pytest.raises(IndexError, match=r"cross_entropy: labels must lie in \[0, 10\)"):
+        trainer.step(x, bad)
+    with pytest.raises(IndexError, match=r"labels must lie in \[0, 10\)"):
+        trainer.step_many(np.stack([x, x]), np.stack([bad, good]))
+    for got, want in zip(trainer.get_params(), before, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)  # the failing steps changed nothing
+    assert np.isfinite(trainer.step(x, good))

@@ -458,7 +458,7 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 
     ``labels`` are either int32 class indices ``[b]`` or float targets
     ``[b, c]`` (one-hot or probabilities). Eagerly, an out-of-range class index
-    raises IndexError; in a compiled graph its row contributes NaN.
+    raises IndexError, eagerly and in compiled code (checked when the program runs).
     Example:
         >>> x = sg.tensor([[0.0, 0.0]])
         >>> round(sg.cross_entropy(x, sg.tensor([1])).item(), 4)
@@ -491,9 +491,24 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
         raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")
     # Select, never multiply: one_hot * logp is 0 * -inf = NaN for a masked (-inf) logit.
     picked = sum(where(one_hot(labels, c, "bool"), logp, 0.0), axis=-1)
-    if labels.is_traced:  # cannot raise on data inside a graph: bad rows become NaN
-        picked = where(valid, picked, math.nan)
+    if labels.is_traced:  # a bad label raises IndexError when the compiled code runs
+        picked = where(valid, picked + _labels_checked(labels, c, logits), math.nan)
     return -mean(picked)
+
+
+def _labels_checked(labels: Tensor, c: int, like: Tensor) -> Tensor:
+    """Zeros ``[b]`` whose computation fails with IndexError when a label is outside ``[0, c)``.
+
+    A graph cannot branch on data; gathers can fail (the error-flag contract of the loop
+    IR: the program stops and the caller raises). A gather from a length-``c`` table
+    checks ``[-c, c)``; one indexed by ``labels - c`` checks ``[0, 2c)``: together exactly
+    ``[0, c)`` (``labels - c`` wraps only below ``-c``, which the first one rejects).
+    """
+    message = f"cross_entropy: labels must lie in [0, {c})"
+    table = p.full([c], 0, like.dtype, like=like)
+    low = p.gather(table, labels, 0, what=message)
+    high = p.gather(table, labels - c, 0, what=message)
+    return low + high
 
 
 def mse(pred: Tensor, target: Tensor) -> Tensor:

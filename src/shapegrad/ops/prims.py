@@ -222,8 +222,12 @@ def concat(tensors: Sequence[Tensor], axis: int) -> Tensor:
     return tensors[0] if len(tensors) == 1 else bind(Prim.CONCAT, list(tensors), axis=axis)
 
 
-def gather(x: Tensor, idx: Tensor, axis: int) -> Tensor:
-    return bind(Prim.GATHER, [x, idx], axis=axis)
+def gather(x: Tensor, idx: Tensor, axis: int, what: str | None = None) -> Tensor:
+    """``np.take(x, idx, axis)``; ``what`` (optional) is the message of the IndexError an
+    out-of-range index raises in compiled code (default: the gather's own)."""
+    if what is None:
+        return bind(Prim.GATHER, [x, idx], axis=axis)
+    return bind(Prim.GATHER, [x, idx], axis=axis, what=what)
 
 
 def scatter_add(updates: Tensor, idx: Tensor, axis: int, size: int) -> Tensor:
