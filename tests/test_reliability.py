@@ -246,3 +246,31 @@ def test_trainer_out_of_range_label_raises_and_training_stops(mode: str, backend
     for got, want in zip(trainer.get_params(), before, strict=True):
         np.testing.assert_array_equal(got.numpy(), want)  # the failing steps changed nothing
     assert np.isfinite(trainer.step(x, good))
+
+
+# --- item 6: a bound step fed its own output -------------------------------------------------
+
+
+@needs_cc
+def test_bound_step_fed_its_own_output_reads_a_private_copy() -> None:
+    def f(a: sg.Tensor) -> tuple[sg.Tensor]:
+        return (sg.tanh(a @ a.T) * 2.0 + a.T,)
+
+    def reference(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return np.tanh(a.astype(np.float64) @ a.T.astype(np.float64)) * 2.0 + a.T
+
+    a = np.random.default_rng(0).standard_normal((96, 96)).astype(np.float32)
+    step = sg.compile(f, backend="c").lower(a).executable.bind(None)
+    (y,) = step(a)
+    fed = y.copy()
+    (z,) = step(y)  # the program writes y while it would read it
+    np.testing.assert_allclose(z, reference(fed), rtol=1e-4, atol=1e-4)
+    (w,) = step(z[:])  # a view of the output: the same memory
+    np.testing.assert_allclose(
+        w, reference(reference(fed).astype(np.float32)), rtol=1e-3, atol=1e-3
+    )
+    ys = step.run_steps(np.stack([a, a]))[0]
+    fed_stack = ys.copy()
+    zs = step.run_steps(ys)[0]
+    for got, v in zip(zs, fed_stack, strict=True):
+        np.testing.assert_allclose(got, reference(v), rtol=1e-4, atol=1e-4)
