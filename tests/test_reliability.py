@@ -309,3 +309,36 @@ def test_fused_sum_of_2_pow_28_ones_does_not_saturate() -> None:
     x = np.ones(1 << 14, np.float32)
     total = sg.compile(lambda x: (x[None, :] * x[:, None]).sum(), backend="c")(x).item()
     assert total == float(1 << 28)
+
+
+# --- item 11 (codegen): negative constants under negation, empty constants -------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_negated_pad_with_a_negative_constant(mode: str) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = _run(mode, lambda x: -sg.pad(x, 1, constant_values=-2.0), x).numpy()
+    np.testing.assert_array_equal(got, -np.pad(x, 1, constant_values=-2.0))
+    got = _run(mode, lambda x: -(x * 0.0 - 2.0) - (-3.5), x).numpy()
+    np.testing.assert_array_equal(got, np.full_like(x, 5.5))
+
+
+@needs_cc
+def test_negated_negative_constant_never_renders_as_decrement() -> None:
+    from shapegrad.backends.c import generate
+
+    x = np.ones((2, 3), np.float32)
+    graph = sg.compile(lambda x: -sg.pad(x, 1, constant_values=-2.0), backend="numpy").graph(x)
+    _, source = generate(graph)
+    assert "--2" not in source
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (1,)])
+def test_programs_with_empty_constants(mode: str, shape: tuple[int, ...]) -> None:
+    x = np.ones(shape, np.float32)
+    got = _run(mode, lambda x: x + sg.zeros((0,)), x)
+    assert got.shape == np.broadcast_shapes(shape, (0,))
+    got = _run(mode, lambda x: sg.concat([x.reshape((-1,)), sg.full((0,), 3.0)]) * 2.0, x)
+    np.testing.assert_array_equal(got.numpy(), np.full(x.size, 2.0, np.float32))
+    assert _run(mode, lambda x: (x + sg.zeros((0,))).sum() + x.sum(), x).item() == x.sum()
