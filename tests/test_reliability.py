@@ -119,15 +119,26 @@ def test_tensor_creation_refuses_to_wrap() -> None:
     assert sg.tensor(np.array([2**31 - 1, -(2**31)])).tolist() == [2**31 - 1, -(2**31)]
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled"])
-def test_trainer_refuses_int64_labels_outside_int32(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "backend"), [("eager", "numpy"), ("compiled", "numpy"), ("compiled", "c")]
+)
+def test_trainer_refuses_int64_labels_outside_int32(mode: str, backend: str) -> None:
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
     from shapegrad import models
 
     params = models.DigitsMLP.init(sg.nn.init.kaiming, seed=0, h=8)
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    trainer = sg.ScalarTrainer(models.digits_loss, params, mode=mode, backend="numpy")
+    trainer = sg.ScalarTrainer(models.digits_loss, params, mode=mode, backend=backend)
+    bad = np.array([0, 1, 2, 2**32 + 1])  # int64; wraps to 1 in int32
     with pytest.raises(Int32OverflowError):
-        trainer.step(x, np.array([0, 1, 2, 2**32 + 1]))
+        trainer.step(x, bad)
+    trainer.step(x, np.array([0, 1, 2, 1]))  # int64 in range: fine (binds the fast path)
+    trainer.step(x, np.array([0, 1, 2, 1]))
+    with pytest.raises(Int32OverflowError):
+        trainer.step(x, bad)
+    with pytest.raises(Int32OverflowError):
+        trainer.step_many(np.stack([x, x]), np.stack([bad, bad]))
 
 
 # --- item 7: cross-entropy with masked (-inf) logits is finite, like PyTorch --------------
@@ -342,3 +353,69 @@ def test_programs_with_empty_constants(mode: str, shape: tuple[int, ...]) -> Non
     got = _run(mode, lambda x: sg.concat([x.reshape((-1,)), sg.full((0,), 3.0)]) * 2.0, x)
     np.testing.assert_array_equal(got.numpy(), np.full(x.size, 2.0, np.float32))
     assert _run(mode, lambda x: (x + sg.zeros((0,))).sum() + x.sum(), x).item() == x.sum()
+
+
+# --- item 12: clear errors at the trainer / bound-step / compiled-call boundaries ------------
+
+
+def _digits_trainer(mode: str, backend: str) -> Any:
+    from shapegrad import models
+
+    params = models.DigitsMLP.init(sg.nn.init.kaiming, seed=0, h=8)
+    return sg.ScalarTrainer(models.digits_loss, params, mode=mode, backend=backend)
+
+
+X4 = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+Y4 = np.array([0, 1, 2, 1], np.int32)
+
+
+@pytest.mark.parametrize(("mode", "backend"), [("eager", "numpy"), ("compiled", "c")])
+def test_trainer_step_with_none_names_the_input(mode: str, backend: str) -> None:
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    trainer = _digits_trainer(mode, backend)
+    for _ in range(2):  # before and after the fast path is bound
+        with pytest.raises(TypeError, match=r"input 0 of the loss .* is NoneType"):
+            trainer.step(None, Y4)
+        trainer.step(X4, Y4)
+
+
+@pytest.mark.parametrize(("mode", "backend"), [("eager", "numpy"), ("compiled", "c")])
+def test_step_many_with_zero_steps_and_mismatched_k(mode: str, backend: str) -> None:
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    trainer = _digits_trainer(mode, backend)
+    trainer.step(X4, Y4)
+    before = [p.numpy().copy() for p in trainer.get_params()]
+    step = trainer.global_step
+    losses = trainer.step_many(np.zeros((0, 4, 64), np.float32), np.zeros((0, 4), np.int32))
+    assert losses.shape == (0,) and trainer.global_step == step
+    for got, want in zip(trainer.get_params(), before, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want)
+    with pytest.raises(ValueError, match=r"different step counts K: \[2, 3\]"):
+        trainer.step_many(np.stack([X4, X4]), np.stack([Y4, Y4, Y4]))
+
+
+@needs_cc
+def test_bound_step_with_a_wrong_number_of_inputs_names_them() -> None:
+    a = np.ones(2, np.float32)
+    step = sg.compile(lambda a, b: (a * b,), backend="c").lower(a, a).executable.bind(None)
+    with pytest.raises(TypeError, match=r"compiled step: expected 2 inputs \['a', 'b'\], got 1"):
+        step(a)
+    with pytest.raises(TypeError, match=r"expected 2 inputs .* got 3"):
+        step(a, a, a)
+    np.testing.assert_array_equal(step(a, a)[0], a)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_lists_passed_to_a_compiled_function(backend: str) -> None:
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    fn = sg.compile(lambda a, b: (a * b).sum(), backend=backend)
+    with pytest.raises(TypeError) as info:
+        fn([1.0, 2.0], [3.0, 4.0])
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "argument 0 is a list of 2 numbers" in notes and "np.asarray" in notes
+    with pytest.raises(TypeError, match=r"a list of tensors is not a tensor.*sg.stack"):
+        fn([np.ones(2)], np.ones(2))
+    assert fn(np.asarray([1.0, 2.0]), np.asarray([3.0, 4.0])).item() == 11.0

@@ -92,6 +92,7 @@ def infer_dtype(value: object) -> DType:
     return dtype_of_array(array)
 
 
+_INT32: Final = np.dtype(np.int32)
 _INT32_RANGE: Final = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
 
 
@@ -115,9 +116,12 @@ def int32_overflow(array: npt.NDArray[np.generic]) -> int | None:
 
 def check_fits(value: object, dtype: np.dtype[np.generic], what: str = "") -> None:
     """Raise :class:`Int32OverflowError` when converting ``value`` to ``dtype`` would wrap."""
-    if dtype != np.dtype(np.int32):
+    if dtype != _INT32:
         return
-    bad = int32_overflow(value if isinstance(value, np.ndarray) else np.asarray(value))
+    source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if source.dtype == _INT32 or source.dtype.kind not in "iu":  # the common case: nothing to do
+        return
+    bad = int32_overflow(source)
     if bad is not None:
         raise Int32OverflowError(
             f"{what or 'tensor'}: integer {bad} does not fit in int32 (shapegrad's integer "

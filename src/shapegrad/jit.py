@@ -153,6 +153,21 @@ def _to_array(leaf: Any, aval: AVal) -> Array:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
+def _container_hints(args: Sequence[Any]) -> list[str]:
+    """Notes for arguments that are lists/tuples of scalars: probably meant as arrays."""
+    hints = []
+    for k, arg in enumerate(args):
+        if isinstance(arg, list | tuple) and arg and all(
+            isinstance(a, Tensor) and a.ndim == 0 for a in arg
+        ):
+            hints.append(
+                f"sg.compile: argument {k} is a {type(arg).__name__} of {len(arg)} numbers, which "
+                f"is traced as a container of {len(arg)} scalar inputs (lists and tuples are "
+                "pytrees), not as an array; pass np.asarray(...) for array data"
+            )
+    return hints
+
+
 def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
     if td.kind == "leaf":
         out.append(prefix)
@@ -420,7 +435,12 @@ class Compiled:
         inputs = [ops.add_input(n, a) for n, a in zip(names, avals, strict=True)]
         traced_args, traced_kwargs = tree.unflatten(td, inputs)
         call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
-        out = self.fn(*call_args, **traced_kwargs)
+        try:
+            out = self.fn(*call_args, **traced_kwargs)
+        except TypeError as exc:  # e.g. list * list: say how sg.compile saw the list
+            for hint in _container_hints(call_args):
+                exc.add_note(hint)
+            raise
         _check_not_mutated(td, inputs, (traced_args, traced_kwargs), names)
         out_leaves, out_td = tree.flatten(out)
         _check_outputs(out_td, self.options.name)

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
+from shapegrad.dtypes import to_numpy
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 
@@ -45,7 +46,7 @@ class LiveStep:
         out = []
         for x, d in zip(batch, self.batch_dtypes, strict=True):
             # Not np.ascontiguousarray: it turns a 0-d learning rate into shape [1].
-            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=d)
+            a = to_numpy(x.numpy() if isinstance(x, Tensor) else x, d, what="ScalarTrainer")
             out.append(a if a.flags.c_contiguous else a.copy(order="C"))
         return out
 

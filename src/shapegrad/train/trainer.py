@@ -425,7 +425,12 @@ class ScalarTrainer:
         """
         if not stacked or any(np.ndim(x) == 0 for x in stacked):
             raise ValueError("step_many: give each input stacked along a first axis of size K")
-        count = int(np.shape(stacked[0])[0])
+        counts = [int(np.shape(x)[0]) for x in stacked]
+        if len(set(counts)) > 1:
+            raise ValueError(f"step_many: inputs stack different step counts K: {counts}")
+        count = counts[0]
+        if count == 0:  # no step to run: no losses (and no state change)
+            return np.zeros(0, self._plan.master.numpy)
         if lr is None and self.schedule is None:
             lr = self.optimizer.lr
         first = tuple(np.asarray(x)[0] for x in stacked)
@@ -516,6 +521,12 @@ class ScalarTrainer:
 
     def _inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Float data in the compute dtype, integer data as int32 tensors."""
+        for k, x in enumerate(inputs):
+            if x is None or isinstance(x, str | bytes | dict | set):
+                raise TypeError(
+                    f"ScalarTrainer: input {k} of the loss (after params) is "
+                    f"{type(x).__name__}; give a NumPy array or a tensor"
+                )
         return tuple(_convert_input(x, self._plan.compute) for x in inputs)
 
 

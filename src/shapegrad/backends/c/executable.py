@@ -299,7 +299,15 @@ class BoundStep:
         Passing the *same* array objects again (refilled in place) skips even the pointer
         lookup; any other array is checked (shape, dtype, C-contiguity) and pinned.
         """
-        result: list[Array] = self._call(*batch)
+        try:
+            result: list[Array] = self._call(*batch)
+        except TypeError:
+            if len(batch) != len(self._specs):  # the generated call's own arity error
+                names = [name for *_, name in self._specs]
+                raise TypeError(
+                    f"compiled step: expected {len(names)} inputs {names}, got {len(batch)}"
+                ) from None
+            raise
         return result
 
     def _reattach(self) -> None:
