@@ -97,3 +97,19 @@ class Target:
 # (11.4 µs vs 12.5 µs with a 65536 threshold). Batch fusion keeps a CNN's 29 MB im2col
 # patches out of memory (one 451 KB image slice per thread instead).
 C_TARGET = Target(name="c")
+
+
+# A GPU wants parallelism over cache locality: no row form (it serialises the output row
+# per thread), no batch fusion (per-thread scratch slices), float16 products on tensor
+# cores, reductions as block trees and scatters as atomics. Index checks of inputs still
+# run first (one small kernel), so a failing step changes nothing.
+CUDA_TARGET = Target(
+    name="cuda",
+    contract_min_macs=1 << 15,
+    contract_dtypes=frozenset({"float16", "float32", "float64"}),
+    row_form=False,
+    batch_fusion=False,
+    alignment=256,
+    reduction="tree",
+    scatter="atomic",
+)

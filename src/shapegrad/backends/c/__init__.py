@@ -15,7 +15,6 @@ Backend options (``CompileOptions.extra``): ``target`` (a
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 
@@ -34,7 +33,7 @@ from shapegrad.backends.c.toolchain import (
     missing_compiler_message,
 )
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.pipeline import lower_program, stage_dumper
+from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph
 
@@ -77,6 +76,7 @@ class CBackend:
     """Compiles graphs to native code; see the module docstring."""
 
     name = "c"
+    binds_state = True  # CExecutable.bind: state kept in the executable
 
     def is_available(self) -> tuple[bool, str]:
         cc = compiler()
@@ -97,18 +97,8 @@ class CBackend:
         except CompilerNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            _dump(options.debug_dir, options.name, program, full_source(spec))
+            dump_program(options.debug_dir, options.name, program, full_source(spec), ".c")
         return CExecutable(graph, program, lib, path)
-
-
-def _dump(folder: str, name: str, program: L.Program, source: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    for suffix, text in ((".loops.txt", program.format() + "\n"), (".c", source)):
-        path = os.path.join(folder, name + suffix)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
 
 
 register_backend("c", CBackend)
