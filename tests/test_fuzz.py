@@ -1,4 +1,4 @@
-"""Differential fuzzer: random well-typed programs, eager vs compiled numpy vs compiled C vs PyTorch.
+"""Differential fuzzer: random well-typed programs, eager vs compiled numpy / C (/ CUDA) vs PyTorch.
 
 Each program (see ``fuzz_programs.py``) mixes broadcasting, reductions, products, layout
 ops, conv and pooling, norms, gathers and losses over random shapes (size-1 and size-0
@@ -133,7 +133,21 @@ def check_group(seed: int, modes: Sequence[str], with_torch: bool) -> int:
 
 
 def _modes() -> list[str]:
-    return ["numpy", "c"] if HAVE_CC else ["numpy"]
+    modes = ["numpy", "c"] if HAVE_CC else ["numpy"]
+    return [*modes, "cuda"] if _HAVE_CUDA else modes
+
+
+def _cuda_available() -> bool:
+    from shapegrad.backends import BackendUnavailable, get_backend
+
+    try:
+        get_backend("cuda")
+    except (BackendUnavailable, ValueError):
+        return False
+    return True
+
+
+_HAVE_CUDA = _cuda_available()  # on a machine with a GPU the fuzzer checks CUDA too
 
 
 def _torch_available() -> bool:
