@@ -18,6 +18,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -293,3 +294,32 @@ def test_ane_cache_honours_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert cache_root() == tmp_path / "shapegrad" / "ane"
     monkeypatch.setenv("SHAPEGRAD_CACHE_DIR", str(tmp_path / "explicit"))
     assert cache_root() == tmp_path / "explicit" / "ane"
+
+
+def test_ane_package_cache_trusts_only_private_packages(tmp_path: Path) -> None:
+    pytest.importorskip("coremltools", reason="the ane backend builds packages with coremltools")
+    from ane_support import traced_graph
+    from shapegrad.backends.ane import build_package, lower_to_mil
+
+    x = np.ones((2, 3), np.float32)
+
+    def mil() -> Any:
+        return lower_to_mil(traced_graph(lambda x: sg.tanh(x) * 2.0, [x]))
+
+    root = tmp_path / "ane"
+    old = os.umask(0)
+    try:
+        first = build_package(mil(), "fn", root)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for path in [first.path, *first.path.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path  # never world-writable
+    assert build_package(mil(), "fn", root).cached
+    first.path.chmod(0o777)  # group/other-writable: someone may have changed it
+    rebuilt = build_package(mil(), "fn", root)
+    assert not rebuilt.cached and stat.S_IMODE(rebuilt.path.stat().st_mode) & 0o022 == 0
+    root.chmod(0o777)
+    with pytest.warns(_cache.CacheWarning, match="writable by group or others"):
+        elsewhere = build_package(mil(), "fn", root)
+    assert not elsewhere.path.is_relative_to(root)
