@@ -91,41 +91,10 @@ def time_shapegrad(w: dict[str, Any]) -> tuple[float, float, int]:
     return one, many, exe.launches_per_step
 
 
-def torch_step(name: str, w: dict[str, Any]) -> tuple[Callable[[], Any], Any, Any]:
+def time_torch(name: str, w: dict[str, Any]) -> tuple[float, float]:
     import torch
 
-    dev = torch.device("cuda")
-    params = [torch.tensor(p, device=dev, requires_grad=True) for p in w["params"]]
-    x = torch.tensor(w["xs"][0], device=dev)
-    y = torch.tensor(w["ys"][0], device=dev)
-    y = y.long() if name != "moons" else y
-
-    def loss_fn() -> Any:
-        if name == "cnn":
-            h = torch.relu(torch.nn.functional.conv2d(x, params[0], params[1], padding=1))
-            h = torch.relu(torch.nn.functional.conv2d(h, params[2], params[3], padding=1))
-            return torch.nn.functional.cross_entropy(h.mean((2, 3)) @ params[4] + params[5], y)
-        h = x
-        for i in range(0, len(params) - 2, 2):
-            h = torch.relu(h @ params[i] + params[i + 1])
-        out = h @ params[-2] + params[-1]
-        if name == "moons":
-            return torch.relu(1 - y * out[:, 0]).mean()
-        return torch.nn.functional.cross_entropy(out, y)
-
-    def step() -> Any:
-        loss = loss_fn()
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads, strict=True):
-                p.sub_(base.LR * g)
-        return loss
-
-    return step, torch, dev
-
-
-def time_torch(name: str, w: dict[str, Any]) -> tuple[float, float]:
-    step, torch, _ = torch_step(name, w)
+    step = base.torch_sgd_step(w, "mlp" if name == "mlp4096" else name, device="cuda")
     sync = torch.cuda.synchronize
     eager = gpu_timer(lambda: float(step()), sync)  # .item(): the loss comes back, as ours
     s = torch.cuda.Stream()

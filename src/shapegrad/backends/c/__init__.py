@@ -9,7 +9,8 @@ stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
 Backend options (``CompileOptions.extra``): ``target`` (a
 :class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
 ``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
-``fuse_epilogues`` (bool) as shorthands for those target fields, ``profile``
+``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
+default: where libmvec exists), ``profile``
 (bool: per-kernel wall time, read with ``CExecutable.profile()``).
 """
 
@@ -28,6 +29,7 @@ from shapegrad.backends.c.toolchain import (
     build_library,
     compiler,
     full_source,
+    has_vector_math,
     library_for,
     make_spec,
     missing_compiler_message,
@@ -69,7 +71,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     options = options or CompileOptions()
     hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
     program, _stats = lower_program(graph, c_target(options), safe_name(options.name), hook)
-    return program, render_c(program, bool(options.get("profile", False)))
+    vector_math = bool(options.get("vector_math", has_vector_math()))
+    return program, render_c(program, bool(options.get("profile", False)), vector_math)
 
 
 class CBackend:
@@ -87,7 +90,7 @@ class CBackend:
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
         program, source = generate(graph, options)
         try:
-            spec = make_spec(source, uses_blas(program))
+            spec = make_spec(source, uses_blas(program), "omp declare simd" in source)
             path, _cached = library_for(spec)
             try:
                 lib = load_library(path, spec.key)

@@ -172,11 +172,13 @@ class BuildSpec:
         return h.hexdigest()[:32]
 
 
-def make_spec(source: str, blas: bool) -> BuildSpec:
+def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     link: tuple[str, ...] = ()
     if blas:
         libdir, libname = blas_paths()
         link = (f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}")
+    if vector_math:
+        link += ("-lmvec",)
     return BuildSpec(source, compiler(), tuple(cflags()), link)
 
 
@@ -250,6 +252,16 @@ def _load_path(final: str) -> str:
     except OSError:
         shutil.copyfile(final, fresh)
     return fresh
+
+
+@lru_cache(maxsize=1)
+def has_vector_math() -> bool:
+    """Whether glibc's vector math library can be linked (Linux x86-64 with glibc >= 2.22)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    import ctypes.util
+
+    return ctypes.util.find_library("mvec") is not None
 
 
 def cached_library(spec: BuildSpec) -> str | None:

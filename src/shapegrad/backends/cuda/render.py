@@ -332,6 +332,8 @@ class CudaRenderer(CStyleRenderer):
 
     def _gemm(self, kernel_name: str, s: L.Contract) -> list[str]:
         """``C = alpha * op(A) op(B) + beta * C`` per batch, as ``C^T = op(B)^T op(A)^T``."""
+        if s.alpha_buffer is not None:
+            raise NotImplementedError("CUDA: a run-time product scale needs runtime_alpha=False")
         t = self.type_name(s.dtype)
         scalar = "double" if s.dtype.name == "float64" else "float"
         dt, ct = CUDA_R[s.dtype.name], COMPUTE[s.dtype.name]
