@@ -412,10 +412,11 @@ def test_lists_passed_to_a_compiled_function(backend: str) -> None:
     if backend == "c" and shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) on PATH")
     fn = sg.compile(lambda a, b: (a * b).sum(), backend=backend)
-    with pytest.raises(TypeError) as info:
-        fn([1.0, 2.0], [3.0, 4.0])
+    assert fn([1.0, 2.0], [3.0, 4.0]).item() == 11.0  # a list of numbers is array data
+    with pytest.raises(TypeError) as info:  # a tuple is a container: say so
+        fn((1.0, 2.0), (3.0, 4.0))
     notes = " ".join(getattr(info.value, "__notes__", []))
-    assert "argument 0 is a list of 2 numbers" in notes and "np.asarray" in notes
+    assert "argument 0 is a tuple of 2 numbers" in notes and "np.asarray" in notes
     with pytest.raises(TypeError, match=r"a list of tensors is not a tensor.*sg.stack"):
         fn([np.ones(2)], np.ones(2))
     assert fn(np.asarray([1.0, 2.0]), np.asarray([3.0, 4.0])).item() == 11.0

@@ -163,8 +163,8 @@ def _container_hints(args: Sequence[Any]) -> list[str]:
         ):
             hints.append(
                 f"sg.compile: argument {k} is a {type(arg).__name__} of {len(arg)} numbers, which "
-                f"is traced as a container of {len(arg)} scalar inputs (lists and tuples are "
-                "pytrees), not as an array; pass np.asarray(...) for array data"
+                f"is traced as a container of {len(arg)} scalar inputs (a pytree), not as an "
+                "array; pass np.asarray(...) (or a list of numbers) for array data"
             )
     return hints
 
