@@ -276,3 +276,17 @@ def test_trainer_on_cuda_raises_without_a_gpu_unless_asked_to_fall_back(
     trainer = sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda", fallback="numpy")
     assert trainer.backend == "numpy"
     assert "falling back to 'numpy'" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: cuda is available here")
+def test_cuda_is_known_but_not_listed_as_available_without_a_gpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shapegrad import cli
+    from shapegrad.backends import available_backends, backend_status, known_backends
+
+    assert "cuda" in known_backends() and "cuda" not in available_backends()
+    assert "pycuda" in backend_status()["cuda"] or "GPU" in backend_status()["cuda"]
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "(not: cuda)" in " ".join(capsys.readouterr().out.split())
