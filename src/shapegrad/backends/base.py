@@ -300,3 +300,36 @@ def validate_inputs(graph: Graph, arrays: Sequence[Any]) -> None:
             )
         if not array.flags.c_contiguous:
             raise ValueError(f"compiled call: input {name!r} must be C-contiguous")
+
+
+def explain_input_mismatch(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    """Raise the error that says why array ``a`` is not a valid ``shape``/``dtype`` input
+    named ``name`` of a compiled step (TypeError, ShapeError, DTypeError, or ValueError for
+    a non-contiguous array). Call it only once a mismatch is known."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(
+            f"compiled step: input {name!r} must be a NumPy array, got {type(a).__name__}"
+        )
+    if a.shape != shape:
+        raise ShapeError(
+            "compiled step", f"input {name!r} has shape {fmt(a.shape)}, expected {fmt(shape)}"
+        )
+    if a.dtype != dtype:
+        raise DTypeError(f"compiled step: input {name!r} has dtype {a.dtype}, expected {dtype}")
+    raise ValueError(f"compiled step: input {name!r} must be C-contiguous")
+
+
+def lazy_ffi(cdef: str) -> Callable[[], Any]:
+    """A function returning one shared cffi FFI (ABI mode) for ``cdef``, made on first use
+    (cffi is imported only by backends that load native code)."""
+    made: list[Any] = []
+
+    def ffi() -> Any:
+        if not made:
+            cffi = importlib.import_module("cffi")  # untyped third-party module
+            instance = cffi.FFI()
+            instance.cdef(cdef)
+            made.append(instance)
+        return made[0]
+
+    return ffi
