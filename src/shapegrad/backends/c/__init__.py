@@ -20,7 +20,14 @@ import shlex
 import shutil
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
-from shapegrad.backends.c.executable import BoundStep, CExecutable, NativeError, load_library
+from shapegrad.backends.c import collectives
+from shapegrad.backends.c.executable import (
+    BoundStep,
+    CExecutable,
+    NativeError,
+    ffi,
+    load_library,
+)
 from shapegrad.backends.c.render import render_c, uses_blas
 from shapegrad.backends.c.toolchain import (
     CompileError,
@@ -85,6 +92,7 @@ class CBackend:
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
         program, source = generate(graph, options)
+        collectives.check_program(program)  # every process runs the same exchanges
         try:
             spec = make_spec(source, uses_blas(program))
             path, _cached = library_for(spec)
@@ -97,6 +105,7 @@ class CBackend:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
             _dump(options.debug_dir, options.name, program, full_source(spec))
+        collectives.bind(lib, ffi(), program)
         return CExecutable(graph, program, lib, path)
 
 

@@ -42,6 +42,7 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t
 extern const char sg_key[];
 void sg_set_threads(int n);
 extern double sg_profile[];
+int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
 """
 
 _FFI: Any = None

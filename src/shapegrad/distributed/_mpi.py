@@ -1,0 +1,259 @@
+"""The MPI communicator (through ``mpi4py``), the job's world, and failing the whole job.
+
+``world()`` is the group of every process that ``mpiexec`` started. A process not
+started by a launcher gets a :class:`~shapegrad.distributed._comm.LocalCommunicator`
+without importing MPI at all, so single-process users never pay for it.
+
+Failure policy: a process that raises prints its traceback (prefixed by its rank)
+and calls ``MPI_Abort``, which makes the launcher end every other process at once
+instead of leaving them blocked in their next collective. A process killed by a
+signal is noticed by the launcher (MPICH's hydra, Open MPI's mpirun) the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import traceback
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from shapegrad.distributed._comm import (
+    Array,
+    Communicator,
+    DistributedError,
+    LocalCommunicator,
+    NativeMPI,
+    check_same,
+)
+
+_LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+# The entry points generated C calls (see backends/c/collectives.py).
+MPI_FUNCTIONS = (
+    "MPI_Allreduce",
+    "MPI_Allgather",
+    "MPI_Reduce_scatter_block",
+    "MPI_Bcast",
+    "MPI_Comm_rank",
+)
+
+
+def launched_size() -> int:
+    """The process count a launcher (mpiexec/mpirun/srun with PMI) announced, else 1."""
+    for name in _LAUNCHER_SIZE_VARS:
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 1
+
+
+def _mpi() -> Any:
+    try:
+        from mpi4py import MPI  # untyped third-party module
+    except ImportError as exc:
+        raise DistributedError(
+            f"this process was started by an MPI launcher with {launched_size()} processes, "
+            "but mpi4py is not importable; install the MPI extra: pip install 'shapegrad[mpi]' "
+            f"({exc})"
+        ) from exc
+    return MPI
+
+
+class MPICommunicator:
+    """A communicator over an ``mpi4py`` communicator (default: ``MPI.COMM_WORLD``).
+
+    Host collectives run on NumPy arrays with mpi4py's buffer interface: float16 is
+    reduced in float32 and bool as bytes (``max`` is logical or); gathers and broadcasts
+    move raw bytes, so every dtype works. Every host collective first checks that all
+    processes pass the same shape and dtype (one 8-byte all-gather), so a mismatch is a
+    :class:`RankMismatchError` naming the ranks instead of a hang or corrupt data.
+
+    Example:
+        >>> comm = sg.distributed.world()
+        >>> total = comm.all_reduce(np.ones(3), "sum")    # == comm.size everywhere
+    """
+
+    def __init__(self, comm: Any = None, key: str | None = None) -> None:
+        MPI = _mpi()
+        self.mpi = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = int(self.comm.Get_rank())
+        self.size = int(self.comm.Get_size())
+        self.key = key if key is not None else ("world" if comm is None else f"comm{id(comm)}")
+        self._native: NativeMPI | None = None
+
+    def __repr__(self) -> str:
+        return f"<MPI communicator {self.key}: rank {self.rank} of {self.size}>"
+
+    # --- host collectives ----------------------------------------------------------------
+    def _check(self, what: str, x: Array, *extra: Any) -> None:
+        check_same(self, f"{what}: the operand (shape, dtype)", (x.shape, x.dtype.str, *extra))
+
+    def all_reduce(self, x: Array, op: str, root: int | None = None) -> Array:
+        self._check("all_reduce", x, op, root)
+        work = _staged(x)
+        out = np.empty_like(work)
+        mpi_op = self.mpi.MAX if op == "max" else self.mpi.SUM
+        self.comm.Allreduce(np.ascontiguousarray(work), out, op=mpi_op)
+        if op == "mean":
+            out = out / np.asarray(self.size, out.dtype)
+        if root is not None and self.rank != root:
+            out[...] = 0
+        return out.astype(x.dtype, copy=False)
+
+    def all_gather(self, x: Array) -> Array:
+        self._check("all_gather", x)
+        x = np.ascontiguousarray(x)
+        out = np.empty((self.size * x.shape[0], *x.shape[1:]), x.dtype)
+        self.comm.Allgather(_bytes(x), _bytes(out))
+        return out
+
+    def reduce_scatter(self, x: Array) -> Array:
+        self._check("reduce_scatter", x)
+        work = np.ascontiguousarray(_staged(x))
+        out = np.empty((x.shape[0] // self.size, *x.shape[1:]), work.dtype)
+        self.comm.Reduce_scatter_block(work, out, op=self.mpi.SUM)
+        return out.astype(x.dtype, copy=False)
+
+    def broadcast(self, x: Array, root: int) -> Array:
+        self._check("broadcast", x, root)
+        out = np.array(x, copy=True, order="C")
+        self.comm.Bcast(_bytes(out), root=root)
+        return out
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return list(self.comm.allgather(obj))
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+    # --- native --------------------------------------------------------------------------
+    def native(self) -> NativeMPI:
+        """MPI entry points of the library mpi4py loaded (no second MPI in the process)."""
+        if self._native is None:
+            MPI = self.mpi
+            lib = ctypes.CDLL(_loaded_libmpi(), mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LAZY)
+            functions = {
+                name: int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
+                for name in MPI_FUNCTIONS
+            }
+            handles = {
+                "comm": MPI._handleof(self.comm),
+                "float32": MPI._handleof(MPI.FLOAT),
+                "float64": MPI._handleof(MPI.DOUBLE),
+                "int32": MPI._handleof(MPI.INT32_T),
+                "byte": MPI._handleof(MPI.BYTE),
+                "sum": MPI._handleof(MPI.SUM),
+                "max": MPI._handleof(MPI.MAX),
+            }
+            handle_type = "int" if MPI._sizeof(MPI.Comm) == 4 else "void *"
+            self._native = NativeMPI(handle_type, functions, handles, int(MPI.IN_PLACE))
+        return self._native
+
+
+def _staged(x: Array) -> Array:
+    """The array as MPI reduces it: float16 in float32, bool as unsigned bytes."""
+    if x.dtype == np.float16:
+        return x.astype(np.float32)
+    if x.dtype == np.bool_:
+        return x.astype(np.uint8)
+    return x
+
+
+def _bytes(x: Array) -> Array:
+    return x.reshape(-1).view(np.uint8)
+
+
+def _loaded_libmpi() -> str:
+    """Path of the MPI library already mapped into this process (mpi4py's)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libmpi" in line and "/" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if name.startswith(("libmpi.so", "libmpi.dylib")):
+            return path
+    raise DistributedError(
+        "the C backend calls MPI from generated code and looks for the libmpi that mpi4py "
+        "loaded in /proc/self/maps, but found none; use backend='numpy' for collectives here"
+    )
+
+
+_WORLD: Communicator | None = None
+_LOCK = threading.Lock()
+
+
+def world() -> Communicator:
+    """Every process of this job (``MPI.COMM_WORLD``), or this process alone when no launcher
+    started it. The first call with more than one process installs the failure policy
+    (a raising process aborts the job; see the module docstring).
+
+    Example:
+        >>> comm = sg.distributed.world(); comm.rank, comm.size
+        (0, 1)
+    """
+    global _WORLD
+    with _LOCK:
+        if _WORLD is None:
+            if launched_size() > 1 or os.environ.get("SHAPEGRAD_FORCE_MPI"):
+                mpi_comm = MPICommunicator()
+                if mpi_comm.size > 1:
+                    install_abort_on_error(mpi_comm)
+                _WORLD = mpi_comm
+            else:
+                _WORLD = LocalCommunicator()
+        return _WORLD
+
+
+def rank() -> int:
+    """This process's rank in :func:`world`."""
+    return world().rank
+
+
+def size() -> int:
+    """The number of processes in :func:`world`."""
+    return world().size
+
+
+def is_main() -> bool:
+    """True on rank 0 (the process that prints, plots and writes checkpoints)."""
+    return world().rank == 0
+
+
+def install_abort_on_error(comm: Communicator) -> None:
+    """Make an uncaught exception in this process end the whole job (``MPI_Abort``).
+
+    Without this, the other processes would wait forever in their next collective.
+    The traceback is printed first, prefixed by the rank, so the job's output says
+    which process failed and why.
+    """
+    previous = sys.excepthook
+
+    def hook(
+        kind: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            previous(kind, value, tb)
+            return
+        text = "".join(traceback.format_exception(kind, value, tb))
+        prefix = f"[rank {comm.rank}/{comm.size}] "
+        sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip().splitlines()))
+        sys.stderr.write(
+            f"{prefix}shapegrad: rank {comm.rank} failed; aborting all {comm.size} processes\n"
+        )
+        sys.stderr.flush()
+        comm.abort(1)
+
+    sys.excepthook = hook
