@@ -40,7 +40,7 @@ class GraphDumper:
         path = os.path.join(self.folder, f"{self.counter:03d}_{label}.txt")
         self.counter += 1
         header = f"# {label}: {count_nodes(graph)} nodes\n"
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # per process: ranks of an MPI job dump together
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(header + graph.format() + "\n")
         os.replace(tmp, path)  # atomic: parallel readers never see half a file

@@ -247,7 +247,7 @@ def stage_dumper(folder: str, name: str) -> StageHook:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{name}.loop{counter[0]:02d}_{stage}.txt")
         counter[0] += 1
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # per process: ranks of an MPI job dump together
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
         os.replace(tmp, path)

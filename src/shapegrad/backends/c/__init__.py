@@ -113,7 +113,7 @@ def _dump(folder: str, name: str, program: L.Program, source: str) -> None:
     os.makedirs(folder, exist_ok=True)
     for suffix, text in ((".loops.txt", program.format() + "\n"), (".c", source)):
         path = os.path.join(folder, name + suffix)
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # per process: ranks of an MPI job dump together
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
