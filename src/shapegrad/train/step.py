@@ -1,8 +1,10 @@
 """The pure functions of one training step, traced by ``sg.compile`` in compiled mode.
 
 ``train_step(plan, optimizer, params, opt_state, scaler, lr, inputs)`` does the
-forward pass, the backward pass (only for trainable leaves), optional
-gradient clipping, the learning-rate schedule, the optimizer update and the
+forward pass, the backward pass (only for trainable leaves; over ``accumulate``
+micro-batches when set), the average of gradients and loss over the processes of
+a data-parallel communicator (``all_reduce`` primitives, so a compiled step calls
+MPI inside its one native call), optional gradient clipping, the learning-rate schedule, the optimizer update and the
 float16 loss-scale bookkeeping, using Tensor operations only. ``StepPlan``
 holds the static settings it closes over.
 """
@@ -37,6 +39,8 @@ class StepPlan:
     clip_norm: float | None
     schedule: Schedule | None
     scale_window: int
+    comm: Any = None  # a shapegrad.distributed Communicator: average gradients over it
+    accumulate: int = 1  # micro-batches per step (inputs split along their first axis)
 
     @property
     def trainable(self) -> list[int]:
@@ -71,7 +75,62 @@ def loss_value(plan: StepPlan, params: Any, inputs: tuple[Any, ...]) -> Tensor:
 def loss_and_grads(
     plan: StepPlan, params: Any, inputs: tuple[Any, ...], scale: Tensor | None
 ) -> tuple[Tensor, list[Tensor]]:
-    """Loss and the (unscaled) gradients of the trainable leaves, in the master dtype."""
+    """Loss and the (unscaled) gradients of the trainable leaves, in the master dtype.
+
+    With ``plan.accumulate = k`` the batch is split into ``k`` equal micro-batches along
+    the first axis of every array input; the loss and gradients are the means over them
+    (equal to the whole batch's for a mean loss), and only one micro-batch's activations
+    need to be live at a time.
+    """
+    if plan.accumulate == 1:
+        return _loss_and_grads(plan, params, inputs, scale)
+    k = plan.accumulate
+    total_loss: Tensor | None = None
+    total: list[Tensor] = []
+    for part in micro_batches(inputs, k):
+        loss, grads = _loss_and_grads(plan, params, part, scale)
+        total_loss = loss if total_loss is None else total_loss + loss
+        total = list(grads) if not total else [a + g for a, g in zip(total, grads, strict=True)]
+    assert total_loss is not None
+    return total_loss / float(k), [g / float(k) for g in total]
+
+
+def micro_batches(inputs: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
+    """``inputs`` split into ``k`` equal parts along the first axis of each tensor input
+    (other inputs are passed to every part unchanged)."""
+    for n, x in enumerate(inputs):
+        if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] % k:
+            raise ValueError(
+                f"ScalarTrainer(accumulate={k}): input {n} has {x.shape[0]} rows (shape "
+                f"{list(x.shape)}), which do not split into {k} equal micro-batches"
+            )
+    parts = []
+    for j in range(k):
+        part = []
+        for x in inputs:
+            if isinstance(x, Tensor) and x.ndim >= 1:
+                rows = x.shape[0] // k
+                stops = [(j + 1) * rows, *x.shape[1:]]
+                x = p.slice_(x, [j * rows] + [0] * (x.ndim - 1), stops, [1] * x.ndim)
+            part.append(x)
+        parts.append(tuple(part))
+    return parts
+
+
+def average_over_processes(
+    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor]
+) -> tuple[Tensor, list[Tensor]]:
+    """Data parallel: the mean loss and mean gradients over the processes of ``plan.comm``
+    (each process computed them on its own shard of the global batch)."""
+    if plan.comm is None or plan.comm.size == 1:
+        return loss, list(grads)
+    mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
+    return p.all_reduce(loss, plan.comm, "mean"), mean
+
+
+def _loss_and_grads(
+    plan: StepPlan, params: Any, inputs: tuple[Any, ...], scale: Tensor | None
+) -> tuple[Tensor, list[Tensor]]:
     leaves, _ = tree.flatten(params)
     index = plan.trainable
 
@@ -113,6 +172,9 @@ def train_step(
     """
     scale = scaler["scale"] if scaler is not None else None
     loss, grads = loss_and_grads(plan, params, inputs, scale)
+    # Averaged before clipping, the loss-scale check and the update: every process then
+    # applies the identical update to its identical parameters.
+    loss, grads = average_over_processes(plan, loss, grads)
     if plan.clip_norm is not None:
         grads = clip_by_global_norm(grads, plan.clip_norm)
     rate = lr
@@ -131,4 +193,13 @@ def train_step(
     return loss, new_params, new_state, new_scaler, rate
 
 
-__all__ = ["LossFn", "StepPlan", "full_grads", "loss_and_grads", "loss_value", "train_step"]
+__all__ = [
+    "LossFn",
+    "StepPlan",
+    "average_over_processes",
+    "full_grads",
+    "loss_and_grads",
+    "loss_value",
+    "micro_batches",
+    "train_step",
+]

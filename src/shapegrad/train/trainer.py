@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
+from shapegrad.distributed import Communicator, check_same, world
 from shapegrad.dtypes import DType, as_dtype, float16, float32, int32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
@@ -39,6 +40,7 @@ from shapegrad.train.schedules import Schedule
 from shapegrad.train.step import (
     LossFn,
     StepPlan,
+    average_over_processes,
     full_grads,
     loss_and_grads,
     loss_value,
@@ -77,6 +79,16 @@ class ScalarTrainer:
         ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
             executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
+        data_parallel: ``True`` (every process of the MPI job, ``sg.distributed.world()``)
+            or a :class:`~shapegrad.distributed.Communicator`: each process steps on its own
+            shard of the global batch (``sg.data.Batches(..., shard=comm)``) and the step
+            averages loss and gradients over the processes before clipping, the loss-scale
+            check and the optimizer, so parameters start (broadcast from rank 0) and stay
+            identical. Compiled, the all-reduce runs inside the one native call of the step.
+            Checkpoints are written by rank 0 only; any process count can resume them.
+        accumulate: micro-batches per step: every array input is split into this many equal
+            parts along its first axis and the gradients are averaged over them (a mean loss
+            then gets the gradient of the whole batch with the activations of one part).
 
     ``mode="compiled", backend="ane"`` follows the Neural Engine training design
     (:mod:`shapegrad.train.ane`, :class:`shapegrad.backends.ane.training.AneTrainer`):
@@ -111,6 +123,8 @@ class ScalarTrainer:
         example_inputs: Sequence[Any] | None = None,
         device_optimizer: bool = False,
         ane_runner: Callable[[Any], Any] | None = None,
+        data_parallel: bool | Communicator = False,
+        accumulate: int = 1,
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
@@ -122,12 +136,21 @@ class ScalarTrainer:
         _check_params(leaves, flags)
         master, compute = _pick_dtypes(leaves, flags, dtype)
         leaves = [p.cast(x, master) if x.dtype.is_float else x for x in leaves]
+        if not (isinstance(accumulate, int) and accumulate >= 1):
+            raise ValueError(f"ScalarTrainer: accumulate must be an int >= 1, got {accumulate!r}")
+        self.comm: Communicator | None = _communicator(data_parallel)
+        if self.comm is not None:
+            if backend == "ane" and mode == "compiled":
+                raise NotImplementedError("ScalarTrainer: data_parallel with backend='ane'")
+            leaves = [tensor(self.comm.broadcast(x.numpy(), 0)) for x in leaves]
+        self._agreed: set[Any] = set()  # batch signatures checked equal on every process
         self.loss_fn = loss_fn
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         self._plan = StepPlan(
-            loss_fn, treedef, flags, master, compute, clip_norm, schedule, loss_scale_window
-        )
+            loss_fn, treedef, flags, master, compute, clip_norm, schedule, loss_scale_window,
+            self.comm, accumulate,
+        )  # fmt: skip
         self._params = tree.unflatten(treedef, leaves)
         self._initial_scale = float(loss_scale)
         self.backend = _resolve_backend(backend) if mode == "compiled" else backend
@@ -260,21 +283,32 @@ class ScalarTrainer:
         """Atomically save parameters, optimizer state, step counters and loss-scale state.
 
         Only the trainer's own optimizer state is saved (not ``adam_step``'s side states).
+        Data parallel: every process calls this; rank 0 writes (the state is identical on
+        every process) and the others wait until the file is complete. The checkpoint does
+        not depend on the process count: a run with any number of processes (one included)
+        resumes it with the same parameters and optimizer state.
         """
         from shapegrad.io import save_checkpoint
 
         state = self.optimizer_state()
+        comm = self.comm
         notes = {
             "optimizer": type(self.optimizer).__name__,
             "optimizer_config": repr(self.optimizer),
             "schedule": repr(self.schedule),
             "schedule_step": int(state["step"]),
             "dtype": self._plan.compute.name,
+            "processes": comm.size if comm is not None else 1,
             **(metadata or {}),
         }
-        return save_checkpoint(
-            path, self._params, state, step=self.global_step, extra=self._scaler, metadata=notes
-        )
+        written = Path(path)
+        if comm is None or comm.rank == 0:
+            written = save_checkpoint(
+                path, self._params, state, step=self.global_step, extra=self._scaler, metadata=notes
+            )
+        if comm is not None:
+            comm.barrier()  # rank 0 raising instead aborts the job (distributed failure policy)
+        return written
 
     def load_checkpoint(self, path: str | Path) -> Checkpoint:
         """Restore a checkpoint written by :meth:`save_checkpoint` (validated; see ``sg.io``).
@@ -307,7 +341,10 @@ class ScalarTrainer:
             return self._ane.forward(inputs)
         run = self._function("forward", lambda params, xs: loss_value(self._plan, params, xs))
         self._sync()
-        return float(run(self._params, self._inputs(inputs)))
+        value = float(run(self._params, self._inputs(inputs)))
+        if self.comm is not None:  # the mean over the processes' shards
+            value = float(self.comm.all_reduce(np.asarray(value), "mean"))
+        return value
 
     def backward(self, *inputs: Any) -> Any:
         """Gradients of the loss, shaped like the parameters (zeros for frozen ones).
@@ -318,7 +355,8 @@ class ScalarTrainer:
         plan = self._plan
 
         def grads_of(params: Any, xs: tuple[Any, ...], scale: Tensor | None) -> Any:
-            _, grads = loss_and_grads(plan, params, xs, scale)
+            loss, grads = loss_and_grads(plan, params, xs, scale)
+            _, grads = average_over_processes(plan, loss, grads)
             return full_grads(plan, params, grads)
 
         self._sync()
@@ -385,6 +423,7 @@ class ScalarTrainer:
             lr = optimizer.lr
         if self._ane is not None:
             return self._ane_step(optimizer, inputs, lr)
+        self._check_batch(inputs)
         live = self._ensure_live(optimizer, lr, inputs)
         if live is not None:
             loss = live.step(self._batch(lr, inputs))
@@ -429,6 +468,7 @@ class ScalarTrainer:
         if lr is None and self.schedule is None:
             lr = self.optimizer.lr
         first = tuple(np.asarray(x)[0] for x in stacked)
+        self._check_batch(first)
         live = self._ensure_live(self.optimizer, lr, first) if count else None
         if live is None:
             rows = [tuple(np.asarray(x)[k] for x in stacked) for k in range(count)]
@@ -438,6 +478,18 @@ class ScalarTrainer:
         self.last_lr = live.last_lr
         self.global_step += count
         return losses
+
+    def _check_batch(self, inputs: tuple[Any, ...]) -> None:
+        """Data parallel: every process must step on batches of one signature (shapes and
+        dtypes); checked once per signature, with an error naming the ranks that differ."""
+        if self.comm is None or self.comm.size == 1:
+            return
+        signature = tuple(
+            (tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in inputs
+        )
+        if signature not in self._agreed:
+            check_same(self.comm, "ScalarTrainer.step: the batch (shape, dtype per input)", signature)
+            self._agreed.add(signature)
 
     def _step_function(self, optimizer: Optimizer) -> Callable[..., Any]:
         plan = self._plan
@@ -517,6 +569,20 @@ class ScalarTrainer:
     def _inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
         """Float data in the compute dtype, integer data as int32 tensors."""
         return tuple(_convert_input(x, self._plan.compute) for x in inputs)
+
+
+def _communicator(data_parallel: bool | Communicator) -> Communicator | None:
+    """The communicator ``data_parallel`` names (None: not data parallel)."""
+    if data_parallel is False or data_parallel is None:
+        return None
+    if data_parallel is True:
+        return world()
+    if isinstance(data_parallel, Communicator):
+        return data_parallel
+    raise TypeError(
+        "ScalarTrainer: data_parallel must be True, False or a shapegrad.distributed "
+        f"Communicator, got {type(data_parallel).__name__}"
+    )
 
 
 def _convert_input(x: Any, compute: DType) -> Any:
