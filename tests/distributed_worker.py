@@ -61,13 +61,16 @@ def check_collectives(comm: D.Communicator) -> None:
             "mean": lambda t: D.all_reduce(t, "mean"),
             "max": lambda t: D.all_reduce(t, "max"),
             "gather": lambda t: D.all_gather(t),
-            "bcast": lambda t: D.broadcast(t, root=last),
+            "bcast": lambda t, last=last: D.broadcast(t, root=last),
             "scatter": lambda t: D.reduce_scatter(D.all_gather(t)),
         }
         for backend in BACKENDS:
             for name, want in expected.items():
                 got = _run(backend, fns[name], x).numpy()
-                assert got.dtype == np.dtype(dtype if dtype != "bool" else np.bool_), (name, got.dtype)
+                assert got.dtype == np.dtype(dtype if dtype != "bool" else np.bool_), (
+                    name,
+                    got.dtype,
+                )
                 assert got.shape == want.shape, (backend, dtype, name, got.shape, want.shape)
                 tol = 1e-2 if dtype == "float16" else 1e-12
                 ok = np.allclose(got.astype(np.float64), want.astype(np.float64), atol=tol)
@@ -100,7 +103,9 @@ def check_gradients(comm: D.Communicator) -> None:
         out_shape = np.shape(_global(name, ref, xin, comm.size, 0))
         ct = [c.reshape(-1)[: int(np.prod(out_shape))].reshape(out_shape) for c in cts]
 
-        def objective(arrays: list[np.ndarray]) -> float:
+        def objective(
+            arrays: list[np.ndarray], ct: Any = ct, name: str = name, ref: Any = ref
+        ) -> float:
             return sum(
                 float(np.sum(ct[r] * _global(name, ref, arrays, comm.size, r)))
                 for r in range(comm.size)
@@ -115,8 +120,12 @@ def check_gradients(comm: D.Communicator) -> None:
             down[comm.rank][i] -= eps
             numeric[i] = (objective(up) - objective(down)) / (2 * eps)
         ctr = sg.tensor(ct[comm.rank], "float64")
+
+        def loss(t: sg.Tensor, fn: Any = fn, ctr: sg.Tensor = ctr) -> sg.Tensor:
+            return (fn(t) * ctr).sum()
+
         for backend in BACKENDS:
-            g = _run(backend, sg.grad(lambda t: (fn(t) * ctr).sum()), sg.tensor(xin[comm.rank], "float64"))
+            g = _run(backend, sg.grad(loss), sg.tensor(xin[comm.rank], "float64"))
             err = float(np.abs(g.numpy() - numeric).max())
             assert err < 1e-6, (backend, name, err, g.numpy(), numeric)
 
@@ -177,7 +186,9 @@ def _data(dtype: str, n: int = 96) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(dtype), y.astype(dtype)
 
 
-def _train(comm: Any, mode: str, backend: str, opt: str, dtype: str, steps: int) -> list[np.ndarray]:
+def _train(
+    comm: Any, mode: str, backend: str, opt: str, dtype: str, steps: int
+) -> list[np.ndarray]:
     optimizer = sg.optim.SGD(lr=0.05, momentum=0.9) if opt == "sgd" else sg.optim.Adam(lr=0.01)
     trainer = sg.ScalarTrainer(
         _mse, _params(dtype), mode=mode, backend=backend, optimizer=optimizer,

@@ -171,7 +171,9 @@ def _mpiexec() -> str:
         import mpi4py  # noqa: F401
     except ImportError:
         pytest.skip("mpi4py is not installed (pip install -e '.[mpi]')")
-    found = shutil.which("mpiexec") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+    found = shutil.which("mpiexec") or shutil.which(
+        "mpiexec", path=str(Path(sys.executable).parent)
+    )
     if found is None:
         pytest.skip("no mpiexec on PATH (pip install -e '.[mpi]' installs MPICH's)")
     return found

@@ -546,12 +546,9 @@ class KernelBuilder:
         )
         count = n_out if kind == "reduce_scatter" else n_in
         root = node.attr.get("root")
-        body.append(
-            L.Collective(
-                kind, send, recv, count, work, self.communicators.index(comm),
-                "max" if op == "max" else "sum", root, code,
-            )  # fmt: skip
-        )
+        index = self.communicators.index(comm)
+        reduce_op = "max" if op == "max" else "sum"
+        body.append(L.Collective(kind, send, recv, count, work, index, reduce_op, root, code))
         if op == "mean":
             v = self.fresh(n_out)
             mean = L.Binary(work, "div", L.Load(work, recv, L.var(v)), L.Const(work, comm.size))

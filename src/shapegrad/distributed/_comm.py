@@ -153,7 +153,9 @@ def check_same(comm: Communicator, what: str, description: Any) -> None:
     groups: dict[str, list[int]] = {}
     for r, text in enumerate(shown):
         groups.setdefault(text, []).append(r)
-    lines = [f"  rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}: {text}" for text, rs in groups.items()]
+    lines = [
+        f"  rank{'s' if len(rs) > 1 else ''} {_ranks(rs)}: {text}" for text, rs in groups.items()
+    ]
     raise RankMismatchError(
         f"{what} differs between processes (they must all be equal):\n" + "\n".join(lines)
     )

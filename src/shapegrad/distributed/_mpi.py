@@ -241,9 +241,7 @@ def install_abort_on_error(comm: Communicator) -> None:
     """
     previous = sys.excepthook
 
-    def hook(
-        kind: type[BaseException], value: BaseException, tb: TracebackType | None
-    ) -> None:
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if issubclass(kind, KeyboardInterrupt):
             previous(kind, value, tb)
             return

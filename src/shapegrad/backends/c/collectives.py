@@ -83,9 +83,11 @@ def render_collective(s: L.Collective, type_name: str, emit: Any, depth: int) ->
     comm = f"sg_mpi_comm[{s.comm}]"
     fail = f"return {s.code};"
     if s.kind in ("all_reduce", "reduce_scatter"):
-        mpi_type = {"float32": "SG_MPI_FLOAT32", "float64": "SG_MPI_FLOAT64", "int32": "SG_MPI_INT32"}[
-            s.dtype.name
-        ]
+        mpi_type = {
+            "float32": "SG_MPI_FLOAT32",
+            "float64": "SG_MPI_FLOAT64",
+            "int32": "SG_MPI_INT32",
+        }[s.dtype.name]
         op = "SG_MPI_MAX" if s.op == "max" else "SG_MPI_SUM"
         fn = "sg_mpi_allreduce" if s.kind == "all_reduce" else "sg_mpi_reduce_scatter"
         emit(
@@ -147,9 +149,7 @@ def bind(lib: Any, ffi: Any, program: L.Program) -> None:
     native = native_of(program.communicators[0])
     fns = ffi.new("void *[]", [ffi.cast("void *", native.functions[f]) for f in FUNCTIONS])
     handles = ffi.new("int64_t[]", [int(native.handles[h]) for h in HANDLES])
-    comms = ffi.new(
-        "int64_t[]", [int(native_of(c).handles["comm"]) for c in program.communicators]
-    )
+    comms = ffi.new("int64_t[]", [int(native_of(c).handles["comm"]) for c in program.communicators])
     lib.sg_mpi_bind(fns, handles, comms)
 
 
