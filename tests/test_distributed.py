@@ -240,3 +240,26 @@ def test_a_failing_rank_ends_the_job(how: str, tmp_path: Path) -> None:
 
     trainer = sg.ScalarTrainer(worker._mse, worker._params("float64"))
     assert trainer.load_checkpoint(tmp_path / "fault.ckpt").step == 5
+
+
+def test_cli_data_parallel_digits_matches_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    """``mpiexec -n 2 shapegrad demo digits --data-parallel`` reaches the accuracy of one
+    process with the same global batch (only rank 0 prints)."""
+    pytest.importorskip("sklearn", reason="the digits demo needs scikit-learn")
+    flags = ["demo", "digits", "--epochs", "8", "--no-progress", "--no-color"]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["SHAPEGRAD_NUM_THREADS"] = "1"
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "shapegrad.cli", *flags, "--data-parallel"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    from shapegrad.cli import main
+
+    assert main(flags) == 0
+    single = capsys.readouterr().out
+
+    def accuracy(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("test accuracy")]
+
+    assert len(accuracy(run.stdout)) == 1  # rank 0 alone reports
+    assert accuracy(run.stdout) == accuracy(single)
