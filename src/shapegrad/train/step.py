@@ -25,6 +25,7 @@ from shapegrad.train.optim import Optimizer, OptState, clip_by_global_norm
 from shapegrad.train.schedules import Schedule
 
 LossFn = Callable[..., Tensor]
+_BUCKET_GRADIENTS = True  # one all-reduce per step for loss + all gradients (see below)
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,19 @@ def average_over_processes(
     (each process computed them on its own shard of the global batch)."""
     if plan.comm is None or plan.comm.size == 1:
         return loss, list(grads)
-    mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
-    return p.all_reduce(loss, plan.comm, "mean"), mean
+    if not _BUCKET_GRADIENTS or any(g.dtype != loss.dtype for g in grads):
+        mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
+        return p.all_reduce(loss, plan.comm, "mean"), mean
+    # One bucket, one exchange: every process meets one collective per step instead of one
+    # per tensor (each is a synchronisation point, costly when a process is descheduled).
+    flat = [p.reshape(loss, (1,)), *(p.reshape(g, (g.size,)) for g in grads)]
+    total = p.all_reduce(p.concat(flat, 0), plan.comm, "mean")
+    out, offset = [], 1
+    for g in grads:
+        part = p.slice_(total, [offset], [offset + g.size], [1])
+        out.append(p.reshape(part, g.shape))
+        offset += g.size
+    return p.reshape(p.slice_(total, [0], [1], [1]), ()), out
 
 
 def _loss_and_grads(
