@@ -226,6 +226,35 @@ def check_training(comm: D.Communicator, steps: int = 50) -> None:
             print(f"parity {mode}/{backend} {opt} {dtype}: max |diff| {err:.2e}")
 
 
+def check_features(comm: D.Communicator) -> None:
+    """float16 mixed precision, a schedule and K steps per native call (step_many) work
+    unchanged: N processes match one process on the global batch."""
+
+    def train(shard: Any) -> list[np.ndarray]:
+        trainer = sg.ScalarTrainer(
+            _mse, _params("float32"), mode="compiled", backend="c",
+            optimizer=sg.optim.Adam(lr=0.01), dtype="float16", clip_norm=1.0,
+            schedule=sg.schedules.cosine_with_warmup(0.01, 30, warmup_steps=5),
+            data_parallel=shard if shard is not None else False,
+        )  # fmt: skip
+        x, y = _data("float32")
+        batches = list(sg.data.Batches(x, y, batch_size=24, seed=5, shard=shard))
+        xs = np.stack([b[0] for b in batches] * 3)
+        ys = np.stack([b[1] for b in batches] * 3)
+        losses = trainer.step_many(xs, ys)
+        assert np.all(np.isfinite(losses)) and trainer.loss_scale > 1
+        return [np.asarray(p.numpy()) for p in trainer.get_params()]
+
+    mine = train(comm)
+    for theirs in comm.gather_objects(mine):
+        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    if comm.rank == 0:
+        single = train(None)
+        err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+        print(f"parity float16 + schedule + step_many: max |diff| {err:.2e}")
+        assert err < 1e-3, err
+
+
 def check_checkpoint(comm: D.Communicator, out: Path) -> None:
     """Rank 0 writes a checkpoint of a data-parallel run (the test resumes it in one process)."""
     trainer = sg.ScalarTrainer(
@@ -272,6 +301,7 @@ def main() -> None:
         check_gradients(comm)
         check_mismatch(comm)
         check_training(comm)
+        check_features(comm)
         check_checkpoint(comm, out)
     elif task in ("raise", "kill"):
         fault(comm, out, task)
