@@ -39,7 +39,7 @@ class StepPlan:
     compute: DType
     clip_norm: float | None
     schedule: Schedule | None
-    scale_window: int
+    scaling: mp.LossScalePolicy  # float16 only: the dynamic loss-scale rule
     comm: Any = None  # a shapegrad.distributed Communicator: average gradients over it
     accumulate: int = 1  # micro-batches per step (inputs split along their first axis)
 
@@ -82,7 +82,19 @@ def loss_and_grads(
     the first axis of every array input; the loss and gradients are the means over them
     (equal to the whole batch's for a mean loss), and only one micro-batch's activations
     need to be live at a time.
+
+    Data parallel (``plan.comm``): the loss and gradients are then averaged over the
+    processes (each computed them on its own shard of the global batch), before anything
+    reads them: clipping, the loss-scale check and the optimizer see the global values,
+    so every process applies the identical update to its identical parameters.
     """
+    loss, grads = _accumulated(plan, params, inputs, scale)
+    return average_over_processes(plan, loss, grads)
+
+
+def _accumulated(
+    plan: StepPlan, params: Any, inputs: tuple[Any, ...], scale: Tensor | None
+) -> tuple[Tensor, list[Tensor]]:
     if plan.accumulate == 1:
         return _loss_and_grads(plan, params, inputs, scale)
     k = plan.accumulate
@@ -183,10 +195,7 @@ def train_step(
     (no eager evaluation of the schedule outside the compiled step).
     """
     scale = scaler["scale"] if scaler is not None else None
-    loss, grads = loss_and_grads(plan, params, inputs, scale)
-    # Averaged before clipping, the loss-scale check and the update: every process then
-    # applies the identical update to its identical parameters.
-    loss, grads = average_over_processes(plan, loss, grads)
+    loss, grads = loss_and_grads(plan, params, inputs, scale)  # averaged over processes
     if plan.clip_norm is not None:
         grads = clip_by_global_norm(grads, plan.clip_norm)
     rate = lr
@@ -199,8 +208,8 @@ def train_step(
     )
     if scaler is None:
         return loss, new_params, new_state, None, rate
-    loss, new_params, new_state, new_scaler = mp.apply_or_skip(
-        grads, (params, opt_state), (new_params, new_state), scaler, loss, plan.scale_window
+    loss, new_params, new_state, new_scaler = plan.scaling.apply_or_skip(
+        grads, (params, opt_state), (new_params, new_state), scaler, loss
     )
     return loss, new_params, new_state, new_scaler, rate
 

@@ -83,6 +83,7 @@ class CBackend:
     """Compiles graphs to native code; see the module docstring."""
 
     name = "c"
+    binds_state = True  # CExecutable.bind: state kept in the executable
 
     def is_available(self) -> tuple[bool, str]:
         cc = compiler()

@@ -10,13 +10,15 @@ Two ways to call:
 * ``exe(inputs)`` — the :class:`~shapegrad.backends.base.Executable` protocol:
   copies state inputs into the owned state buffers, runs once, returns fresh
   arrays (state outputs are copies). Never mutates the caller's arrays.
-* ``step = exe.bind(state)`` — the fast path for training loops (one live binding
-  per executable: a new ``bind`` copies new state in and takes over): the state is
-  copied in once; ``step(*batch)`` passes only the non-state inputs (pointer
-  updates, no allocation) and returns the non-state outputs in **reused**
-  arrays that the next call overwrites; ``step.run_steps(*stacked)`` runs
-  ``K`` steps in one native call on inputs stacked ``[K, ...]`` and returns
-  outputs stacked ``[K, ...]``; ``step.state`` are the live state arrays.
+* ``bound = exe.bind(state)`` — the
+  :class:`~shapegrad.backends.base.BoundExecutable` protocol, the fast path for
+  training loops (one live binding per executable: a new ``bind`` copies new
+  state in and takes over): the state is copied in once; ``bound.step(*batch)``
+  (or ``bound(*batch)``) passes only the non-state inputs (pointer updates, no
+  allocation) and returns the non-state outputs in **reused** arrays that the
+  next call overwrites; ``bound.run_steps(*stacked)`` runs ``K`` steps in one
+  native call (``sg_run_steps``) on inputs stacked ``[K, ...]`` and returns
+  outputs stacked ``[K, ...]``; ``bound.state`` are the live state arrays.
 
 An executable is not re-entrant (one arena): do not call it from two threads.
 """
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.backends.base import Array, validate_inputs
+from shapegrad.backends.base import Array, StateLayout, validate_inputs
 from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
@@ -124,7 +126,10 @@ class CExecutable:
         self._keep: list[Any] = []
         self.arena = _aligned_empty(max(program.arena_bytes, 64))
         self._arena_ptr = f.cast("char *", self.arena.ctypes.data)
-        self.state_inputs = sorted(set(program.state_of_output.values()))
+        self.layout = StateLayout.of(graph)
+        if dict(self.layout.state_updates) != program.state_of_output:  # one source of truth
+            raise AssertionError(f"{program.name}: lowering changed the state aliases")
+        self.state_inputs = list(self.layout.state_inputs)
         self.state: dict[int, Array] = {}
         for i in self.state_inputs:
             node = graph.inputs[i]
@@ -134,11 +139,9 @@ class CExecutable:
             array = np.ascontiguousarray(value)
             self._keep.append(array)
             self._set(program.buffers[name].slot, array)
-        self.batch_inputs = [i for i in range(len(graph.inputs)) if i not in self.state]
+        self.batch_inputs = list(self.layout.batch_inputs)
         self._bound: BoundStep | None = None  # the latest bind(); it owns the output slots
-        self.free_outputs = [
-            k for k in range(len(graph.outputs)) if k not in program.state_of_output
-        ]
+        self.free_outputs = list(self.layout.free_outputs)
         self._out_slot = {k: program.buffers[program.outputs[k]].slot for k in self.free_outputs}
         # run_validated's hot-path data: pinned buffers by slot, last input objects by index.
         self._pin = f.from_buffer
@@ -235,29 +238,23 @@ class CExecutable:
         """The fast calling path; ``state`` holds one array per state input (in input order).
 
         Example:
-            >>> step = exe.bind([w, b]); loss, = step(x, y); w_new = step.state[0]
+            >>> bound = exe.bind([w, b]); loss, = bound.step(x, y); w_new = bound.state[0]
         """
         self._bound = BoundStep(self, state)
         return self._bound
 
 
 class BoundStep:
-    """Calls a :class:`CExecutable` with owned state; outputs are reused between calls."""
+    """A :class:`CExecutable` bound to its state (the ``BoundExecutable`` protocol).
+
+    Outputs are reused between calls: what ``step``/``run_steps`` return is valid
+    until the next call of either, of ``bind`` or of the executable.
+    """
 
     def __init__(self, exe: CExecutable, state: Sequence[Array] | None) -> None:
         self.exe = exe
         if state is not None:
-            if len(state) != len(exe.state_inputs):
-                raise TypeError(f"expected {len(exe.state_inputs)} state arrays, got {len(state)}")
-            for i, value in zip(exe.state_inputs, state, strict=True):
-                node = exe.graph.inputs[i]
-                array = np.asarray(value)
-                if array.shape != node.shape:
-                    raise ShapeError(
-                        "bind",
-                        f"state {i} has shape {fmt(array.shape)}, expected {fmt(node.shape)}",
-                    )
-                np.copyto(exe.state[i], array, casting="same_kind")
+            self.write_state(state)
         graph = exe.graph
         self._specs = [
             (
@@ -287,11 +284,42 @@ class BoundStep:
         self._done = ffi().new("int64_t *")
 
     @property
+    def layout(self) -> StateLayout:
+        """State/batch inputs and free outputs of the bound graph."""
+        return self.exe.layout
+
+    def write_state(self, state: Sequence[Array]) -> None:
+        """Copy one array per state input into the live state (shapes checked, dtypes cast)."""
+        exe = self.exe
+        if len(state) != len(exe.state_inputs):
+            raise TypeError(f"expected {len(exe.state_inputs)} state arrays, got {len(state)}")
+        arrays = []
+        for i, value in zip(exe.state_inputs, state, strict=True):
+            array = np.asarray(value)
+            if array.shape != exe.graph.inputs[i].shape:
+                raise ShapeError(
+                    "bind",
+                    f"state {i} has shape {fmt(array.shape)}, expected "
+                    f"{fmt(exe.graph.inputs[i].shape)}",
+                )
+            if not np.can_cast(array.dtype, exe.state[i].dtype, "same_kind"):
+                raise DTypeError(
+                    f"bind: state {i} has dtype {array.dtype}, expected {exe.state[i].dtype}"
+                )
+            arrays.append(array)
+        for i, array in zip(exe.state_inputs, arrays, strict=True):  # all checked: no half write
+            np.copyto(exe.state[i], array, casting="same_kind")
+
+    def read_state(self) -> list[Array]:
+        """Copies of the live state arrays, in state-input order."""
+        return [np.array(a, copy=True) for a in self.state]
+
+    @property
     def state(self) -> list[Array]:
         """The live state arrays, in state-input order (updated in place by every call)."""
         return [self.exe.state[i] for i in self.exe.state_inputs]
 
-    def __call__(self, *batch: Array) -> list[Array]:
+    def step(self, *batch: Array) -> list[Array]:
         """One step on the non-state inputs; returns the reused non-state output arrays.
 
         Passing the *same* array objects again (refilled in place) skips even the pointer
@@ -299,6 +327,8 @@ class BoundStep:
         """
         result: list[Array] = self._call(*batch)
         return result
+
+    __call__ = step
 
     def _reattach(self) -> None:
         """Point the output slots back at our arrays and forget cached input pointers."""
@@ -360,7 +390,8 @@ class BoundStep:
     def run_steps(self, *stacked: Array) -> list[Array]:
         """``K`` steps in one native call; inputs and returned outputs are stacked ``[K, ...]``.
 
-        The returned arrays are reused by the next ``run_steps`` call with the same ``K``.
+        The returned arrays are reused by the next ``run_steps`` call with the same ``K``
+        (the protocol promises them only until the next call of any kind).
         """
         if len(stacked) != len(self._specs) or not stacked:
             raise TypeError(f"expected {len(self._specs)} stacked inputs, got {len(stacked)}")
