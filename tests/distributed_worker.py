@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,8 @@ def fault(comm: D.Communicator, out: Path, how: str) -> None:
             if step == 5:
                 trainer.save_checkpoint(out / "fault.ckpt")
             if step == 10 and comm.rank == 1:
+                if how == "hang":  # neither dies nor raises: rank 0's watchdog ends the job
+                    time.sleep(600)
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("planted failure on rank 1 at step 10")
@@ -303,7 +306,7 @@ def main() -> None:
         check_training(comm)
         check_features(comm)
         check_checkpoint(comm, out)
-    elif task in ("raise", "kill"):
+    elif task in ("raise", "kill", "hang"):
         fault(comm, out, task)
     else:
         raise SystemExit(f"unknown task {task}")

@@ -179,8 +179,10 @@ def _mpiexec() -> str:
     return found
 
 
-def launch(n: int, task: str, out: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+def launch(
+    n: int, task: str, out: Path, timeout: float = 300, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, **extra_env)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     env["SHAPEGRAD_NUM_THREADS"] = "1"  # N processes on a small machine: no oversubscription
     cmd = [_mpiexec(), "-n", str(n), sys.executable, str(WORKER), task, str(out)]
@@ -224,18 +226,23 @@ def test_two_rank_checkpoint_resumes_in_one_process(two_ranks: Path) -> None:
         np.testing.assert_array_equal(got.numpy(), want)
 
 
-@pytest.mark.parametrize("how", ["raise", "kill"])
+@pytest.mark.parametrize("how", ["raise", "kill", "hang"])
 def test_a_failing_rank_ends_the_job(how: str, tmp_path: Path) -> None:
+    """Raising (MPI_Abort from the excepthook), killed (the launcher), stuck (rank 0's
+    watchdog, SHAPEGRAD_COLLECTIVE_TIMEOUT): the job ends with a clear error within 60 s,
+    and the checkpoint written before the failure loads."""
     start = time.perf_counter()
-    run = launch(2, how, tmp_path, timeout=60)
+    run = launch(2, how, tmp_path, timeout=60, SHAPEGRAD_COLLECTIVE_TIMEOUT="5")
     elapsed = time.perf_counter() - start
     assert run.returncode != 0 and elapsed < 60
     text = run.stdout + run.stderr
     if how == "raise":
         assert "[rank 1/2]" in text and "planted failure on rank 1" in text
         assert "aborting all 2 processes" in text
-    else:
+    elif how == "kill":
         assert "signal 9" in text or "Killed" in text, text
+    else:
+        assert "[rank 0/2] shapegrad: ScalarTrainer.step waited more than 5 s" in text, text
     import distributed_worker as worker
 
     trainer = sg.ScalarTrainer(worker._mse, worker._params("float64"))

@@ -23,11 +23,13 @@ from shapegrad.distributed._comm import (
 )
 from shapegrad.distributed._mpi import (
     MPICommunicator,
+    Watchdog,
     install_abort_on_error,
     is_main,
     launched_size,
     rank,
     size,
+    watch,
     world,
 )
 
@@ -38,6 +40,7 @@ __all__ = [
     "MPICommunicator",
     "NativeMPI",
     "RankMismatchError",
+    "Watchdog",
     "all_gather",
     "all_reduce",
     "broadcast",
@@ -48,5 +51,6 @@ __all__ = [
     "rank",
     "reduce_scatter",
     "size",
+    "watch",
     "world",
 ]

@@ -8,15 +8,22 @@ Failure policy: a process that raises prints its traceback (prefixed by its rank
 and calls ``MPI_Abort``, which makes the launcher end every other process at once
 instead of leaving them blocked in their next collective. A process killed by a
 signal is noticed by the launcher (MPICH's hydra, Open MPI's mpirun) the same way.
+A process that neither dies nor raises but stops taking part (stuck, or an exception
+swallowed by a framework around it) is caught by the opt-in watchdog:
+``SHAPEGRAD_COLLECTIVE_TIMEOUT=<seconds>`` makes a process that has waited that long
+inside a collective or a data-parallel step abort the job with a message saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -85,6 +92,10 @@ class MPICommunicator:
         self.size = int(self.comm.Get_size())
         self.key = key if key is not None else ("world" if comm is None else f"comm{id(comm)}")
         self._native: NativeMPI | None = None
+        self.watchdog: Watchdog | None = None
+        limit = os.environ.get("SHAPEGRAD_COLLECTIVE_TIMEOUT")
+        if limit and self.size > 1:
+            self.watchdog = Watchdog(self, float(limit))
 
     def __repr__(self) -> str:
         return f"<MPI communicator {self.key}: rank {self.rank} of {self.size}>"
@@ -93,12 +104,17 @@ class MPICommunicator:
     def _check(self, what: str, x: Array, *extra: Any) -> None:
         check_same(self, f"{what}: the operand (shape, dtype)", (x.shape, x.dtype.str, *extra))
 
+    def watch(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """A block during which this process waits for the others (see :class:`Watchdog`)."""
+        return self.watchdog.watch(what) if self.watchdog is not None else contextlib.nullcontext()
+
     def all_reduce(self, x: Array, op: str, root: int | None = None) -> Array:
         self._check("all_reduce", x, op, root)
         work = _staged(x)
         out = np.empty_like(work)
         mpi_op = self.mpi.MAX if op == "max" else self.mpi.SUM
-        self.comm.Allreduce(np.ascontiguousarray(work), out, op=mpi_op)
+        with self.watch("all_reduce"):
+            self.comm.Allreduce(np.ascontiguousarray(work), out, op=mpi_op)
         if op == "mean":
             out = out / np.asarray(self.size, out.dtype)
         if root is not None and self.rank != root:
@@ -109,30 +125,36 @@ class MPICommunicator:
         self._check("all_gather", x)
         x = np.ascontiguousarray(x)
         out = np.empty((self.size * x.shape[0], *x.shape[1:]), x.dtype)
-        self.comm.Allgather(_bytes(x), _bytes(out))
+        with self.watch("all_gather"):
+            self.comm.Allgather(_bytes(x), _bytes(out))
         return out
 
     def reduce_scatter(self, x: Array) -> Array:
         self._check("reduce_scatter", x)
         work = np.ascontiguousarray(_staged(x))
         out = np.empty((x.shape[0] // self.size, *x.shape[1:]), work.dtype)
-        self.comm.Reduce_scatter_block(work, out, op=self.mpi.SUM)
+        with self.watch("reduce_scatter"):
+            self.comm.Reduce_scatter_block(work, out, op=self.mpi.SUM)
         return out.astype(x.dtype, copy=False)
 
     def broadcast(self, x: Array, root: int) -> Array:
         self._check("broadcast", x, root)
         out = np.array(x, copy=True, order="C")
-        self.comm.Bcast(_bytes(out), root=root)
+        with self.watch("broadcast"):
+            self.comm.Bcast(_bytes(out), root=root)
         return out
 
     def gather_objects(self, obj: Any) -> list[Any]:
-        return list(self.comm.allgather(obj))
+        with self.watch("an exchange of descriptions"):
+            return list(self.comm.allgather(obj))
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.comm.bcast(obj, root=root)
+        with self.watch("broadcast"):
+            return self.comm.bcast(obj, root=root)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        with self.watch("barrier"):
+            self.comm.Barrier()
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
@@ -159,6 +181,56 @@ class MPICommunicator:
             handle_type = "int" if MPI._sizeof(MPI.Comm) == 4 else "void *"
             self._native = NativeMPI(handle_type, functions, handles, int(MPI.IN_PLACE))
         return self._native
+
+
+class Watchdog:
+    """Ends the job when this process has waited longer than ``seconds`` in a watched block
+    (a collective, a data-parallel step): another process is then stuck, or failed in a
+    way that did not end the job. A daemon thread checks once a second; MPI was started
+    with thread support, so it may call ``MPI_Abort`` while the main thread is blocked.
+    """
+
+    def __init__(self, comm: Communicator, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"SHAPEGRAD_COLLECTIVE_TIMEOUT must be > 0 seconds, got {seconds}")
+        self.comm = comm
+        self.seconds = seconds
+        self._since: float | None = None
+        self._what = ""
+        threading.Thread(target=self._run, name="shapegrad-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def watch(self, what: str) -> Iterator[None]:
+        outer = self._since is not None  # nested blocks: the outermost one is timed
+        if not outer:
+            self._what, self._since = what, time.monotonic()
+        try:
+            yield
+        finally:
+            if not outer:
+                self._since = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.seconds / 4))
+            since = self._since
+            if since is not None and time.monotonic() - since > self.seconds:
+                comm = self.comm
+                sys.stderr.write(
+                    f"[rank {comm.rank}/{comm.size}] shapegrad: {self._what} waited more than "
+                    f"{self.seconds:g} s for the other processes (SHAPEGRAD_COLLECTIVE_TIMEOUT): "
+                    f"one is stuck or failed without ending the job; aborting all "
+                    f"{comm.size} processes\n"
+                )
+                sys.stderr.flush()
+                comm.abort(1)
+                return
+
+
+def watch(comm: Communicator | None, what: str) -> contextlib.AbstractContextManager[None]:
+    """``comm.watch(what)`` where the communicator has a watchdog, else a no-op block."""
+    method = getattr(comm, "watch", None)
+    return method(what) if method is not None else contextlib.nullcontext()
 
 
 def _staged(x: Array) -> Array:

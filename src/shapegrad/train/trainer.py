@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
-from shapegrad.distributed import Communicator, check_same, world
+from shapegrad.distributed import Communicator, check_same, watch, world
 from shapegrad.dtypes import DType, as_dtype, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
@@ -373,7 +373,8 @@ class ScalarTrainer:
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
         self._check_batch(inputs)
-        return self._strategy.step(self.optimizer, inputs, lr)
+        with watch(self.comm, "ScalarTrainer.step"):
+            return self._strategy.step(self.optimizer, inputs, lr)
 
     def adam_step(
         self,
@@ -410,7 +411,8 @@ class ScalarTrainer:
             raise ValueError("step_many: give each input stacked along a first axis of size K")
         if np.shape(stacked[0])[0]:
             self._check_batch(tuple(np.asarray(x)[0] for x in stacked))
-        return self._strategy.step_many(self.optimizer, stacked, lr)
+        with watch(self.comm, "ScalarTrainer.step_many"):
+            return self._strategy.step_many(self.optimizer, stacked, lr)
 
     def _check_batch(self, inputs: tuple[Any, ...]) -> None:
         """Data parallel: every process must step on batches of one signature (shapes and
