@@ -79,6 +79,13 @@ def check_collectives(comm: D.Communicator) -> None:
     del everyone
 
 
+def check_metrics(comm: D.Communicator) -> None:
+    """Metrics reduced over the processes (what rank 0 prints)."""
+    assert D.reduce_metric(comm.rank, "sum") == sum(range(comm.size))
+    assert D.reduce_metric(comm.rank + 1.0) == (comm.size + 1) / 2
+    assert D.reduce_metric(comm.rank, "max") == comm.size - 1
+
+
 def check_gradients(comm: D.Communicator) -> None:
     """Gradients of each collective against float64 central differences of the global loss
     sum_r <c_r, f(x)_r> with a random cotangent c_r per rank (the summed objective every
@@ -301,6 +308,7 @@ def main() -> None:
     assert comm.size == int(os.environ.get("PMI_SIZE", comm.size))
     if task == "all":
         check_collectives(comm)
+        check_metrics(comm)
         check_gradients(comm)
         check_mismatch(comm)
         check_training(comm)

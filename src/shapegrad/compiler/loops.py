@@ -438,6 +438,8 @@ class Program:
             lines.append(f"  outputs: {', '.join(self.outputs)}")
         for code, text in sorted(self.errors.items()):
             lines.append(f"  error {code}: {text}")
+        for n, comm in enumerate(self.communicators):
+            lines.append(f"  communicator {n}: {getattr(comm, 'key', '?')}, {comm.size} processes")
         for k in self.kernels:
             lines.append(k.format())
         return "\n".join(lines)

@@ -12,7 +12,13 @@ Example:
     >>> mean_loss = sg.distributed.all_reduce(loss, "mean")
 """
 
-from shapegrad.distributed._collectives import all_gather, all_reduce, broadcast, reduce_scatter
+from shapegrad.distributed._collectives import (
+    all_gather,
+    all_reduce,
+    broadcast,
+    reduce_metric,
+    reduce_scatter,
+)
 from shapegrad.distributed._comm import (
     Communicator,
     DistributedError,
@@ -49,6 +55,7 @@ __all__ = [
     "is_main",
     "launched_size",
     "rank",
+    "reduce_metric",
     "reduce_scatter",
     "size",
     "watch",

@@ -48,3 +48,16 @@ def broadcast(x: Tensor, root: int = 0, comm: Communicator | None = None) -> Ten
         >>> w = sg.distributed.broadcast(w, root=0)   # identical initial weights
     """
     return p.broadcast_from(x, comm if comm is not None else world(), root)
+
+
+def reduce_metric(value: float, op: str = "mean", comm: Communicator | None = None) -> float:
+    """A Python number (a metric: loss, accuracy, a count) reduced over the processes:
+    ``"mean"``, ``"sum"`` or ``"max"``; the same result on every process.
+
+    Example:
+        >>> acc = sg.distributed.reduce_metric(correct / total)   # before rank 0 prints it
+    """
+    import numpy as np
+
+    group = comm if comm is not None else world()
+    return float(group.all_reduce(np.asarray(float(value)), op))

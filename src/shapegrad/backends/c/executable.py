@@ -34,6 +34,7 @@ import numpy as np
 
 from shapegrad.backends.base import Array, StateLayout, validate_inputs
 from shapegrad.compiler import loops as L
+from shapegrad.distributed import DistributedError
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
@@ -174,7 +175,14 @@ class CExecutable:
                 text += f", step {step} changed nothing)"
             else:
                 text += f", step {step} may have updated part of the state)"
-        raise NativeIndexError(text) if known else NativeError(text)
+        if known is None:
+            raise NativeError(text)
+        if any(isinstance(s, L.Collective) and s.code == rc for s in self._statements()):
+            raise DistributedError(text)  # the MPI call of a collective failed
+        raise NativeIndexError(text)
+
+    def _statements(self) -> list[L.Stmt]:
+        return [s for k in self.program.kernels for s in L.walk(k.body)]
 
     def _checked_first(self, code: int) -> bool:
         """Whether check ``code`` runs before any kernel (an input index, hoisted)."""
