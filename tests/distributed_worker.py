@@ -235,32 +235,41 @@ def check_training(comm: D.Communicator, steps: int = 50) -> None:
 
 
 def check_features(comm: D.Communicator) -> None:
-    """float16 mixed precision, a schedule and K steps per native call (step_many) work
-    unchanged: N processes match one process on the global batch."""
+    """float16 mixed precision with a schedule and K steps per native call (step_many), and
+    float32 with gradient accumulation (2 micro-batches of each process's shard), work
+    unchanged: N processes match one process on the global batch.
 
-    def train(shard: Any) -> list[np.ndarray]:
+    (float16 and accumulation are not combined here: a smaller micro-batch scales each
+    example's cotangent up, so the dynamic loss scale may skip a different number of
+    steps on N processes than on one; that is the loss-scale rule, not data parallelism.)
+    """
+
+    def train(shard: Any, dtype: str | None, accumulate: int) -> list[np.ndarray]:
         trainer = sg.ScalarTrainer(
             _mse, _params("float32"), mode="compiled", backend="c",
-            optimizer=sg.optim.Adam(lr=0.01), dtype="float16", clip_norm=1.0,
+            optimizer=sg.optim.Adam(lr=0.01), dtype=dtype, clip_norm=1.0,
             schedule=sg.schedules.cosine_with_warmup(0.01, 30, warmup_steps=5),
-            data_parallel=shard if shard is not None else False,
+            data_parallel=shard if shard is not None else False, accumulate=accumulate,
         )  # fmt: skip
         x, y = _data("float32")
         batches = list(sg.data.Batches(x, y, batch_size=24, seed=5, shard=shard))
         xs = np.stack([b[0] for b in batches] * 3)
         ys = np.stack([b[1] for b in batches] * 3)
         losses = trainer.step_many(xs, ys)
-        assert np.all(np.isfinite(losses)) and trainer.loss_scale > 1
+        assert np.all(np.isfinite(losses))
+        assert dtype is None or trainer.loss_scale > 1
         return [np.asarray(p.numpy()) for p in trainer.get_params()]
 
-    mine = train(comm)
-    for theirs in comm.gather_objects(mine):
-        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
-    if comm.rank == 0:
-        single = train(None)
-        err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
-        print(f"parity float16 + schedule + step_many: max |diff| {err:.2e}")
-        assert err < 1e-3, err
+    for dtype, accumulate, tol in (("float16", 1, 1e-3), (None, 2, 1e-5)):
+        mine = train(comm, dtype, accumulate)
+        for theirs in comm.gather_objects(mine):
+            assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+        if comm.rank == 0:
+            single = train(None, dtype, accumulate)
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+            what = "float16 + schedule" if dtype else "float32 + accumulate=2"
+            print(f"parity {what} + step_many: max |diff| {err:.2e}")
+            assert err < tol, (dtype, accumulate, err)
 
 
 def check_checkpoint(comm: D.Communicator, out: Path) -> None:

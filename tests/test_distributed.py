@@ -207,7 +207,7 @@ def test_two_ranks_collectives_gradients_mismatch_and_training(two_ranks: Path) 
 def test_three_ranks(tmp_path: Path) -> None:
     run = launch(3, "all", tmp_path)
     assert run.returncode == 0 and (tmp_path / "ok-all.txt").exists(), run.stdout + run.stderr
-    assert run.stdout.count("parity") == 9
+    assert run.stdout.count("parity") == 10
 
 
 def test_two_rank_checkpoint_resumes_in_one_process(two_ranks: Path) -> None:
