@@ -91,6 +91,8 @@ class ScalarTrainer:
         accumulate: micro-batches per step: every array input is split into this many equal
             parts along its first axis and the gradients are averaged over them (a mean loss
             then gets the gradient of the whole batch with the activations of one part).
+            With ``dtype="float16"`` the loss scale applies per micro-batch: smaller parts
+            scale each example's cotangent up, so overflow skips can come earlier.
 
     ``mode="compiled", backend="ane"`` follows the Neural Engine training design
     (:mod:`shapegrad.train.ane`, :class:`shapegrad.train.ane.AneTrainer`):
