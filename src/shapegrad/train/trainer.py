@@ -65,7 +65,10 @@ class ScalarTrainer:
             of float tensors; the trainer keeps the master copy.
         mode: ``"eager"`` (NumPy + tape) or ``"compiled"`` (one ``sg.compile``d step).
         backend: compiled-mode backend; ``"c"`` falls back to ``"numpy"`` with a message
-            when no C compiler / C backend is available.
+            when no C compiler / C backend is available; any other backend that cannot run
+            here (``"cuda"`` without a GPU) raises ``BackendUnavailable`` unless ``fallback``
+            names one to use instead.
+        fallback: backend to train on when ``backend`` is not usable here (printed).
         optimizer: an :mod:`shapegrad.train.optim` optimizer (default ``SGD(lr=0.01)``).
         schedule: optional learning-rate schedule (``step -> lr``), used when ``step`` is
             called without ``lr``; it overrides the optimizer's constant ``lr``.
@@ -125,6 +128,7 @@ class ScalarTrainer:
         loss_scale: float = 2.0**15,
         loss_scale_window: int = 2000,
         *,
+        fallback: str | None = None,
         example_inputs: Sequence[Any] | None = None,
         device_optimizer: bool = False,
         ane_runner: Callable[[Any], Any] | None = None,
@@ -157,7 +161,7 @@ class ScalarTrainer:
             loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling,
             self.comm, accumulate,
         )  # fmt: skip
-        self.backend = _resolve_backend(backend) if mode == "compiled" else backend
+        self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
         kind = strategy_kind(mode, self.backend)
         if kind != "ane" and (example_inputs is not None or device_optimizer or ane_runner):
             raise TypeError(
@@ -502,21 +506,29 @@ def _pick_dtypes(
     return own, compute
 
 
-def _resolve_backend(name: str) -> str:
-    """``name`` when usable here, else ``"numpy"`` with a printed explanation."""
-    from shapegrad.backends.base import available_backends, get_backend
+def _resolve_backend(name: str, fallback: str | None) -> str:
+    """``name`` when usable here; else ``fallback`` (or ``"numpy"`` for ``"c"``) with a
+    printed explanation; else BackendUnavailable naming what is missing."""
+    from shapegrad.backends.base import BackendUnavailable, available_backends, get_backend
 
-    if name not in available_backends():
-        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}")
+    for candidate in (name, fallback):
+        if candidate is not None and candidate not in available_backends():
+            raise ValueError(f"unknown backend {candidate!r}; choose one of {available_backends()}")
     if name == "ane":
         return name  # no fallback: building or running the program raises its own clear error
     try:
         get_backend(name)
     except (ImportError, RuntimeError, ValueError) as exc:  # BackendUnavailable is a RuntimeError
-        if name == "numpy":
-            raise
-        print(f"shapegrad: backend {name!r} is not usable here ({exc}); falling back to 'numpy'")
-        return "numpy"
+        instead = fallback or ("numpy" if name == "c" else None)
+        if instead is None or instead == name:
+            raise BackendUnavailable(
+                f"ScalarTrainer: backend {name!r} cannot run here ({exc}); pass "
+                "fallback='numpy' (or another backend) to train elsewhere"
+            ) from exc
+        print(
+            f"shapegrad: backend {name!r} is not usable here ({exc}); falling back to {instead!r}"
+        )
+        return _resolve_backend(instead, None)
     return name
 
 

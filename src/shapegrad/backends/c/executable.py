@@ -68,6 +68,7 @@ def load_library(path: str, key: str) -> Any:
     """``dlopen`` ``path`` and check its embedded key; returns the cffi library."""
     if key in _LIBS:
         return _LIBS[key]
+    configure_openmp_waiting()
     lib = ffi().dlopen(path)
     found = ffi().string(lib.sg_key).decode()
     if found != key:
@@ -78,25 +79,44 @@ def load_library(path: str, key: str) -> Any:
 
 
 def num_threads() -> int:
-    """Threads for OpenMP loops and split BLAS products: ``$SHAPEGRAD_NUM_THREADS``,
-    default the CPUs this process may run on.
+    """Threads for OpenMP loops and split BLAS products: ``$SHAPEGRAD_NUM_THREADS``, else
+    ``$OMP_NUM_THREADS`` (its first entry), else the CPUs this process may run on.
 
     OpenBLAS itself always runs single-threaded: large products are split into row
     blocks by the generated code, one block per OpenMP thread. Measured on the shared
     2-core box: OpenBLAS's own 2-thread pool made the 784-512-512-10 step 5-6x *slower*
     under load (threads spin at barriers while descheduled); the split keeps 2 threads
-    at 1.3-1.8x faster than 1 on the CNN and MLP steps when the machine is quiet, and
-    no worse than ~1.3x slower under heavy load. ``SHAPEGRAD_NUM_THREADS=1`` turns
-    threading off.
+    at 1.3-1.8x faster than 1 on the CNN and MLP steps when the machine is quiet.
+    ``SHAPEGRAD_NUM_THREADS=1`` (or ``OMP_NUM_THREADS=1``) turns threading off.
     """
     try:
         default = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         default = os.cpu_count() or 1
-    try:
-        return max(1, int(os.environ.get("SHAPEGRAD_NUM_THREADS", str(default))))
-    except ValueError:
-        return default
+    for variable in ("SHAPEGRAD_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").split(",")[0].strip()
+        if value:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                continue
+    return default
+
+
+def configure_openmp_waiting() -> None:
+    """Make idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) unless
+    the user chose a policy (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set).
+
+    libgomp reads the policy once, when it is first loaded, so this runs before the first
+    compiled library is opened; it applies to the whole process (other libraries using
+    libgomp too). Why: a spinning thread that the OS deschedules stalls every parallel
+    region. Measured on the 2-core box with other processes running (load average 5-6):
+    the MLP 784-512-512-10 b128 step took 128-172 ms with libgomp's default spinning,
+    19-24 ms on one thread and 3.5-15 ms with passive waiting (benchmarks/train_step.py
+    --cell "C 1-step" mlp, interleaved runs).
+    """
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 class NativeError(RuntimeError):
