@@ -222,8 +222,7 @@ class Watchdog:
                     f"one is stuck or failed without ending the job; aborting all "
                     f"{comm.size} processes\n"
                 )
-                sys.stderr.flush()
-                comm.abort(1)
+                _abort_after_output(comm)
                 return
 
 
@@ -323,7 +322,15 @@ def install_abort_on_error(comm: Communicator) -> None:
         sys.stderr.write(
             f"{prefix}shapegrad: rank {comm.rank} failed; aborting all {comm.size} processes\n"
         )
-        sys.stderr.flush()
-        comm.abort(1)
+        _abort_after_output(comm)
 
     sys.excepthook = hook
+
+
+def _abort_after_output(comm: Communicator) -> None:
+    """``MPI_Abort`` once the message is out: the launcher forwards each process's output
+    through its own pipes and tears them down on abort, so give it a moment first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0.5)
+    comm.abort(1)
