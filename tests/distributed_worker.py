@@ -272,6 +272,46 @@ def check_features(comm: D.Communicator) -> None:
             assert err < tol, (dtype, accumulate, err)
 
 
+def check_keys_and_state(comm: D.Communicator) -> None:
+    """A loss with dropout (a per-step ``key``) that also returns updated non-trainable state
+    (a running mean): parameters and state stay identical on every process, the state is
+    the mean over the shards, and each shard draws its own dropout mask."""
+
+    def loss(params: Any, x: sg.Tensor, y: sg.Tensor, *, key: sg.Tensor) -> Any:
+        w, b, running = params
+        keep = sg.random.bernoulli(key, 0.5, x.shape).astype(x.dtype)
+        out = ((x * keep * 2.0) @ w).reshape(-1) + b
+        new_running = running * 0.9 + x.mean(axis=0) * 0.1
+        return ((out - y) * (out - y)).mean(), [w, b, new_running]
+
+    params = [
+        sg.tensor(np.full((2, 1), 0.1)),
+        sg.tensor(np.zeros(1)),
+        sg.tensor(np.zeros(2)),
+    ]
+    trainer = sg.ScalarTrainer(
+        loss, params, mode="compiled", backend="c", requires_grad=[True, True, False],
+        optimizer=sg.optim.SGD(lr=0.05), data_parallel=True, seed=1,
+    )  # fmt: skip
+    x, y = _data("float64")
+    rows = []
+    for bx, by in sg.data.Batches(x, y, batch_size=24, seed=5, shuffle=False, shard=comm):
+        trainer.step(bx, by)
+        rows.append(bx)
+    mine = [np.asarray(t.numpy()) for t in trainer.get_params()]
+    for theirs in comm.gather_objects(mine):
+        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    expected = np.zeros(2)  # the running mean of the *global* batches
+    for k in range(len(rows)):
+        expected = expected * 0.9 + x[k * 24 : (k + 1) * 24].mean(axis=0) * 0.1
+    assert np.allclose(mine[2], expected, atol=1e-12), (mine[2], expected)
+    # different dropout masks per rank: the per-rank gradients before averaging differ
+    # (checked through the keys: fold_in(key, rank) differs between ranks)
+    base = sg.random.key(1)
+    folded = comm.gather_objects(sg.random.fold_in(base, comm.rank).numpy().tolist())
+    assert len({tuple(f) for f in folded}) == comm.size
+
+
 def check_checkpoint(comm: D.Communicator, out: Path) -> None:
     """Rank 0 writes a checkpoint of a data-parallel run (the test resumes it in one process)."""
     trainer = sg.ScalarTrainer(
@@ -322,6 +362,7 @@ def main() -> None:
         check_mismatch(comm)
         check_training(comm)
         check_features(comm)
+        check_keys_and_state(comm)
         check_checkpoint(comm, out)
     elif task in ("raise", "kill", "hang"):
         fault(comm, out, task)
