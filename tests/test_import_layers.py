@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
         "tree",
         "ir",
     },
+    {"distributed"},  # communicators + collectives: used by compiler stages, backends, train
     {"compiler"},
     {"backends"},
     {"jit"},

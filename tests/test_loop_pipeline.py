@@ -251,6 +251,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
         L.CheckBounds("ix", 4, 3, 1),
         _batch_fused().contract,
         _batch_fused(),
+        L.Collective("all_reduce", "x", "y", 4, float32, 0, "sum", 1, 2),
     ]
     assert {type(s) for s in samples} == set(L.stmt_types())
     renderer = CRenderer(L.Program("p", {}, []))
@@ -258,6 +259,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
         renderer.stmt(s, 1, parallel_ok=False)
     text = "\n".join(renderer.lines)
     assert "return 1;" in text and "sg_maxf(acc, x[" in text and "sgemm" in text
+    assert "sg_mpi_allreduce(x, y, 4," in text and "sg_rank != 1" in text
 
 
 def test_negative_constants_render_parenthesised() -> None:

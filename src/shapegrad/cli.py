@@ -116,6 +116,12 @@ def build_parser(explain_backends: bool = True) -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="under mpiexec: every process trains on its shard of each global batch "
+        "(--batch-size), gradients averaged each step; rank 0 prints",
+    )
+    demo.add_argument(
         "--no-color", action="store_true", help="plain-text plots without ANSI colours"
     )
     return parser
@@ -238,6 +244,7 @@ def train(
         backend=backend,
         optimizer=make_optimizer(recipe.optimizer, recipe.lr),
         schedule=make_schedule(recipe, recipe.epochs * per_epoch),
+        data_parallel=args.data_parallel,
     )
     done = _resume(trainer, args.resume, per_epoch) if args.resume else 0
     batches.epoch = done  # continue the shuffling sequence where the saved run stopped
@@ -273,11 +280,16 @@ def _saver(path: str, per_epoch: int) -> Callable[[ScalarTrainer, StepInfo], Non
 
     def save(trainer: ScalarTrainer, info: StepInfo) -> None:
         if info.step % per_epoch == 0:
-            io.save_checkpoint(
-                path, trainer.get_params(), trainer.optimizer_state(), step=info.step
-            )
+            trainer.save_checkpoint(path)  # data parallel: rank 0 writes, the others wait
 
     return save
+
+
+def _shard(args: argparse.Namespace) -> Any:
+    """The communicator batches are sharded over (``--data-parallel``), else None."""
+    from shapegrad import distributed
+
+    return distributed.world() if args.data_parallel else None
 
 
 def _describe(name: str, recipe: Recipe, args: argparse.Namespace, trainer: ScalarTrainer) -> str:
@@ -297,7 +309,9 @@ def demo_moons(args: argparse.Namespace) -> int:
     x, y = data.make_moons(n=1000, noise=0.1, seed=args.seed)
     signs = (2 * y - 1).astype(np.float32)  # hinge loss wants labels in {-1, +1}
     params = models.MoonsMLP.init(models.kaiming, seed=args.seed, h=16)
-    batches = data.Batches(x, signs, batch_size=recipe.batch_size, seed=args.seed, last="pad")
+    batches = data.Batches(
+        x, signs, batch_size=recipe.batch_size, seed=args.seed, last="pad", shard=_shard(args)
+    )
     print(f"moons: {len(x)} points, MLP 2-16-16-1, hinge loss")
     run = train(args, recipe, models.moons_loss, params, batches)
     print(_describe("trained", recipe, args, run.trainer))
@@ -333,7 +347,12 @@ def demo_digits(args: argparse.Namespace) -> int:
     split = data.load_digits(test_fraction=0.2, seed=args.seed)
     params = models.DigitsMLP.init(models.kaiming, seed=args.seed, h=64)
     batches = data.Batches(
-        split.x_train, split.y_train, batch_size=recipe.batch_size, seed=args.seed, last="pad"
+        split.x_train,
+        split.y_train,
+        batch_size=recipe.batch_size,
+        seed=args.seed,
+        last="pad",
+        shard=_shard(args),
     )
     print(
         f"digits: {len(split.x_train)} training / {len(split.x_test)} test images, MLP 64-64-64-10"
@@ -418,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             print("shapegrad: --plot-png needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 2
+    if args.data_parallel and _shard(args).rank != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the process's life) rank 0 reports
     if args.dump_ir:
         # the compiler reads this when it compiles, which happens after this point
         Path(args.dump_ir).mkdir(parents=True, exist_ok=True)

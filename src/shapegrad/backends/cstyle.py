@@ -7,7 +7,7 @@ scalar reductions, scratch arrays, data-dependent indices, bounds checks). A
 language renderer subclasses it and supplies what differs: the type table, how a
 loop is scheduled (OpenMP pragmas in C, the grid on a GPU), how a failed bounds
 check stops the program (the error-flag contract of ``compiler/loops.py``), and
-library products (``Contract``, ``BatchFused``).
+library products (``Contract``, ``BatchFused``) and collectives (``Collective``).
 
 Every statement class of the loop IR has a rule here or in the subclass
 (``loops.stmt_types()``; a test checks it).
@@ -222,6 +222,8 @@ class CStyleRenderer:
             self.contract(s, depth)
         elif isinstance(s, L.BatchFused):
             self.batch_fused(s, depth)
+        elif isinstance(s, L.Collective):
+            self.collective(s, depth)
         else:
             raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
 
@@ -315,6 +317,9 @@ class CStyleRenderer:
 
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for batch-fused products")
+
+    def collective(self, s: L.Collective, depth: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: no rule for collectives")
 
 
 BLOCKED_SUM_MIN = 1 << 14  # shorter float sums keep one accumulator (exact enough, fastest)

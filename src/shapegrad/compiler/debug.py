@@ -29,7 +29,7 @@ def write_dump(folder: str, filename: str, text: str) -> str:
     """Write ``text`` to ``folder/filename`` atomically (temp file + rename); returns the path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, filename)
-    tmp = path + ".tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # per process: ranks of an MPI job dump together
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)  # atomic: parallel readers never see half a file

@@ -3,7 +3,8 @@
 ``plan_fusion`` is one named pass from a Graph to a :class:`FusionPlan`:
 
 * **Materialized** nodes are written to memory by their own kernel. Inputs,
-  outputs, reductions, contractions, gathers and scatters always are;
+  outputs, reductions, contractions, gathers, scatters and collectives (and
+  the operands of collectives) always are;
   non-scalar constants become read-only buffers.
 * Every other node (elementwise math, layout views, iota, random) is
   **inlined**: its consumers recompute it from its operands at the index they
@@ -23,9 +24,11 @@ from dataclasses import dataclass, field
 
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph, Node
-from shapegrad.ops.protocol import ELEMENTWISE, Prim
+from shapegrad.ops.protocol import COLLECTIVES, ELEMENTWISE, Prim
 
-ROOTS = frozenset({Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD})
+ROOTS = frozenset(
+    {Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD, *COLLECTIVES}
+)
 _EXPENSIVE = frozenset({Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.TANH, Prim.POW, Prim.SQRT})
 _ZERO_COST = frozenset(
     {
@@ -124,6 +127,9 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
             if plan.cost.get(operand.id, 0) > 0:
                 plan.materialized.add(operand.id)
                 plan.cost[operand.id] = 0
+    elif node.prim in COLLECTIVES:  # the exchange reads a whole buffer
+        plan.materialized.add(node.inputs[0].id)
+        plan.cost[node.inputs[0].id] = 0
     elif node.prim in (Prim.GATHER, Prim.SCATTER_ADD):
         plan.materialized.add(node.inputs[1].id)  # indices are read as data, bounds-checked
         plan.cost[node.inputs[1].id] = 0

@@ -17,7 +17,9 @@ there are no pointers, pragmas, type spellings or thread ids.
   tree), :class:`Local` (per-iteration scratch), :class:`IndexLoad` (a
   data-dependent index), :class:`CheckBounds` (the error-flag contract, below)
   and :class:`Contract` (a matrix-multiply library call), :class:`BatchFused`
-  (a product whose operand is produced one batch slice at a time).
+  (a product whose operand is produced one batch slice at a time),
+  :class:`Collective` (an exchange with the other processes of a communicator:
+  MPI from C, host-staged or NCCL on a GPU).
 
 **Error-flag contract.** A :class:`CheckBounds` that fails records its ``code``
 as the program's error (the first failure wins) and the rest of the program is
@@ -340,6 +342,31 @@ class BatchFused(Stmt):
     consumer: tuple[Loop, ...] = ()
 
 
+@dataclass(frozen=True)
+class Collective(Stmt):
+    """An exchange of ``src`` with the other processes of communicator number ``comm`` of
+    the program (``Program.communicators``); the result goes to ``dst`` (never ``src``).
+
+    ``kind``: ``all_reduce`` (``op`` "sum" or "max" over ``count`` elements; with ``root``
+    set, ``dst`` is the sum on that rank and zeros elsewhere), ``all_gather`` (``count``
+    elements from every rank, concatenated in rank order), ``reduce_scatter`` (the sum,
+    of which this rank keeps block ``rank`` of ``count`` elements) or ``broadcast``
+    (``root``'s ``count`` elements). Reductions see float32/float64/int32 only (lowering
+    stages float16 and bool through those); the other kinds move bytes of any dtype.
+    A failure of the exchange records error ``code`` (the error-flag contract).
+    """
+
+    kind: str
+    src: str
+    dst: str
+    count: int
+    dtype: DType
+    comm: int
+    op: str = "sum"
+    root: int | None = None
+    code: int = 0
+
+
 @dataclass
 class Kernel:
     """One unit of work (a loop nest, or a few run back to back). ``work`` estimates its
@@ -390,6 +417,8 @@ class Program:
         errors: error code -> message (the error-flag contract; codes start at 1).
         arena_bytes: size of the arena holding every temp (set by ``pack_arena``).
         n_slots: entries of the I/O table (set by ``assign_slots``).
+        communicators: the communicator objects (``shapegrad.distributed``) that
+            :class:`Collective` statements name by position.
     """
 
     name: str
@@ -402,6 +431,7 @@ class Program:
     errors: dict[int, str] = field(default_factory=dict)
     arena_bytes: int = 0
     n_slots: int = 0
+    communicators: list[Any] = field(default_factory=list)
 
     def format(self) -> str:
         lines = [f"program {self.name}  # arena {self.arena_bytes} bytes"]
@@ -413,6 +443,8 @@ class Program:
             lines.append(f"  outputs: {', '.join(self.outputs)}")
         for code, text in sorted(self.errors.items()):
             lines.append(f"  error {code}: {text}")
+        for n, comm in enumerate(self.communicators):
+            lines.append(f"  communicator {n}: {getattr(comm, 'key', '?')}, {comm.size} processes")
         for k in self.kernels:
             lines.append(k.format())
         return "\n".join(lines)
@@ -444,6 +476,13 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.extend(_format_stmts(s.producer, depth + 1))
             out.extend(_format_stmts((c,), depth + 1))
             out.extend(_format_stmts(s.consumer, depth + 1))
+        elif isinstance(s, Collective):
+            how = s.op if s.kind in ("all_reduce", "reduce_scatter") else ""
+            at = f" root={s.root}" if s.root is not None else ""
+            out.append(
+                f"{pad}{s.dst} = {s.kind}{'_' + how if how else ''}({s.src}, {s.count} x "
+                f"{s.dtype.name}, comm {s.comm}{at}) else error {s.code}"
+            )
         elif isinstance(s, Contract):
             scaled = f"*{s.alpha_buffer}[{s.alpha_index}]" if s.alpha_buffer else ""
             out.append(
@@ -578,6 +617,8 @@ def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[S
             return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c), alpha_buffer=alpha)
         if isinstance(s, BatchFused):
             return replace(s, scratch=fix(s.scratch))
+        if isinstance(s, Collective):
+            return replace(s, src=fix(s.src), dst=fix(s.dst))
         return s
 
     return map_body(body, expr, stmt)
@@ -597,6 +638,8 @@ def reads(body: Iterable[Stmt]) -> set[str]:
         if isinstance(s, Contract):
             names |= {s.a, s.b} | ({s.c} if s.beta else set())
             names |= {s.alpha_buffer} if s.alpha_buffer else set()
+        elif isinstance(s, Collective):
+            names.add(s.src)
         elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
             names.add(s.buffer)
     return names - local_names(body)
@@ -611,9 +654,11 @@ def writes(body: Iterable[Stmt]) -> set[str]:
             out.add(s.buffer)
         elif isinstance(s, Contract):
             out.add(s.c)
+        elif isinstance(s, Collective):
+            out.add(s.dst)
     return out - local_names(body)
 
 
 def stmt_types() -> tuple[type[Stmt], ...]:
     """Every statement class (a renderer must have a rule for each)."""
-    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused)
+    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused, Collective)

@@ -31,9 +31,9 @@ from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
 from shapegrad.compiler.target import Target
-from shapegrad.dtypes import DType, bool_
+from shapegrad.dtypes import DType, bool_, float32, int32
 from shapegrad.ir import Graph, Node
-from shapegrad.ops.protocol import Prim
+from shapegrad.ops.protocol import COLLECTIVES, Prim
 from shapegrad.shapes import size_of
 
 
@@ -63,6 +63,7 @@ def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "f
         state_of_output=state_of_output,
         constants=constants,
         errors=builder.errors,
+        communicators=builder.communicators,
     )
 
 
@@ -149,6 +150,7 @@ class KernelBuilder:
         self.kernels: list[L.Kernel] = []
         self.output_names: list[str] = []
         self.errors: dict[int, str] = {}
+        self.communicators: list[Any] = []
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------
@@ -217,6 +219,8 @@ class KernelBuilder:
             self.emit_gather(node, dst)
         elif node.prim is Prim.SCATTER_ADD:
             self.emit_scatter(node, dst)
+        elif node.prim in COLLECTIVES:
+            self.emit_collective(node, dst)
         else:
             self.emit_elementwise(node, dst)
 
@@ -528,6 +532,66 @@ class KernelBuilder:
         store = L.Store(dst, L.flatten(out_index, node.shape), value, "add", commutative=True)
         body = (self._check(node, idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
         self.add(node, body, size_of(updates.shape), ex)
+
+    # -- collectives -----------------------------------------------------------------------------
+    def emit_collective(self, node: Node, dst: str) -> None:
+        """One ``Collective`` statement between staging loops: reductions of float16/bool run
+        in float32/int32 (as the NumPy path does), a mean divides the sum afterwards. A
+        communicator of one process makes every collective a copy."""
+        (x,) = node.inputs
+        comm = node.attr["comm"]
+        src = self.names[x.id]
+        dtype = node.aval.dtype
+        ex = ExprBuilder(self.plan, self.names)
+        if comm.size == 1:
+            self.add(node, _copy_loop(self.fresh(size_of(node.shape)), src, dst, dtype), 0, ex)
+            return
+        if comm not in self.communicators:
+            self.communicators.append(comm)
+        kind = {
+            Prim.ALL_REDUCE: "all_reduce",
+            Prim.ALL_GATHER: "all_gather",
+            Prim.REDUCE_SCATTER: "reduce_scatter",
+            Prim.BROADCAST_FROM: "broadcast",
+        }[node.prim]
+        op = node.attr.get("op", "sum")
+        reduces = kind in ("all_reduce", "reduce_scatter")
+        work = dtype
+        if reduces and dtype.name in ("float16", "bool"):
+            work = float32 if dtype.is_float else int32
+        body: list[L.Stmt] = []
+        n_in, n_out = size_of(x.shape), size_of(node.shape)
+        send, recv = src, dst
+        if work != dtype:
+            send, recv = self.temp(work, n_in, "send"), self.temp(work, n_out, "recv")
+            body.extend(_copy_loop(self.fresh(n_in), src, send, work, dtype))
+        code = len(self.errors) + 1
+        self.errors[code] = (
+            f"MPI failed in {kind} ({node.prim.value}%{local_id(self.graph, node)} of "
+            f"{dtype.name}{list(x.shape)}, kernel k{len(self.kernels)}, {comm!r})"
+        )
+        count = n_out if kind == "reduce_scatter" else n_in
+        root = node.attr.get("root")
+        index = self.communicators.index(comm)
+        reduce_op = "max" if op == "max" else "sum"
+        body.append(L.Collective(kind, send, recv, count, work, index, reduce_op, root, code))
+        if op == "mean":
+            v = self.fresh(n_out)
+            mean = L.Binary(work, "div", L.Load(work, recv, L.var(v)), L.Const(work, comm.size))
+            body.append(L.Loop(v, "parallel", (L.Store(recv, L.var(v), mean),)))
+        if work != dtype:
+            body.extend(_copy_loop(self.fresh(n_out), recv, dst, dtype, work))
+        self.add(node, tuple(body), n_in, ex)
+
+
+def _copy_loop(
+    v: L.Var, src: str, dst: str, dtype: DType, src_dtype: DType | None = None
+) -> tuple[L.Stmt, ...]:
+    """``dst[i] = dtype(src[i])`` for every element."""
+    load: L.Expr = L.Load(src_dtype or dtype, src, L.var(v))
+    if src_dtype is not None and src_dtype != dtype:
+        load = L.Cast(dtype, load)
+    return (L.Loop(v, "parallel", (L.Store(dst, L.var(v), load),)),)
 
 
 def _nest(vars_: list[L.Var], kind: str, body: tuple[L.Stmt, ...]) -> tuple[L.Stmt, ...]:

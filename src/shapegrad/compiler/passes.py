@@ -24,6 +24,7 @@ import numpy as np
 from shapegrad.ir import Graph, Node, NodeTable
 from shapegrad.ops import reference
 from shapegrad.ops.protocol import (
+    COLLECTIVES,
     ELEMENTWISE,
     SOURCES,
     UNARY,
@@ -141,6 +142,8 @@ FOLD_LIMIT = 1 << 12  # never materialize a folded constant larger than this (el
 
 def _fold_rule(node: Node, b: Builder) -> Node | None:
     if node.prim in SOURCES or node.prim is Prim.BROADCAST or not node.inputs:
+        return None
+    if node.prim in COLLECTIVES:  # runs at step time, with every process of its communicator
         return None
     if any(i.prim is not Prim.CONSTANT for i in node.inputs):
         return None

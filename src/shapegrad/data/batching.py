@@ -34,6 +34,12 @@ class Batches:
             the same epoch (every padded row is a real sample, so no mask is
             needed; those samples count twice in that epoch), or ``"keep"`` it short.
         start_epoch: the epoch number of the first ``iter()``.
+        shard: data parallel: a :class:`~shapegrad.distributed.Communicator` (or a
+            ``(rank, size)`` pair). ``batch_size`` stays the *global* batch: every process
+            computes the same shuffled global batches from the shared ``seed`` and yields
+            its own contiguous block of ``batch_size // size`` rows of each, so shards
+            are disjoint, every process runs the same number of steps, and training on
+            ``size`` processes sees exactly the batches one process would.
     Example:
         >>> x = np.arange(10).reshape(5, 2)
         >>> [b[0][:, 0].tolist() for b in Batches(x, batch_size=2, shuffle=False, last="pad")]
@@ -48,6 +54,7 @@ class Batches:
         seed: int = 0,
         last: LastBatch = "drop",
         start_epoch: int = 0,
+        shard: Any = None,
     ) -> None:
         if not arrays:
             raise ValueError("Batches: give at least one array")
@@ -71,6 +78,12 @@ class Batches:
         self.seed = seed
         self.last: LastBatch = last
         self.epoch = start_epoch
+        self.rank, self.size = _shard(shard)
+        if batch_size % self.size:
+            raise ValueError(
+                f"Batches: the global batch_size {batch_size} does not split evenly over "
+                f"{self.size} processes; use a multiple of {self.size}"
+            )
 
     def __len__(self) -> int:
         """Number of batches per epoch."""
@@ -103,5 +116,28 @@ class Batches:
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch
         self.epoch += 1
+        per = self.batch_size // self.size
         for rows in self.epoch_indices(epoch):
+            if self.size > 1 and len(rows) == self.batch_size:  # this process's block
+                rows = rows[self.rank * per : (self.rank + 1) * per]
+            elif self.size > 1:
+                rows = _split(rows, self.rank, self.size)
             yield tuple(a[rows] for a in self.arrays)
+
+
+def _split(rows: npt.NDArray[np.int64], rank: int, size: int) -> npt.NDArray[np.int64]:
+    """Block ``rank`` of a short last batch (``last="keep"``): sizes differ by at most one."""
+    return np.array_split(rows, size)[rank]
+
+
+def _shard(shard: Any) -> tuple[int, int]:
+    """(rank, size) of ``shard``: None, a ``(rank, size)`` pair or a communicator."""
+    if shard is None:
+        return 0, 1
+    if isinstance(shard, tuple):
+        rank, size = (int(v) for v in shard)
+    else:
+        rank, size = int(shard.rank), int(shard.size)
+    if not 0 <= rank < size:
+        raise ValueError(f"Batches: shard rank {rank} is not in [0, {size})")
+    return rank, size

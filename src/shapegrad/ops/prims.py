@@ -255,3 +255,24 @@ def zeros_like(x: Tensor) -> Tensor:
 
 def ones_like(x: Tensor) -> Tensor:
     return full(x.shape, 1, x.dtype, like=x)
+
+
+# --- collectives (attrs["comm"]: a shapegrad.distributed Communicator) -------------------
+
+
+def all_reduce(x: Tensor, comm: Any, op: str = "sum", root: int | None = None) -> Tensor:
+    """Sum/mean/max of ``x`` over the processes of ``comm`` (``root``: the sum there, zeros
+    elsewhere; that form is the gradient of a broadcast)."""
+    return bind(Prim.ALL_REDUCE, [x], comm=comm, op=op, root=root)
+
+
+def all_gather(x: Tensor, comm: Any) -> Tensor:
+    return bind(Prim.ALL_GATHER, [x], comm=comm)
+
+
+def reduce_scatter(x: Tensor, comm: Any) -> Tensor:
+    return bind(Prim.REDUCE_SCATTER, [x], comm=comm)
+
+
+def broadcast_from(x: Tensor, comm: Any, root: int = 0) -> Tensor:
+    return bind(Prim.BROADCAST_FROM, [x], comm=comm, root=int(root))

@@ -18,6 +18,12 @@ Conventions the rest of the system relies on:
   becomes output axis ``dims[i]``; its size must equal the output's or be 1.
 * ``RANDOM`` is a counter-based hash of (flat index, seed): every backend
   produces identical bits (see ``reference.random_uniform``).
+* Collectives (``ALL_REDUCE``, ``ALL_GATHER``, ``REDUCE_SCATTER``,
+  ``BROADCAST_FROM``) carry their communicator in ``attrs["comm"]`` (an object of
+  ``shapegrad.distributed``'s ``Communicator`` protocol, hashed by identity): every
+  process of the communicator runs the same graph and meets the same collectives
+  in the same order. Gather and scatter work on the leading axis (contiguous
+  blocks per process, as MPI lays them out).
 """
 
 from __future__ import annotations
@@ -90,6 +96,11 @@ class Prim(enum.Enum):
     STOP_GRADIENT = "stop_gradient"
     # graph-only: a named input of a compiled graph
     INPUT = "input"
+    # collectives over the processes of attrs["comm"] (see shapegrad.distributed)
+    ALL_REDUCE = "all_reduce"  # attrs: comm, op ("sum" | "mean" | "max"), root (None | int)
+    ALL_GATHER = "all_gather"  # leading axes of every process, concatenated in rank order
+    REDUCE_SCATTER = "reduce_scatter"  # sum over processes, leading-axis block `rank` kept
+    BROADCAST_FROM = "broadcast_from"  # attrs: comm, root: the root's value on every process
 
 
 UNARY = frozenset(
@@ -103,6 +114,10 @@ ELEMENTWISE = UNARY | BINARY | {Prim.WHERE, Prim.CAST, Prim.STOP_GRADIENT}
 REDUCTIONS = frozenset({Prim.REDUCE_SUM, Prim.REDUCE_MAX})
 LAYOUT = frozenset({Prim.RESHAPE, Prim.PERMUTE, Prim.BROADCAST, Prim.SLICE, Prim.PAD, Prim.CONCAT})
 SOURCES = frozenset({Prim.CONSTANT, Prim.IOTA, Prim.RANDOM, Prim.INPUT})
+COLLECTIVES = frozenset(
+    {Prim.ALL_REDUCE, Prim.ALL_GATHER, Prim.REDUCE_SCATTER, Prim.BROADCAST_FROM}
+)
+REDUCE_OPS = ("sum", "mean", "max")
 NON_DIFFERENTIABLE = COMPARISON | {Prim.IOTA, Prim.RANDOM, Prim.CONSTANT, Prim.STOP_GRADIENT}
 
 
@@ -287,6 +302,40 @@ def _infer_indexing(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     return AVal(out, x.dtype)
 
 
+def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    (x,) = avals
+    size = int(attrs["comm"].size)
+    if prim is Prim.ALL_REDUCE:
+        op = attrs["op"]
+        if op not in REDUCE_OPS:
+            raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+        if x.dtype == bool_ and op != "max":
+            raise DTypeError(f"all_reduce: op {op!r} needs a numeric operand, got {x}; 'max' is 'any'")
+        if op == "mean" and not x.dtype.is_float:
+            raise DTypeError(f"all_reduce: op 'mean' needs a floating-point operand, got {x}")
+        root = attrs.get("root")
+        if root is not None and (op != "sum" or not 0 <= root < size):
+            raise ValueError(f"all_reduce: root={root} needs op 'sum' and 0 <= root < {size}")
+        return x
+    if prim is Prim.BROADCAST_FROM:
+        root = attrs["root"]
+        if not 0 <= root < size:
+            raise ValueError(f"broadcast: root {root} is not a rank of a {size}-process communicator")
+        return x
+    if not x.shape:
+        raise ShapeError(prim.value, f"needs an operand with a leading axis, got a scalar {x}")
+    lead = x.shape[0]
+    if prim is Prim.ALL_GATHER:
+        return AVal((lead * size, *x.shape[1:]), x.dtype)
+    if x.dtype == bool_:
+        raise DTypeError(f"reduce_scatter: needs a numeric operand, got {x}")
+    if lead % size:
+        raise ShapeError(
+            prim.value, f"leading axis of {fmt(x.shape)} does not split into {size} equal blocks"
+        )
+    return AVal((lead // size, *x.shape[1:]), x.dtype)
+
+
 def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     """Output shape and dtype of ``prim`` applied to ``avals``; raises ShapeError/DTypeError."""
     if prim in ELEMENTWISE:
@@ -299,6 +348,8 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_layout(prim, avals, attrs)
     if prim in (Prim.GATHER, Prim.SCATTER_ADD):
         return _infer_indexing(prim, avals, attrs)
+    if prim in COLLECTIVES:
+        return _infer_collective(prim, avals, attrs)
     if prim in SOURCES:
         if prim is Prim.CONSTANT:
             value = attrs["value"]

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad.dtypes import DType
-from shapegrad.ops.protocol import Attrs, Prim
+from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim
 
 Array = npt.NDArray[Any]
 
@@ -136,9 +136,26 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
         result = random_uniform(attrs["shape"], attrs["seed"], dtype)
     elif prim is Prim.STOP_GRADIENT:
         result = args[0]
+    elif prim in COLLECTIVES:
+        result = _collective(prim, args[0], attrs)
     else:
         raise NotImplementedError(f"reference: no NumPy rule for {prim}")
     return np.asarray(result, dtype=dtype.numpy)
+
+
+def _collective(prim: Prim, x: Array, attrs: Attrs) -> Array:
+    """Run a collective through its communicator (``shapegrad.distributed.Communicator``)."""
+    comm = attrs["comm"]
+    x = np.ascontiguousarray(x)
+    if prim is Prim.ALL_REDUCE:
+        out: Array = comm.all_reduce(x, attrs["op"], attrs.get("root"))
+    elif prim is Prim.ALL_GATHER:
+        out = comm.all_gather(x)
+    elif prim is Prim.REDUCE_SCATTER:
+        out = comm.reduce_scatter(x)
+    else:
+        out = comm.broadcast(x, attrs["root"])
+    return out
 
 
 _EINSUM_PATHS: dict[tuple[str, tuple[tuple[int, ...], ...]], Any] = {}

@@ -351,3 +351,47 @@ def _scatter_add(
 ) -> Cotangents:
     _, idx = xs
     return [p.gather(g, idx, attrs["axis"]), None]
+
+
+# --- collectives ------------------------------------------------------------------------
+# The loss of a data-parallel program is the sum of every process's loss, so each rule
+# sums cotangents over the processes of the communicator.
+
+
+@rule(Prim.ALL_REDUCE)
+def _all_reduce(
+    xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+) -> Cotangents:
+    comm, op, root = attrs["comm"], attrs["op"], attrs.get("root")
+    if root is not None:  # y is the sum on the root only: every x feeds the root's cotangent
+        return [p.broadcast_from(g, comm, root)]
+    if op == "sum":
+        return [p.all_reduce(g, comm, "sum")]
+    if op == "mean":
+        return [p.all_reduce(g, comm, "mean")]
+    # max: the processes holding the maximum share the summed cotangent evenly
+    x = xs[0]
+    mask = (x == y).astype(g.dtype)
+    count = p.all_reduce(mask, comm, "sum")
+    return [p.all_reduce(g, comm, "sum") * mask / count]
+
+
+@rule(Prim.ALL_GATHER)
+def _all_gather(
+    xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+) -> Cotangents:
+    return [p.reduce_scatter(g, attrs["comm"])]
+
+
+@rule(Prim.REDUCE_SCATTER)
+def _reduce_scatter(
+    xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+) -> Cotangents:
+    return [p.all_gather(g, attrs["comm"])]
+
+
+@rule(Prim.BROADCAST_FROM)
+def _broadcast_from(
+    xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+) -> Cotangents:
+    return [p.all_reduce(g, attrs["comm"], "sum", root=attrs["root"])]

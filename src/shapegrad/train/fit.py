@@ -100,6 +100,9 @@ def run_fit(
         )
     from tqdm.auto import tqdm
 
+    comm = getattr(trainer, "comm", None)
+    if comm is not None and comm.rank != 0:
+        progress = False  # data parallel: rank 0 shows progress (losses are already averaged)
     history = History()
     bar = tqdm(total=_total_steps(batches, epochs), disable=not progress, unit="step", leave=True)
     if getattr(trainer, "mode", "") == "compiled":

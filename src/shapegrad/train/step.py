@@ -1,8 +1,10 @@
 """The pure functions of one training step, traced by ``sg.compile`` in compiled mode.
 
 ``train_step(plan, optimizer, params, opt_state, scaler, lr, inputs)`` does the
-forward pass, the backward pass (only for trainable leaves), optional
-gradient clipping, the learning-rate schedule, the optimizer update and the
+forward pass, the backward pass (only for trainable leaves; over ``accumulate``
+micro-batches when set), the average of gradients and loss over the processes of
+a data-parallel communicator (``all_reduce`` primitives, so a compiled step calls
+MPI inside its one native call), optional gradient clipping, the learning-rate schedule, the optimizer update and the
 float16 loss-scale bookkeeping, using Tensor operations only. ``StepPlan``
 holds the static settings it closes over.
 
@@ -39,6 +41,7 @@ from shapegrad.train.optim import Optimizer, OptState, clip_by_global_norm
 from shapegrad.train.schedules import Schedule
 
 LossFn = Callable[..., Tensor]
+_BUCKET_GRADIENTS = True  # one all-reduce per step for loss + all gradients (see below)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class StepPlan:
     schedule: Schedule | None
     scaling: mp.LossScalePolicy  # float16 only: the dynamic loss-scale rule
     base_key: tuple[int, int] | None = None  # set when the loss takes a `key`
+    comm: Any = None  # a shapegrad.distributed Communicator: average gradients over it
+    accumulate: int = 1  # micro-batches per step (inputs split along their first axis)
 
     @property
     def trainable(self) -> list[int]:
@@ -100,7 +105,11 @@ def _loss_and_updated(
     leaves of ``new_params``."""
     leaves, _ = tree.flatten(params)
     compute = _compute_params(plan, leaves)
-    out = plan.loss_fn(compute, *inputs, key=key) if key is not None else plan.loss_fn(compute, *inputs)
+    out = (
+        plan.loss_fn(compute, *inputs, key=key)
+        if key is not None
+        else plan.loss_fn(compute, *inputs)
+    )
     updated: list[Tensor] | None = None
     if isinstance(out, tuple) and len(out) == 2:
         out, new_params = out
@@ -150,11 +159,58 @@ def loss_grads_and_updated(
     scale: Tensor | None,
     key: Tensor | None = None,
 ) -> tuple[Tensor, list[Tensor], list[Tensor] | None]:
-    """:func:`loss_and_grads` plus the leaves of the params the loss returned (or None)."""
-    leaves, _ = tree.flatten(params)
-    index = plan.trainable
+    """:func:`loss_and_grads` plus the leaves of the params the loss returned (or None).
+
+    With ``plan.accumulate = k`` the batch is split into ``k`` equal micro-batches along
+    the first axis of every array input; the loss and gradients are the means over them
+    (equal to the whole batch's for a mean loss), and only one micro-batch's activations
+    need to be live at a time. Micro-batch ``j > 0`` draws with ``fold_in(key, j)``;
+    returned state (running statistics) is the last micro-batch's.
+
+    Data parallel (``plan.comm``): the loss and gradients are then averaged over the
+    processes (each computed them on its own shard of the global batch), before anything
+    reads them: clipping, the loss-scale check and the optimizer see the global values,
+    so every process applies the identical update to its identical parameters. Returned
+    float state is averaged too (it must stay identical on every process), and a random
+    key is folded with the rank (each shard draws its own dropout masks).
+    """
     if key is None:
         key = step_key(plan, None)
+    comm = plan.comm
+    if key is not None and comm is not None and comm.size > 1:
+        key = random.fold_in(key, comm.rank)
+    if plan.accumulate == 1:
+        loss, grads, updated = _loss_grads_and_updated(plan, params, inputs, scale, key)
+    else:
+        k = plan.accumulate
+        total_loss: Tensor | None = None
+        total: list[Tensor] = []
+        updated = None
+        for j, part in enumerate(micro_batches(inputs, k)):
+            part_key = key if key is None or j == 0 else random.fold_in(key, j)
+            loss, grads, updated = _loss_grads_and_updated(plan, params, part, scale, part_key)
+            total_loss = loss if total_loss is None else total_loss + loss
+            total = list(grads) if not total else [a + g for a, g in zip(total, grads, strict=True)]
+        assert total_loss is not None
+        loss, grads = total_loss / float(k), [g / float(k) for g in total]
+    loss, grads = average_over_processes(plan, loss, grads)
+    if updated is not None and comm is not None and comm.size > 1:
+        updated = [
+            p.all_reduce(x, comm, "mean") if x.dtype.is_float and not f else x
+            for x, f in zip(updated, plan.flags, strict=True)
+        ]
+    return loss, grads, updated
+
+
+def _loss_grads_and_updated(
+    plan: StepPlan,
+    params: Any,
+    inputs: tuple[Any, ...],
+    scale: Tensor | None,
+    key: Tensor | None,
+) -> tuple[Tensor, list[Tensor], list[Tensor] | None]:
+    leaves, _ = tree.flatten(params)
+    index = plan.trainable
 
     def objective(trainable: list[Tensor]) -> tuple[Tensor, Any]:
         merged = list(leaves)
@@ -171,6 +227,50 @@ def loss_grads_and_updated(
     if updated is not None:  # state is not differentiated through
         updated = [p.stop_gradient(x) for x in updated]
     return loss, list(grads), updated
+
+
+def micro_batches(inputs: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
+    """``inputs`` split into ``k`` equal parts along the first axis of each tensor input
+    (other inputs are passed to every part unchanged)."""
+    for n, x in enumerate(inputs):
+        if isinstance(x, Tensor) and x.ndim >= 1 and x.shape[0] % k:
+            raise ValueError(
+                f"ScalarTrainer(accumulate={k}): input {n} has {x.shape[0]} rows (shape "
+                f"{list(x.shape)}), which do not split into {k} equal micro-batches"
+            )
+    parts = []
+    for j in range(k):
+        part = []
+        for x in inputs:
+            if isinstance(x, Tensor) and x.ndim >= 1:
+                rows = x.shape[0] // k
+                stops = [(j + 1) * rows, *x.shape[1:]]
+                x = p.slice_(x, [j * rows] + [0] * (x.ndim - 1), stops, [1] * x.ndim)
+            part.append(x)
+        parts.append(tuple(part))
+    return parts
+
+
+def average_over_processes(
+    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor]
+) -> tuple[Tensor, list[Tensor]]:
+    """Data parallel: the mean loss and mean gradients over the processes of ``plan.comm``
+    (each process computed them on its own shard of the global batch)."""
+    if plan.comm is None or plan.comm.size == 1:
+        return loss, list(grads)
+    if not _BUCKET_GRADIENTS or any(g.dtype != loss.dtype for g in grads):
+        mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
+        return p.all_reduce(loss, plan.comm, "mean"), mean
+    # One bucket, one exchange: every process meets one collective per step instead of one
+    # per tensor (each is a synchronisation point, costly when a process is descheduled).
+    flat = [p.reshape(loss, (1,)), *(p.reshape(g, (g.size,)) for g in grads)]
+    total = p.all_reduce(p.concat(flat, 0), plan.comm, "mean")
+    out, offset = [], 1
+    for g in grads:
+        part = p.slice_(total, [offset], [offset + g.size], [1])
+        out.append(p.reshape(part, g.shape))
+        offset += g.size
+    return p.reshape(p.slice_(total, [0], [1], [1]), ()), out
 
 
 def full_grads(plan: StepPlan, params: Any, trainable: Sequence[Tensor]) -> Any:
@@ -226,11 +326,13 @@ def train_step(
 __all__ = [
     "LossFn",
     "StepPlan",
+    "average_over_processes",
     "full_grads",
     "loss_and_grads",
     "loss_grads_and_updated",
     "loss_takes_key",
     "loss_value",
+    "micro_batches",
     "step_key",
     "train_step",
 ]

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import random, tree
+from shapegrad.distributed import Communicator, check_same, watch, world
 from shapegrad.dtypes import DType, as_dtype, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
@@ -89,6 +90,18 @@ class ScalarTrainer:
         ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
             executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
+        data_parallel: ``True`` (every process of the MPI job, ``sg.distributed.world()``)
+            or a :class:`~shapegrad.distributed.Communicator`: each process steps on its own
+            shard of the global batch (``sg.data.Batches(..., shard=comm)``) and the step
+            averages loss and gradients over the processes before clipping, the loss-scale
+            check and the optimizer, so parameters start (broadcast from rank 0) and stay
+            identical. Compiled, the all-reduce runs inside the one native call of the step.
+            Checkpoints are written by rank 0 only; any process count can resume them.
+        accumulate: micro-batches per step: every array input is split into this many equal
+            parts along its first axis and the gradients are averaged over them (a mean loss
+            then gets the gradient of the whole batch with the activations of one part).
+            With ``dtype="float16"`` the loss scale applies per micro-batch: smaller parts
+            scale each example's cotangent up, so overflow skips can come earlier.
 
     ``mode="compiled", backend="ane"`` follows the Neural Engine training design
     (:mod:`shapegrad.train.ane`, :class:`shapegrad.train.ane.AneTrainer`):
@@ -126,6 +139,8 @@ class ScalarTrainer:
         device_optimizer: bool = False,
         ane_runner: Callable[[Any], Any] | None = None,
         seed: int = 0,
+        data_parallel: bool | Communicator = False,
+        accumulate: int = 1,
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
@@ -137,14 +152,23 @@ class ScalarTrainer:
         _check_params(leaves, flags)
         master, compute = _pick_dtypes(leaves, flags, dtype)
         leaves = [p.cast(x, master) if x.dtype.is_float else x for x in leaves]
+        if not (isinstance(accumulate, int) and accumulate >= 1):
+            raise ValueError(f"ScalarTrainer: accumulate must be an int >= 1, got {accumulate!r}")
+        self.comm: Communicator | None = _communicator(data_parallel)
+        if self.comm is not None:
+            if backend == "ane" and mode == "compiled":
+                raise NotImplementedError("ScalarTrainer: data_parallel with backend='ane'")
+            leaves = [tensor(self.comm.broadcast(x.numpy(), 0)) for x in leaves]
+        self._agreed: set[Any] = set()  # batch signatures checked equal on every process
         self.loss_fn = loss_fn
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         scaling = mp.LossScalePolicy(loss_scale_window)
         base_key = tuple(random.key(seed).tolist()) if loss_takes_key(loss_fn) else None
         plan = StepPlan(
-            loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling, base_key
-        )
+            loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling, base_key,
+            self.comm, accumulate,
+        )  # fmt: skip
         self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
         kind = strategy_kind(mode, self.backend)
         if kind != "ane" and (example_inputs is not None or device_optimizer or ane_runner):
@@ -288,29 +312,40 @@ class ScalarTrainer:
         """Atomically save parameters, optimizer state, step counters and loss-scale state.
 
         Only the trainer's own optimizer state is saved (not ``adam_step``'s side states).
+        Data parallel: every process calls this; rank 0 writes (the state is identical on
+        every process) and the others wait until the file is complete. The checkpoint does
+        not depend on the process count: a run with any number of processes (one included)
+        resumes it with the same parameters and optimizer state.
         """
         from shapegrad.io import save_checkpoint
 
         state = self.optimizer_state()
+        comm = self.comm
         notes = {
             "optimizer": type(self.optimizer).__name__,
             "optimizer_config": repr(self.optimizer),
             "schedule": repr(self.schedule),
             "schedule_step": int(state["step"]),
             "dtype": self.dtype.name,
+            "processes": comm.size if comm is not None else 1,
             **(metadata or {}),
         }
         base_key = self._strategy.plan.base_key
         if base_key is not None:  # the per-step keys are fold_in(this, optimizer step)
             notes["rng_key"] = list(base_key)
-        return save_checkpoint(
-            path,
-            self.get_params(),
-            state,
-            step=self.global_step,
-            extra=self.scaler_state(),
-            metadata=notes,
-        )
+        written = Path(path)
+        if comm is None or comm.rank == 0:
+            written = save_checkpoint(
+                path,
+                self.get_params(),
+                state,
+                step=self.global_step,
+                extra=self.scaler_state(),
+                metadata=notes,
+            )
+        if comm is not None:
+            comm.barrier()  # rank 0 raising instead aborts the job (distributed failure policy)
+        return written
 
     def load_checkpoint(self, path: str | Path) -> Checkpoint:
         """Restore a checkpoint written by :meth:`save_checkpoint` (validated; see ``sg.io``).
@@ -343,14 +378,18 @@ class ScalarTrainer:
     # --- computing ---------------------------------------------------------------------
 
     def forward(self, *inputs: Any) -> float:
-        """The loss at the current parameters."""
-        return self._strategy.forward(_checked_inputs(inputs))
+        """The loss at the current parameters (data parallel: the mean over the processes)."""
+        value = self._strategy.forward(_checked_inputs(inputs))
+        if self.comm is not None and self.comm.size > 1:
+            value = float(self.comm.all_reduce(np.asarray(value), "mean"))
+        return value
 
     def backward(self, *inputs: Any) -> Any:
         """Gradients of the loss, shaped like the parameters (zeros for frozen ones).
 
         With ``dtype="float16"`` the backward pass uses the current loss scale and the
         gradients are unscaled (they may be non-finite if that scale overflows).
+        Data parallel: the mean over the processes.
         """
         return self._strategy.backward(_checked_inputs(inputs))
 
@@ -361,7 +400,9 @@ class ScalarTrainer:
             *inputs: the loss function's arguments after ``params`` (arrays or tensors).
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
-        return self._strategy.step(self.optimizer, _checked_inputs(inputs), lr)
+        self._check_batch(_checked_inputs(inputs))
+        with watch(self.comm, "ScalarTrainer.step"):
+            return self._strategy.step(self.optimizer, inputs, lr)
 
     def adam_step(
         self,
@@ -372,6 +413,7 @@ class ScalarTrainer:
         eps: float = 1e-8,
     ) -> float:
         """One Adam step (its own moment state, kept across calls); returns the loss."""
+        self._check_batch(inputs)
         return self._strategy.step(Adam(lr, beta1, beta2, eps), inputs, lr)
 
     def adamw_step(
@@ -384,6 +426,7 @@ class ScalarTrainer:
         weight_decay: float = 0.01,
     ) -> float:
         """One AdamW step (decoupled weight decay); returns the loss."""
+        self._check_batch(inputs)
         return self._strategy.step(AdamW(lr, beta1, beta2, eps, weight_decay), inputs, lr)
 
     def step_many(self, *stacked: Any, lr: float | None = None) -> npt.NDArray[Any]:
@@ -399,7 +442,23 @@ class ScalarTrainer:
             raise ValueError(f"step_many: inputs stack different step counts K: {counts}")
         if counts[0] == 0:  # no step to run: no losses, no state change
             return np.zeros(0, np.float32)
-        return self._strategy.step_many(self.optimizer, stacked, lr)
+        self._check_batch(tuple(np.asarray(x)[0] for x in stacked))
+        with watch(self.comm, "ScalarTrainer.step_many"):
+            return self._strategy.step_many(self.optimizer, stacked, lr)
+
+    def _check_batch(self, inputs: tuple[Any, ...]) -> None:
+        """Data parallel: every process must step on batches of one signature (shapes and
+        dtypes); checked once per signature, with an error naming the ranks that differ."""
+        if self.comm is None or self.comm.size == 1:
+            return
+        signature = tuple(
+            (tuple(np.shape(x)), str(getattr(x, "dtype", type(x).__name__))) for x in inputs
+        )
+        if signature not in self._agreed:
+            check_same(
+                self.comm, "ScalarTrainer.step: the batch (shape, dtype per input)", signature
+            )
+            self._agreed.add(signature)
 
     def fit(
         self,
@@ -421,6 +480,20 @@ class ScalarTrainer:
             A :class:`History` of per-step losses and learning rates and per-epoch mean losses.
         """
         return run_fit(self, batches, epochs, callbacks, progress)
+
+
+def _communicator(data_parallel: bool | Communicator) -> Communicator | None:
+    """The communicator ``data_parallel`` names (None: not data parallel)."""
+    if data_parallel is False or data_parallel is None:
+        return None
+    if data_parallel is True:
+        return world()
+    if isinstance(data_parallel, Communicator):
+        return data_parallel
+    raise TypeError(
+        "ScalarTrainer: data_parallel must be True, False or a shapegrad.distributed "
+        f"Communicator, got {type(data_parallel).__name__}"
+    )
 
 
 def _check_params(leaves: Sequence[Tensor], flags: tuple[bool, ...]) -> None:

@@ -50,7 +50,7 @@ import numpy.typing as npt
 from shapegrad.dtypes import DType, bool_
 from shapegrad.ir import Graph, Node
 from shapegrad.ops import reference
-from shapegrad.ops.protocol import BINARY, UNARY, Prim
+from shapegrad.ops.protocol import BINARY, COLLECTIVES, UNARY, Prim
 from shapegrad.shapes import fmt
 
 from ._mil import FP16_MAX, Var, builder, function_class, program_class, target, types_module
@@ -238,6 +238,10 @@ class _Lowerer:
 
     def lower(self, node: Node) -> None:
         rule = _RULES.get(node.prim)
+        if node.prim in COLLECTIVES:
+            raise AneLoweringError(
+                node.prim.value, "collectives run on the C or numpy backend, not in Core ML"
+            )
         if rule is None:
             raise AneLoweringError(node.prim.value, "no MIL rule for this primitive")
         if any(d == 0 for d in node.shape):

@@ -21,7 +21,14 @@ import shutil
 
 from shapegrad._names import safe_name
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
-from shapegrad.backends.c.executable import BoundStep, CExecutable, NativeError, load_library
+from shapegrad.backends.c import collectives
+from shapegrad.backends.c.executable import (
+    BoundStep,
+    CExecutable,
+    NativeError,
+    ffi,
+    load_library,
+)
 from shapegrad.backends.c.render import render_c, uses_blas
 from shapegrad.backends.c.toolchain import (
     CompileError,
@@ -89,6 +96,7 @@ class CBackend:
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
         program, source = generate(graph, options)
+        collectives.check_program(program)  # every process runs the same exchanges
         try:
             spec = make_spec(source, uses_blas(program), "omp declare simd" in source)
             path, _cached = library_for(spec)
@@ -101,6 +109,7 @@ class CBackend:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
             dump_program(options.debug_dir, options.name, program, full_source(spec), ".c")
+        collectives.bind(lib, ffi(), program)
         return CExecutable(graph, program, lib, path)
 
 

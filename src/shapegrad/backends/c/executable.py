@@ -39,6 +39,7 @@ from shapegrad.backends.base import (
     validate_inputs,
 )
 from shapegrad.compiler import loops as L
+from shapegrad.distributed import DistributedError
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
@@ -49,6 +50,7 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t
 extern const char sg_key[];
 void sg_set_threads(int n);
 extern double sg_profile[];
+int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
 """
 
 ffi = lazy_ffi(_CDEF)  # the shared cffi FFI (ABI mode)
@@ -188,7 +190,14 @@ class CExecutable:
                 text += f", step {step} changed nothing)"
             else:
                 text += f", step {step} may have updated part of the state)"
-        raise NativeIndexError(text) if known else NativeError(text)
+        if known is None:
+            raise NativeError(text)
+        if any(isinstance(s, L.Collective) and s.code == rc for s in self._statements()):
+            raise DistributedError(text)  # the MPI call of a collective failed
+        raise NativeIndexError(text)
+
+    def _statements(self) -> list[L.Stmt]:
+        return [s for k in self.program.kernels for s in L.walk(k.body)]
 
     def _checked_first(self, code: int) -> bool:
         """Whether check ``code`` runs before any kernel (an input index, hoisted)."""

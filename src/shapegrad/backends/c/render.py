@@ -16,6 +16,8 @@ Layout of the generated file:
   bytes per call (stacked batches in, stacked outputs out, persistent state
   untouched); stops at the first failing step, ``*done`` = steps completed;
 * ``void sg_set_threads(int n)``: OpenMP team size and OpenBLAS threads;
+* with collectives, ``int sg_mpi_bind(...)``: the MPI entry points the host hands
+  in after loading (``backends/c/collectives.py``);
 * ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
   ``dlopen``.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shapegrad.backends.c.collectives import mpi_prelude, render_collective
 from shapegrad.backends.cstyle import HELPERS, CStyleRenderer, estimate_work
 from shapegrad.compiler import loops as L
 
@@ -301,6 +304,10 @@ class CRenderer(CStyleRenderer):
         e(depth, "}")
         e(depth, "}")
 
+    def collective(self, s: L.Collective, depth: int) -> None:
+        """MPI through the pointers bound by ``sg_mpi_bind`` (``backends/c/collectives.py``)."""
+        render_collective(s, self.type_name(s.dtype), self.emit, depth)
+
     def _slice_nests(self, nests: tuple[L.Loop, ...], scratch: str, depth: int) -> None:
         """Each nest with its outer variable fixed to ``bi`` and the scratch addressed
         through this thread's slice."""
@@ -404,6 +411,8 @@ def render_c(program: L.Program, profile: bool = False, vector_math: bool = Fals
     if uses_blas(program):
         w.lines.append(_BLAS_DECL)
     w.lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
+    if program.communicators:
+        w.lines.append(mpi_prelude(program))
     if profile:
         w.lines.append(_PROFILE)
         w.lines.append(f"double sg_profile[{max(len(program.kernels), 1)}];")

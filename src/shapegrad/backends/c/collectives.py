@@ -1,0 +1,157 @@
+"""Collectives in generated C: MPI called through function pointers, inside the native call.
+
+The generated library never links MPI. ``mpi_prelude`` declares function-pointer
+types for the few entry points it uses, with handles spelled as the running MPI's
+ABI needs (``int`` for MPICH, ``void *`` for Open MPI); after ``dlopen`` the host
+calls ``sg_mpi_bind`` with the addresses and handle values of the libmpi that
+mpi4py already loaded (:meth:`shapegrad.distributed.MPICommunicator.native`). So a
+data-parallel training step, all-reduce included, stays one native call, and
+there is only one MPI in the process.
+
+The source names each communicator by its ``key`` (``"world"``): a library is
+cached per source, and its bound handles are those of that communicator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shapegrad.compiler import loops as L
+from shapegrad.distributed import DistributedError, NativeMPI, check_same
+
+# Order of the handle table passed to sg_mpi_bind (and of the C enum below).
+HANDLES = ("float32", "float64", "int32", "byte", "sum", "max")
+FUNCTIONS = ("MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast",
+             "MPI_Comm_rank")  # fmt: skip
+
+_TYPES = r"""
+/* collectives: MPI entry points bound after loading (sg_mpi_bind); see collectives.py */
+typedef {handle} sg_mpi_h;
+typedef int (*sg_allreduce_f)(const void *, void *, int, sg_mpi_h, sg_mpi_h, sg_mpi_h);
+typedef int (*sg_allgather_f)(const void *, int, sg_mpi_h, void *, int, sg_mpi_h, sg_mpi_h);
+typedef int (*sg_reduce_scatter_f)(const void *, void *, int, sg_mpi_h, sg_mpi_h, sg_mpi_h);
+typedef int (*sg_bcast_f)(void *, int, sg_mpi_h, int, sg_mpi_h);
+typedef int (*sg_comm_rank_f)(sg_mpi_h, int *);
+static sg_allreduce_f sg_mpi_allreduce;
+static sg_allgather_f sg_mpi_allgather;
+static sg_reduce_scatter_f sg_mpi_reduce_scatter;
+static sg_bcast_f sg_mpi_bcast;
+static sg_comm_rank_f sg_mpi_comm_rank;
+enum {{ SG_MPI_FLOAT32, SG_MPI_FLOAT64, SG_MPI_INT32, SG_MPI_BYTE, SG_MPI_SUM, SG_MPI_MAX,
+       SG_MPI_NHANDLES }};
+static sg_mpi_h sg_mpi_handle[SG_MPI_NHANDLES];
+static sg_mpi_h sg_mpi_comm[{ncomms}];
+{names}
+int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms) {{
+    sg_mpi_allreduce = (sg_allreduce_f)fns[0];
+    sg_mpi_allgather = (sg_allgather_f)fns[1];
+    sg_mpi_reduce_scatter = (sg_reduce_scatter_f)fns[2];
+    sg_mpi_bcast = (sg_bcast_f)fns[3];
+    sg_mpi_comm_rank = (sg_comm_rank_f)fns[4];
+    for (int i = 0; i < SG_MPI_NHANDLES; ++i) sg_mpi_handle[i] = (sg_mpi_h)(intptr_t)handles[i];
+    for (int i = 0; i < {ncomms}; ++i) sg_mpi_comm[i] = (sg_mpi_h)(intptr_t)comms[i];
+    return 0;
+}}
+"""
+
+
+def native_of(comm: Any) -> NativeMPI:
+    native = comm.native() if hasattr(comm, "native") else None
+    if native is None:
+        raise DistributedError(
+            f"the C backend runs collectives through MPI, but {comm!r} offers no MPI entry "
+            "points (Communicator.native() is None); use an MPICommunicator or backend='numpy'"
+        )
+    assert isinstance(native, NativeMPI)
+    return native
+
+
+def mpi_prelude(program: L.Program) -> str:
+    """Declarations and ``sg_mpi_bind`` for a program with collectives ("" without)."""
+    if not program.communicators:
+        return ""
+    handle = native_of(program.communicators[0]).handle_type
+    names = "\n".join(
+        f"/* communicator {k}: {_safe(getattr(c, 'key', '?'))}, {c.size} processes */"
+        for k, c in enumerate(program.communicators)
+    )
+    return _TYPES.format(handle=handle, ncomms=len(program.communicators), names=names)
+
+
+def render_collective(s: L.Collective, type_name: str, emit: Any, depth: int) -> None:
+    """The C of one ``Collective`` statement (``emit(depth, line)``)."""
+    comm = f"sg_mpi_comm[{s.comm}]"
+    fail = f"return {s.code};"
+    if s.kind in ("all_reduce", "reduce_scatter"):
+        mpi_type = {
+            "float32": "SG_MPI_FLOAT32",
+            "float64": "SG_MPI_FLOAT64",
+            "int32": "SG_MPI_INT32",
+        }[s.dtype.name]
+        op = "SG_MPI_MAX" if s.op == "max" else "SG_MPI_SUM"
+        fn = "sg_mpi_allreduce" if s.kind == "all_reduce" else "sg_mpi_reduce_scatter"
+        emit(
+            depth,
+            f"if ({fn}({s.src}, {s.dst}, {s.count}, sg_mpi_handle[{mpi_type}], "
+            f"sg_mpi_handle[{op}], {comm}) != 0) {fail}",
+        )
+        if s.root is not None:  # the sum stays on the root; the others hold zeros
+            emit(depth, "{")
+            emit(depth + 1, "int sg_rank = 0;")
+            emit(depth + 1, f"if (sg_mpi_comm_rank({comm}, &sg_rank) != 0) {fail}")
+            emit(depth + 1, f"if (sg_rank != {s.root})")
+            emit(depth + 2, f"for (int64_t q = 0; q < {s.count}; ++q) {s.dst}[q] = 0;")
+            emit(depth, "}")
+        return
+    nbytes = s.count * s.dtype.numpy.itemsize
+    if s.kind == "all_gather":
+        emit(
+            depth,
+            f"if (sg_mpi_allgather({s.src}, {nbytes}, sg_mpi_handle[SG_MPI_BYTE], {s.dst}, "
+            f"{nbytes}, sg_mpi_handle[SG_MPI_BYTE], {comm}) != 0) {fail}",
+        )
+        return
+    # broadcast: the root sends its copy, the others receive into theirs
+    emit(depth, f"for (int64_t q = 0; q < {s.count}; ++q) {s.dst}[q] = {s.src}[q];")
+    emit(
+        depth,
+        f"if (sg_mpi_bcast({s.dst}, {nbytes}, sg_mpi_handle[SG_MPI_BYTE], {s.root or 0}, "
+        f"{comm}) != 0) {fail}",
+    )
+    del type_name
+
+
+def collective_signature(program: L.Program, comm_index: int) -> list[tuple[Any, ...]]:
+    """What every process must agree on: kind, count, dtype, op, root of each exchange."""
+    return [
+        (s.kind, s.count, s.dtype.name, s.op, s.root)
+        for k in program.kernels
+        for s in L.walk(k.body)
+        if isinstance(s, L.Collective) and s.comm == comm_index
+    ]
+
+
+def check_program(program: L.Program) -> None:
+    """Every process compiled the same exchanges (else ``RankMismatchError`` naming the
+    ranks, raised on all of them before any native exchange could hang or corrupt)."""
+    for k, comm in enumerate(program.communicators):
+        check_same(
+            comm,
+            f"compiled program {program.name!r}: its collectives (kind, elements, dtype, op, root)",
+            collective_signature(program, k),
+        )
+
+
+def bind(lib: Any, ffi: Any, program: L.Program) -> None:
+    """Hand the generated code the MPI entry points and handles (after ``dlopen``)."""
+    if not program.communicators:
+        return
+    native = native_of(program.communicators[0])
+    fns = ffi.new("void *[]", [ffi.cast("void *", native.functions[f]) for f in FUNCTIONS])
+    handles = ffi.new("int64_t[]", [int(native.handles[h]) for h in HANDLES])
+    comms = ffi.new("int64_t[]", [int(native_of(c).handles["comm"]) for c in program.communicators])
+    lib.sg_mpi_bind(fns, handles, comms)
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_.-/ " else "_" for ch in str(text))

@@ -1,0 +1,377 @@
+"""The program that tests/test_distributed.py launches with ``mpiexec -n N``.
+
+``python tests/distributed_worker.py TASK OUT_DIR``: every process runs TASK; on
+success rank 0 writes ``OUT_DIR/ok-TASK.txt`` (and whatever files the task leaves
+for the launching test to check). A failed assertion raises, which aborts the job
+(``sg.distributed``'s failure policy), so the launcher sees a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import shapegrad as sg
+from shapegrad import distributed as D
+
+DTYPES = ("float16", "float32", "float64", "int32", "bool")
+BACKENDS = ("eager", "numpy", "c")
+
+
+def _run(backend: str, fn: Any, *args: Any) -> Any:
+    if backend == "eager":
+        return fn(*args)
+    return sg.compile(fn, backend=backend)(*args)
+
+
+def _rank_data(rank: int, dtype: str, shape: tuple[int, ...] = (6, 5)) -> np.ndarray:
+    """Different values on every rank (small integers: exact in every dtype)."""
+    rng = np.random.default_rng(100 + rank)
+    values = rng.integers(-4, 5, size=shape)
+    return (values > 0) if dtype == "bool" else values.astype(dtype)
+
+
+def check_collectives(comm: D.Communicator) -> None:
+    """Values of every collective against NumPy, every dtype, eager + numpy + C."""
+    everyone = [_rank_data(r, "float64") for r in range(comm.size)]
+    for dtype in DTYPES:
+        xs = [_rank_data(r, dtype) for r in range(comm.size)]
+        x = sg.tensor(xs[comm.rank], dtype)
+        numeric = [a.astype(np.float64) for a in xs]
+        expected: dict[str, np.ndarray] = {
+            "max": np.max(numeric, axis=0),
+            "gather": np.concatenate(xs, axis=0),
+            "bcast": xs[comm.size - 1],
+        }
+        if dtype != "bool":
+            expected["sum"] = np.sum(numeric, axis=0)
+            block = x.shape[0]  # reduce_scatter of the gathered array: sum x size, own block
+            expected["scatter"] = np.sum(numeric, axis=0) * 0 + comm.size * numeric[comm.rank]
+            del block
+        if dtype.startswith("float"):
+            expected["mean"] = np.sum(numeric, axis=0) / comm.size
+        last = comm.size - 1
+        fns = {
+            "sum": lambda t: D.all_reduce(t, "sum"),
+            "mean": lambda t: D.all_reduce(t, "mean"),
+            "max": lambda t: D.all_reduce(t, "max"),
+            "gather": lambda t: D.all_gather(t),
+            "bcast": lambda t, last=last: D.broadcast(t, root=last),
+            "scatter": lambda t: D.reduce_scatter(D.all_gather(t)),
+        }
+        for backend in BACKENDS:
+            for name, want in expected.items():
+                got = _run(backend, fns[name], x).numpy()
+                assert got.dtype == np.dtype(dtype if dtype != "bool" else np.bool_), (
+                    name,
+                    got.dtype,
+                )
+                assert got.shape == want.shape, (backend, dtype, name, got.shape, want.shape)
+                tol = 1e-2 if dtype == "float16" else 1e-12
+                ok = np.allclose(got.astype(np.float64), want.astype(np.float64), atol=tol)
+                assert ok, (backend, dtype, name, got, want)
+    del everyone
+
+
+def check_metrics(comm: D.Communicator) -> None:
+    """Metrics reduced over the processes (what rank 0 prints)."""
+    assert D.reduce_metric(comm.rank, "sum") == sum(range(comm.size))
+    assert D.reduce_metric(comm.rank + 1.0) == (comm.size + 1) / 2
+    assert D.reduce_metric(comm.rank, "max") == comm.size - 1
+
+
+def check_gradients(comm: D.Communicator) -> None:
+    """Gradients of each collective against float64 central differences of the global loss
+    sum_r <c_r, f(x)_r> with a random cotangent c_r per rank (the summed objective every
+    VJP rule is written for), eager + numpy + C."""
+    rng = np.random.default_rng(7)
+    xs = [rng.normal(size=(4, 3)) for _ in range(comm.size)]
+    cts = [rng.normal(size=(4 * comm.size, 3)) for _ in range(comm.size)]
+    # ties for max: rank 0's row 0 equals rank 1's
+    if comm.size > 1:
+        xs[1][0] = xs[0][0] + 0.0
+    fns = {
+        "sum": (lambda t: D.all_reduce(t, "sum"), lambda a: np.sum(a, 0)),
+        "mean": (lambda t: D.all_reduce(t, "mean"), lambda a: np.mean(a, 0)),
+        "gather": (lambda t: D.all_gather(t), lambda a: np.concatenate(list(a), 0)),
+        "bcast": (lambda t: D.broadcast(t, root=comm.size - 1), lambda a: a[-1]),
+        "scatter": (lambda t: D.reduce_scatter(t), None),
+        "max": (lambda t: D.all_reduce(t, "max"), lambda a: np.max(a, 0)),
+    }
+    for name, (fn, ref) in fns.items():
+        shape_in = (4 * comm.size, 3) if name == "scatter" else (4, 3)
+        xin = [rng.normal(size=shape_in) if name == "scatter" else xs[r] for r in range(comm.size)]
+        xin = comm.broadcast_object(xin, 0)
+        out_shape = np.shape(_global(name, ref, xin, comm.size, 0))
+        ct = [c.reshape(-1)[: int(np.prod(out_shape))].reshape(out_shape) for c in cts]
+
+        def objective(
+            arrays: list[np.ndarray], ct: Any = ct, name: str = name, ref: Any = ref
+        ) -> float:
+            return sum(
+                float(np.sum(ct[r] * _global(name, ref, arrays, comm.size, r)))
+                for r in range(comm.size)
+            )
+
+        numeric = np.zeros_like(xin[comm.rank])
+        eps = 1e-6
+        for i in np.ndindex(*numeric.shape):
+            up = [a.copy() for a in xin]
+            down = [a.copy() for a in xin]
+            up[comm.rank][i] += eps
+            down[comm.rank][i] -= eps
+            numeric[i] = (objective(up) - objective(down)) / (2 * eps)
+        ctr = sg.tensor(ct[comm.rank], "float64")
+
+        def loss(t: sg.Tensor, fn: Any = fn, ctr: sg.Tensor = ctr) -> sg.Tensor:
+            return (fn(t) * ctr).sum()
+
+        for backend in BACKENDS:
+            g = _run(backend, sg.grad(loss), sg.tensor(xin[comm.rank], "float64"))
+            err = float(np.abs(g.numpy() - numeric).max())
+            assert err < 1e-6, (backend, name, err, g.numpy(), numeric)
+
+
+def _global(name: str, ref: Any, arrays: list[np.ndarray], size: int, rank: int) -> np.ndarray:
+    """The collective's result on ``rank`` computed from every rank's input in NumPy."""
+    if name == "scatter":
+        total = np.sum(arrays, 0)
+        block = total.shape[0] // size
+        return total[rank * block : (rank + 1) * block]
+    return np.asarray(ref(np.stack(arrays)))
+
+
+def check_mismatch(comm: D.Communicator) -> None:
+    """A shape that differs on one rank: every rank gets RankMismatchError naming it."""
+    rows = 3 if comm.rank == comm.size - 1 else 2
+    x = sg.tensor(np.ones((rows, 4)))
+    for backend in BACKENDS:
+        try:
+            _run(backend, lambda t: D.all_reduce(t * 2.0, "sum"), x)
+        except D.RankMismatchError as error:
+            text = str(error)
+            assert f"rank {comm.size - 1}" in text, text
+            # host collectives name the shapes; compiled C names the element counts
+            assert ("(3, 4)" in text and "(2, 4)" in text) or (" 12," in text and " 8," in text)
+        else:
+            raise AssertionError(f"{backend}: no RankMismatchError for a shape mismatch")
+    # the data-parallel trainer checks the batch signature at the first step
+    trainer = sg.ScalarTrainer(_mse, _params("float64"), data_parallel=True)
+    try:
+        trainer.step(np.ones((rows, 2)), np.ones(rows))
+    except D.RankMismatchError as error:
+        assert "ScalarTrainer.step" in str(error) and f"rank {comm.size - 1}" in str(error)
+    else:
+        raise AssertionError("trainer: no RankMismatchError for different batch shapes")
+
+
+# --- training parity ------------------------------------------------------------------------
+
+
+def _mse(params: Any, x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    w1, b1, w2, b2 = params
+    h = sg.tanh(x @ w1 + b1)
+    out = (h @ w2 + b2).reshape(-1)
+    return ((out - y) * (out - y)).mean()
+
+
+def _params(dtype: str) -> list[sg.Tensor]:
+    rng = np.random.default_rng(3)
+    shapes = [(2, 16), (16,), (16, 1), (1,)]
+    return [sg.tensor(rng.normal(size=s) * 0.5, dtype) for s in shapes]
+
+
+def _data(dtype: str, n: int = 96) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(n, 2))
+    y = np.sin(x[:, 0]) + 0.5 * x[:, 1]
+    return x.astype(dtype), y.astype(dtype)
+
+
+def _train(
+    comm: Any, mode: str, backend: str, opt: str, dtype: str, steps: int
+) -> list[np.ndarray]:
+    optimizer = sg.optim.SGD(lr=0.05, momentum=0.9) if opt == "sgd" else sg.optim.Adam(lr=0.01)
+    trainer = sg.ScalarTrainer(
+        _mse, _params(dtype), mode=mode, backend=backend, optimizer=optimizer,
+        clip_norm=0.3, data_parallel=comm if comm is not None else False,
+    )  # fmt: skip
+    x, y = _data(dtype)
+    batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
+    done = 0
+    while done < steps:
+        for bx, by in batches:
+            trainer.step(bx, by)
+            done += 1
+            if done == steps:
+                break
+    return [np.asarray(p.numpy()) for p in trainer.get_params()]
+
+
+def check_training(comm: D.Communicator, steps: int = 50) -> None:
+    """N processes on shards == one process on the global batch; params identical on all."""
+    cases = [
+        ("compiled", "c", opt, dtype) for opt in ("sgd", "adam") for dtype in ("float64", "float32")
+    ] + [("compiled", "numpy", opt, "float64") for opt in ("sgd", "adam")]
+    cases += [("eager", "c", opt, "float64") for opt in ("sgd", "adam")]
+    for mode, backend, opt, dtype in cases:
+        mine = _train(comm, mode, backend, opt, dtype, steps)
+        everyone = comm.gather_objects(mine)
+        for r, theirs in enumerate(everyone):
+            for a, b in zip(mine, theirs, strict=True):
+                assert np.array_equal(a, b), f"params differ between rank {comm.rank} and {r}"
+        if comm.rank == 0:
+            single = _train(None, mode, backend, opt, dtype, steps)
+            tol = 1e-10 if dtype == "float64" else 1e-5
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+            assert err <= tol, (mode, backend, opt, dtype, err)
+            print(f"parity {mode}/{backend} {opt} {dtype}: max |diff| {err:.2e}")
+
+
+def check_features(comm: D.Communicator) -> None:
+    """float16 mixed precision with a schedule and K steps per native call (step_many), and
+    float32 with gradient accumulation (2 micro-batches of each process's shard), work
+    unchanged: N processes match one process on the global batch.
+
+    (float16 and accumulation are not combined here: a smaller micro-batch scales each
+    example's cotangent up, so the dynamic loss scale may skip a different number of
+    steps on N processes than on one; that is the loss-scale rule, not data parallelism.)
+    """
+
+    def train(shard: Any, dtype: str | None, accumulate: int) -> list[np.ndarray]:
+        trainer = sg.ScalarTrainer(
+            _mse, _params("float32"), mode="compiled", backend="c",
+            optimizer=sg.optim.Adam(lr=0.01), dtype=dtype, clip_norm=1.0,
+            schedule=sg.schedules.cosine_with_warmup(0.01, 30, warmup_steps=5),
+            data_parallel=shard if shard is not None else False, accumulate=accumulate,
+        )  # fmt: skip
+        x, y = _data("float32")
+        batches = list(sg.data.Batches(x, y, batch_size=24, seed=5, shard=shard))
+        xs = np.stack([b[0] for b in batches] * 3)
+        ys = np.stack([b[1] for b in batches] * 3)
+        losses = trainer.step_many(xs, ys)
+        assert np.all(np.isfinite(losses))
+        assert dtype is None or trainer.loss_scale > 1
+        return [np.asarray(p.numpy()) for p in trainer.get_params()]
+
+    for dtype, accumulate, tol in (("float16", 1, 1e-3), (None, 2, 1e-5)):
+        mine = train(comm, dtype, accumulate)
+        for theirs in comm.gather_objects(mine):
+            assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+        if comm.rank == 0:
+            single = train(None, dtype, accumulate)
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+            what = "float16 + schedule" if dtype else "float32 + accumulate=2"
+            print(f"parity {what} + step_many: max |diff| {err:.2e}")
+            assert err < tol, (dtype, accumulate, err)
+
+
+def check_keys_and_state(comm: D.Communicator) -> None:
+    """A loss with dropout (a per-step ``key``) that also returns updated non-trainable state
+    (a running mean): parameters and state stay identical on every process, the state is
+    the mean over the shards, and each shard draws its own dropout mask."""
+
+    def loss(params: Any, x: sg.Tensor, y: sg.Tensor, *, key: sg.Tensor) -> Any:
+        w, b, running = params
+        keep = sg.random.bernoulli(key, 0.5, x.shape).astype(x.dtype)
+        out = ((x * keep * 2.0) @ w).reshape(-1) + b
+        new_running = running * 0.9 + x.mean(axis=0) * 0.1
+        return ((out - y) * (out - y)).mean(), [w, b, new_running]
+
+    params = [
+        sg.tensor(np.full((2, 1), 0.1)),
+        sg.tensor(np.zeros(1)),
+        sg.tensor(np.zeros(2)),
+    ]
+    trainer = sg.ScalarTrainer(
+        loss, params, mode="compiled", backend="c", requires_grad=[True, True, False],
+        optimizer=sg.optim.SGD(lr=0.05), data_parallel=True, seed=1,
+    )  # fmt: skip
+    x, y = _data("float64")
+    rows = []
+    for bx, by in sg.data.Batches(x, y, batch_size=24, seed=5, shuffle=False, shard=comm):
+        trainer.step(bx, by)
+        rows.append(bx)
+    mine = [np.asarray(t.numpy()) for t in trainer.get_params()]
+    for theirs in comm.gather_objects(mine):
+        assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    expected = np.zeros(2)  # the running mean of the *global* batches
+    for k in range(len(rows)):
+        expected = expected * 0.9 + x[k * 24 : (k + 1) * 24].mean(axis=0) * 0.1
+    assert np.allclose(mine[2], expected, atol=1e-12), (mine[2], expected)
+    # different dropout masks per rank: the per-rank gradients before averaging differ
+    # (checked through the keys: fold_in(key, rank) differs between ranks)
+    base = sg.random.key(1)
+    folded = comm.gather_objects(sg.random.fold_in(base, comm.rank).numpy().tolist())
+    assert len({tuple(f) for f in folded}) == comm.size
+
+
+def check_checkpoint(comm: D.Communicator, out: Path) -> None:
+    """Rank 0 writes a checkpoint of a data-parallel run (the test resumes it in one process)."""
+    trainer = sg.ScalarTrainer(
+        _mse, _params("float64"), mode="compiled", backend="c",
+        optimizer=sg.optim.Adam(lr=0.01), data_parallel=True,
+    )  # fmt: skip
+    x, y = _data("float64")
+    batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
+    for bx, by in batches:
+        trainer.step(bx, by)
+    path = trainer.save_checkpoint(out / "dp.ckpt")
+    assert path.exists()  # on every rank, after the barrier
+    if comm.rank == 0:
+        np.savez(out / "dp_params.npz", *[p.numpy() for p in trainer.get_params()])
+        state = trainer.optimizer_state()
+        np.savez(out / "dp_adam_m.npz", *[m.numpy() for m in state["m"]])
+
+
+def fault(comm: D.Communicator, out: Path, how: str) -> None:
+    """Train, checkpoint at step 5, then rank 1 fails at step 10 (raise or SIGKILL)."""
+    trainer = sg.ScalarTrainer(
+        _mse, _params("float64"), mode="compiled", backend="c", data_parallel=True
+    )
+    x, y = _data("float64")
+    step = 0
+    for _ in range(100):
+        for bx, by in sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm):
+            trainer.step(bx, by)
+            step += 1
+            if step == 5:
+                trainer.save_checkpoint(out / "fault.ckpt")
+            if step == 10 and comm.rank == 1:
+                if how == "hang":  # neither dies nor raises: rank 0's watchdog ends the job
+                    time.sleep(600)
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError("planted failure on rank 1 at step 10")
+
+
+def main() -> None:
+    task, out = sys.argv[1], Path(sys.argv[2])
+    comm = D.world()
+    assert comm.size == int(os.environ.get("PMI_SIZE", comm.size))
+    if task == "all":
+        check_collectives(comm)
+        check_metrics(comm)
+        check_gradients(comm)
+        check_mismatch(comm)
+        check_training(comm)
+        check_features(comm)
+        check_keys_and_state(comm)
+        check_checkpoint(comm, out)
+    elif task in ("raise", "kill", "hang"):
+        fault(comm, out, task)
+    else:
+        raise SystemExit(f"unknown task {task}")
+    comm.barrier()
+    if comm.rank == 0:
+        (out / f"ok-{task}.txt").write_text("ok\n")
+
+
+if __name__ == "__main__":
+    main()
