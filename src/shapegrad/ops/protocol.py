@@ -90,6 +90,8 @@ class Prim(enum.Enum):
     STOP_GRADIENT = "stop_gradient"
     # graph-only: a named input of a compiled graph
     INPUT = "input"
+    # structured: a loop over a body sub-graph traced once (``shapegrad/control.py``)
+    SCAN = "scan"
 
 
 UNARY = frozenset(
@@ -299,6 +301,9 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_layout(prim, avals, attrs)
     if prim in (Prim.GATHER, Prim.SCATTER_ADD):
         return _infer_indexing(prim, avals, attrs)
+    if prim is Prim.SCAN:  # the traced body knows its shapes (``shapegrad/control.py``)
+        aval: AVal = attrs["body"].infer(avals, attrs)
+        return aval
     if prim in SOURCES:
         if prim is Prim.CONSTANT:
             value = attrs["value"]
