@@ -114,16 +114,30 @@ class Body:
 
 @dataclass(frozen=True)
 class Layout:
-    """Element offsets inside a SCAN node's flat output."""
+    """Element offsets inside a SCAN node's flat output.
+
+    With ``save`` the carries are kept: ``[carry into layer 0, ..., into layer L-1, final]``
+    for a forward loop and ``[final, carry into layer 0, ..., into layer L-1]`` for a
+    reverse one, so layer ``l`` reads its carry at ``history(l)`` and writes the next one
+    at ``history(l) + C`` (forward) or ``history(l) - C`` (reverse): both affine in ``l``,
+    which lets compiled code address them with one stride. Without ``save`` there is one
+    carry slot. The stacked ``ys`` follow (``L*Y``).
+    """
 
     carry: int  # C: elements of one carry
     ys: int  # Y: elements of one layer's outputs
     length: int
     save: bool
+    reverse: bool = False
+
+    @property
+    def final_offset(self) -> int:
+        return self.carry * self.length if self.save and not self.reverse else 0
 
     @property
     def history_offset(self) -> int:
-        return self.carry
+        """Where the carry into layer 0 is (layer ``l``'s is ``C*l`` further)."""
+        return self.carry if self.reverse else 0
 
     @property
     def ys_offset(self) -> int:
@@ -134,10 +148,10 @@ class Layout:
         return self.ys_offset + self.length * self.ys
 
 
-def layout(body: Body, length: int, save: bool) -> Layout:
+def layout(body: Body, length: int, save: bool, reverse: bool = False) -> Layout:
     carry = sum(math.prod(a.shape) for a in body.carry_avals)
     ys = sum(math.prod(a.shape) for a in body.y_avals)
-    return Layout(carry, ys, length, save)
+    return Layout(carry, ys, length, save, reverse)
 
 
 def out_dtype(body: Body) -> DType:
@@ -174,7 +188,7 @@ def run_scan(args: Sequence[Any], attrs: Any, dtype: DType) -> Any:
     """NumPy semantics of SCAN: a Python loop over the body (``ops/reference.py``)."""
     body: Body = attrs["body"]
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
-    lay = layout(body, length, save)
+    lay = layout(body, length, save, reverse)
     nc, nx = body.n_carry, body.n_xs
     out = np.zeros(lay.size, dtype.numpy)
     carry = list(args[:nc])
@@ -189,7 +203,7 @@ def run_scan(args: Sequence[Any], attrs: Any, dtype: DType) -> Any:
         if lay.ys:
             at = lay.ys_offset + layer * lay.ys
             out[at : at + lay.ys] = _flat(results[nc:], dtype)
-    out[: lay.carry] = _flat(carry, dtype)
+    out[lay.final_offset : lay.final_offset + lay.carry] = _flat(carry, dtype)
     return out
 
 
@@ -304,10 +318,12 @@ def _rows(flat: Tensor, offset: int, length: int, width: int) -> Tensor:
     return p.reshape(piece, (length, width))
 
 
-def unpack(flat: Tensor, body: Body, length: int, save: bool) -> tuple[list[Tensor], list[Tensor]]:
+def unpack(
+    flat: Tensor, body: Body, length: int, save: bool, reverse: bool
+) -> tuple[list[Tensor], list[Tensor]]:
     """(final carry leaves, stacked ys leaves) of a SCAN output."""
-    lay = layout(body, length, save)
-    carry = _split(flat, body.carry_avals)
+    lay = layout(body, length, save, reverse)
+    carry = _split(flat, body.carry_avals, lay.final_offset)
     ys = []
     if body.y_avals:
         rows = _rows(flat, lay.ys_offset, length, lay.ys)
@@ -405,7 +421,7 @@ def _scan_vjp(
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
     policy: Policy = attrs["policy"]
     nc, nx = body.n_carry, body.n_xs
-    lay = layout(body, length, save)
+    lay = layout(body, length, save, reverse)
     needs_t = tuple(bool(n) for n in needs)
     if policy == "residuals":
         from shapegrad._remat import residual_vjp
@@ -419,8 +435,8 @@ def _scan_vjp(
             history = out
         else:  # a loop that did not keep its carries (a reverse loop): run it again, keeping them
             history = bind_scan(body, inputs, length, reverse, True, policy)
-        saved = layout(body, length, True)
-        carry_in.append(p.slice_(ct, [0], [lay.carry], [1]))
+        saved = layout(body, length, True, reverse)
+        carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
         xs_in.append(_rows(history, saved.history_offset, length, lay.carry))
         if save:
             xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
@@ -432,7 +448,7 @@ def _scan_vjp(
     flat = bind_scan(
         bwd, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, policy
     )
-    carry_out, ys = unpack(flat, bwd, length, False)
+    carry_out, ys = unpack(flat, bwd, length, False, not reverse)
     result: list[Tensor | None] = [None] * len(inputs)
     if has_c:
         for i, g in enumerate(_split(carry_out[0], body.carry_avals)):
@@ -537,7 +553,7 @@ def scan(
     name = getattr(f, "__name__", "body")
     body, captured = trace_body(fn, in_avals, nc, nx, name)
     flat = bind_scan(body, [*carry_leaves, *x_leaves, *captured], n_layers, reverse, True, policy)
-    carry, ys = unpack(flat, body, n_layers, True)
+    carry, ys = unpack(flat, body, n_layers, True, reverse)
     return tree.unflatten(carry_td, carry), tree.unflatten(y_td_box[0], ys)
 
 
@@ -569,7 +585,7 @@ def checkpoint(
         name = getattr(fn, "__name__", "region")
         body, captured = trace_body(region, [t.aval for t in tensors], 0, 0, f"checkpoint_{name}")
         flat = bind_scan(body, [*tensors, *captured], 1, False, True, policy)
-        _, ys = unpack(flat, body, 1, True)
+        _, ys = unpack(flat, body, 1, True, False)
         return tree.unflatten(out_td_box[0], [p.reshape(y, y.shape[1:]) for y in ys])
 
     return wrapped
