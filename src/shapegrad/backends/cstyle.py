@@ -222,6 +222,8 @@ class CStyleRenderer:
             self.contract(s, depth)
         elif isinstance(s, L.BatchFused):
             self.batch_fused(s, depth)
+        elif isinstance(s, L.LayerLoop):
+            self.layer_loop(s, depth)
         else:
             raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
 
@@ -272,6 +274,12 @@ class CStyleRenderer:
 
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for batch-fused products")
+
+    def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}: layer loops (sg.scan / sg.checkpoint) are not supported by "
+            "this backend yet; use backend='c' or 'numpy'"
+        )
 
 
 def estimate_work(s: L.Stmt) -> int:

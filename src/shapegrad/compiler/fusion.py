@@ -108,7 +108,7 @@ def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
 def _must_materialize(
     node: Node, users: list[Node], outputs: set[int], cost: int, target: Target
 ) -> bool:
-    if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS:
+    if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS or node.prim is Prim.SCAN:
         return True
     if node.prim is Prim.CONSTANT:
         return int(node.attr["value"].array.size) > 1
@@ -124,6 +124,10 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
             if plan.cost.get(operand.id, 0) > 0:
                 plan.materialized.add(operand.id)
                 plan.cost[operand.id] = 0
+    elif node.prim is Prim.SCAN:  # a layer loop reads whole buffers through per-layer slices
+        for operand in node.inputs:
+            plan.materialized.add(operand.id)
+            plan.cost[operand.id] = 0
     elif node.prim in (Prim.GATHER, Prim.SCATTER_ADD):
         plan.materialized.add(node.inputs[1].id)  # indices are read as data, bounds-checked
         plan.cost[node.inputs[1].id] = 0

@@ -335,6 +335,36 @@ class BatchFused(Stmt):
     consumer: tuple[Loop, ...] = ()
 
 
+@dataclass(frozen=True)
+class LayerSlot:
+    """One entry of a layer body's I/O table: ``buffer + offset + stride * layer`` (elements)."""
+
+    buffer: str
+    offset: int
+    stride: int
+    writes: bool
+
+
+@dataclass(frozen=True, eq=False)
+class LayerLoop(Stmt):
+    """``for layer in 0..length`` (descending when ``reverse``): run ``body``, a program
+    lowered once (its own kernels, memory plan and I/O table), with slot ``k`` of its I/O
+    table bound to ``slots[k]``'s per-layer slice and its arena at buffer ``arena``; then
+    run ``after`` (plain loop nests, e.g. moving a carry into place for the next layer).
+
+    A renderer emits the body's kernels once (a function in C) and calls it per layer, so
+    the generated code and its compile time do not grow with the number of layers. The
+    body's error codes are part of the enclosing program's ``errors``.
+    """
+
+    body: Program
+    length: int
+    reverse: bool
+    slots: tuple[LayerSlot, ...]
+    arena: str
+    after: tuple[Stmt, ...] = ()
+
+
 @dataclass
 class Kernel:
     """One unit of work (a loop nest, or a few run back to back). ``work`` estimates its
@@ -433,6 +463,15 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}{s.var.name} = wrap({s.buffer}[{s.index}], {s.var.extent})")
         elif isinstance(s, CheckBounds):
             out.append(f"{pad}check {s.buffer}[0:{s.size}] in [-{s.n}, {s.n}) else error {s.code}")
+        elif isinstance(s, LayerLoop):
+            order = "descending" if s.reverse else "ascending"
+            out.append(f"{pad}for layer in 0..{s.length} ({order}): call {s.body.name} (arena {s.arena})")
+            for k, slot in enumerate(s.slots):
+                mode = "write" if slot.writes else "read"
+                out.append(f"{pad}  slot {k} = {slot.buffer} + {slot.offset} + {slot.stride}*layer ({mode})")
+            out.extend(_format_stmts(s.after, depth + 1))
+            body = s.body.format().replace("\n", "\n" + pad + "  | ")
+            out.append(f"{pad}  | {body}")
         elif isinstance(s, BatchFused):
             c = s.contract
             out.append(f"{pad}per batch index bi (scratch {s.scratch}, {s.slots} slots):")
@@ -459,6 +498,8 @@ def sub_statements(s: Stmt) -> tuple[Stmt, ...]:
         return s.body
     if isinstance(s, BatchFused):
         return (*s.producer, s.contract, *s.consumer)
+    if isinstance(s, LayerLoop):
+        return s.after
     return ()
 
 
@@ -533,6 +574,8 @@ def map_stmt(s: Stmt, expr: ExprFn | None = None, stmt: StmtFn | None = None) ->
         assert isinstance(contract, Contract)
         consumer = tuple(_as_loop(map_stmt(x, expr, stmt)) for x in s.consumer)
         s = replace(s, producer=producer, contract=contract, consumer=consumer)
+    elif isinstance(s, LayerLoop):
+        s = replace(s, after=map_body(s.after, expr, stmt))
     if expr is not None:
         if isinstance(s, Store):
             s = replace(s, value=map_expr(s.value, expr))
@@ -567,6 +610,9 @@ def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[S
             return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c))
         if isinstance(s, BatchFused):
             return replace(s, scratch=fix(s.scratch))
+        if isinstance(s, LayerLoop):
+            slots = tuple(replace(x, buffer=fix(x.buffer)) for x in s.slots)
+            return replace(s, slots=slots, arena=fix(s.arena))
         return s
 
     return map_body(body, expr, stmt)
@@ -587,6 +633,8 @@ def reads(body: Iterable[Stmt]) -> set[str]:
             names |= {s.a, s.b} | ({s.c} if s.beta else set())
         elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
             names.add(s.buffer)
+        elif isinstance(s, LayerLoop):  # a layer may read what an earlier layer wrote
+            names |= {x.buffer for x in s.slots} | {s.arena}
     return names - local_names(body)
 
 
@@ -599,9 +647,20 @@ def writes(body: Iterable[Stmt]) -> set[str]:
             out.add(s.buffer)
         elif isinstance(s, Contract):
             out.add(s.c)
+        elif isinstance(s, LayerLoop):
+            out |= {x.buffer for x in s.slots if x.writes} | {s.arena}
     return out - local_names(body)
 
 
 def stmt_types() -> tuple[type[Stmt], ...]:
     """Every statement class (a renderer must have a rule for each)."""
-    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused)
+    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused, LayerLoop)
+
+
+def nested_programs(program: Program) -> Iterator[Program]:
+    """``program`` and every layer-loop body inside it (depth first)."""
+    yield program
+    for kernel in program.kernels:
+        for s in walk(kernel.body):
+            if isinstance(s, LayerLoop):
+                yield from nested_programs(s.body)

@@ -30,6 +30,7 @@ from shapegrad.compiler import loops as L
 from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
+from shapegrad.compiler.layerloop import emit_layer_loop
 from shapegrad.compiler.target import Target
 from shapegrad.dtypes import DType, bool_
 from shapegrad.ir import Graph, Node
@@ -53,6 +54,7 @@ def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "f
     """
     buffers, names, state_of_output, constants, input_names = assign_buffers(graph, plan)
     builder = KernelBuilder(graph, plan, names, buffers, target)
+    builder.constants = constants  # layer loops add their bodies' constants
     kernels = builder.build()
     return L.Program(
         name,
@@ -149,6 +151,7 @@ class KernelBuilder:
         self.kernels: list[L.Kernel] = []
         self.output_names: list[str] = []
         self.errors: dict[int, str] = {}
+        self.constants: dict[str, np.ndarray[Any, Any]] = {}
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------
@@ -217,6 +220,8 @@ class KernelBuilder:
             self.emit_gather(node, dst)
         elif node.prim is Prim.SCATTER_ADD:
             self.emit_scatter(node, dst)
+        elif node.prim is Prim.SCAN:
+            emit_layer_loop(self, node, dst)
         else:
             self.emit_elementwise(node, dst)
 
