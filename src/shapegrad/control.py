@@ -265,9 +265,13 @@ def trace_body(
     return Body(graph, n_carry, n_xs, name), ops.captured
 
 
-def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
-    """Re-run ``graph``'s nodes as primitives on ``args`` (any interpreter)."""
+def replay(
+    graph: Graph, args: Sequence[Tensor], substitute: dict[int, Tensor] | None = None
+) -> list[Tensor]:
+    """Re-run ``graph``'s nodes as primitives on ``args`` (any interpreter); nodes whose id
+    is in ``substitute`` take that value instead of being recomputed."""
     env: dict[int, Tensor] = {n.id: a for n, a in zip(graph.inputs, args, strict=True)}
+    env.update(substitute or {})
     like = args[0] if args else None
     for node in topological_order(graph.outputs):
         if node.id in env:
@@ -426,7 +430,7 @@ def _scan_vjp(
     if policy == "residuals":
         from shapegrad._remat import residual_vjp
 
-        return residual_vjp(body, inputs, ct, attrs, needs_t)
+        return residual_vjp(body, inputs, out, ct, attrs, needs_t)
     has_c, has_y = lay.carry > 0, lay.ys > 0
     xs_in: list[Tensor] = []
     carry_in: list[Tensor] = []
@@ -552,9 +556,14 @@ def scan(
 
     name = getattr(f, "__name__", "body")
     body, captured = trace_body(fn, in_avals, nc, nx, name)
+    n_ys = len(body.y_avals)
+    if policy == "residuals":
+        from shapegrad._remat import residual_forward
+
+        body = residual_forward(body)
     flat = bind_scan(body, [*carry_leaves, *x_leaves, *captured], n_layers, reverse, True, policy)
     carry, ys = unpack(flat, body, n_layers, True, reverse)
-    return tree.unflatten(carry_td, carry), tree.unflatten(y_td_box[0], ys)
+    return tree.unflatten(carry_td, carry), tree.unflatten(y_td_box[0], ys[:n_ys])
 
 
 def checkpoint(
@@ -584,8 +593,14 @@ def checkpoint(
 
         name = getattr(fn, "__name__", "region")
         body, captured = trace_body(region, [t.aval for t in tensors], 0, 0, f"checkpoint_{name}")
+        n_ys = len(body.y_avals)
+        if policy == "residuals":
+            from shapegrad._remat import residual_forward
+
+            body = residual_forward(body)
         flat = bind_scan(body, [*tensors, *captured], 1, False, True, policy)
         _, ys = unpack(flat, body, 1, True, False)
+        ys = ys[:n_ys]
         return tree.unflatten(out_td_box[0], [p.reshape(y, y.shape[1:]) for y in ys])
 
     return wrapped
