@@ -97,7 +97,7 @@ def residual_forward(body: Any) -> Any:
     needs = _conservative_needs(body)
     bwd = _backward_body(body, needs, True)
     lay = layout(body, 1, False)
-    has_c, has_y = lay.carry > 0, lay.ys > 0
+    has_c = lay.carry > 0
     n_need_k = sum(needs[body.n_carry + body.n_xs :])
     ins = bwd.graph.inputs
     n_ct_inputs = (1 if has_c else 0) + n_need_k  # carry part: ct of the carry, accumulators
@@ -108,7 +108,7 @@ def residual_forward(body: Any) -> Any:
     if has_c:
         cts.append(ins[cursor])  # ct of the history
         cursor += 1
-    if has_y:
+    for _ in body.y_avals:  # the cotangent of each output leaf
         cts.append(ins[cursor])
         cursor += 1
     body_inputs = ins[cursor:]  # the layer's xs, then invariants
@@ -163,13 +163,12 @@ def _residual_backward(forward: Any) -> Any:
     return backward
 
 
-def _zero_columns(ct: Tensor, offset: int, rows: int, width: int, lo: int, hi: int) -> bool:
-    """Whether ``ct`` (1-d) is certainly zero on columns ``[lo, hi)`` of the ``[rows, width]``
-    matrix starting at ``offset`` (NumPy values are checked; graph values are analysed)."""
+def _zero_range(ct: Tensor, lo: int, hi: int) -> bool:
+    """Whether the 1-d ``ct`` is certainly zero on ``[lo, hi)`` (NumPy values are checked;
+    graph values are analysed: sums of zero-padded pieces, as autodiff builds them)."""
     if isinstance(ct._payload, np.ndarray):
-        block = ct._payload[offset : offset + rows * width].reshape(rows, width)
-        return not np.any(block[:, lo:hi])
-    return _zero_1d(ct._payload, offset, rows, width, lo, hi)
+        return not np.any(ct._payload[lo:hi])
+    return _zero_node(ct._payload, lo, hi)
 
 
 def _is_zero_constant(node: Node) -> bool:
@@ -178,33 +177,15 @@ def _is_zero_constant(node: Node) -> bool:
     return node.prim is Prim.CONSTANT and not np.any(node.attr["value"].array)
 
 
-def _zero_1d(node: Node, offset: int, rows: int, width: int, lo: int, hi: int) -> bool:
+def _zero_node(node: Node, lo: int, hi: int) -> bool:
     if _is_zero_constant(node):
         return True
     if node.prim is Prim.ADD:
-        return all(_zero_1d(i, offset, rows, width, lo, hi) for i in node.inputs)
+        return all(_zero_node(i, lo, hi) for i in node.inputs)
     if node.prim is Prim.PAD and node.attr["value"] == 0.0:
         start = node.attr["low"][0]
-        n = node.inputs[0].shape[0]
-        if start + n <= offset or start >= offset + rows * width:
-            return True  # the padded piece lies outside the matrix
-        src = node.inputs[0]
-        if start == offset and n == rows * width and src.prim is Prim.RESHAPE:
-            return _zero_2d(src.inputs[0], rows, width, lo, hi)
-    return False
-
-
-def _zero_2d(node: Node, rows: int, width: int, lo: int, hi: int) -> bool:
-    if node.shape != (rows, width):
-        return False
-    if _is_zero_constant(node):
-        return True
-    if node.prim is Prim.ADD:
-        return all(_zero_2d(i, rows, width, lo, hi) for i in node.inputs)
-    if node.prim is Prim.PAD and node.attr["value"] == 0.0 and node.attr["low"][0] == 0:
-        first = node.attr["low"][1]
-        last = first + node.inputs[0].shape[1]
-        return last <= lo or first >= hi
+        end = start + node.inputs[0].shape[0]
+        return end <= lo or start >= hi or _zero_node(node.inputs[0], lo - start, hi - start)
     return False
 
 
@@ -217,7 +198,7 @@ def residual_vjp(
     needs: tuple[bool, ...],
 ) -> list[Tensor | None]:
     """The VJP of a SCAN over ``Fr`` (see the module docstring)."""
-    from shapegrad.control import _rows, _scan_vjp, _split, bind_scan, layout, unpack
+    from shapegrad.control import _rows, _scan_vjp, _split, bind_scan, layout, stacked_ys, unpack
 
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
     recompute = {**attrs, "policy": "recompute"}
@@ -228,30 +209,22 @@ def residual_vjp(
         return _scan_vjp(inputs, out, ct, recompute, needs)
     body, bwd, residuals, n_user, cursor = info
     user = layout(body, length, False)
-    if not _zero_columns(ct, lay.ys_offset, length, lay.ys, user.ys, lay.ys):
+    if not _zero_range(ct, lay.y_offset(user.ys), lay.size):  # the residuals' cotangents
         return _scan_vjp(inputs, out, ct, recompute, needs)
     # ``needs`` may ask for less than the conservative pattern ``Br`` was built for; the
     # extra gradients are computed and dropped.
     br = _residual_backward(forward)
     nc, nx = body.n_carry, body.n_xs
-    has_c, has_y = lay.carry > 0, user.ys > 0
+    has_c = lay.carry > 0
     carry_in: list[Tensor] = []
     xs_in: list[Tensor] = []
     if has_c:
         carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
         xs_in.append(_rows(out, lay.history_offset, length, lay.carry))
         xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
-    ct_rows = _rows(ct, lay.ys_offset, length, lay.ys)
-    if has_y:
-        xs_in.append(p.slice_(ct_rows, [0, 0], [length, user.ys], [1, 1]))
-    out_rows = _rows(out, lay.ys_offset, length, lay.ys)
-    column = user.ys
-    for r in residuals:
-        n = int(np.prod(r.shape))
-        piece = p.slice_(out_rows, [0, column], [length, column + n], [1, 1])
-        piece = p.reshape(piece, (length, *r.shape))
+    xs_in += stacked_ys(ct, forward, lay)[:n_user]
+    for r, piece in zip(residuals, stacked_ys(out, forward, lay)[n_user:], strict=True):
         xs_in.append(piece if r.aval.dtype == piece.dtype else piece.astype(r.aval.dtype))
-        column += n
     conservative = _conservative_needs(body)
     need_k = [i for i in range(nc + nx, len(inputs)) if conservative[i]]
     carry_in += [p.zeros_like(inputs[i]) for i in need_k]

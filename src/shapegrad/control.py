@@ -121,7 +121,8 @@ class Layout:
     reverse one, so layer ``l`` reads its carry at ``history(l)`` and writes the next one
     at ``history(l) + C`` (forward) or ``history(l) - C`` (reverse): both affine in ``l``,
     which lets compiled code address them with one stride. Without ``save`` there is one
-    carry slot. The stacked ``ys`` follow (``L*Y``).
+    carry slot. The stacked ``ys`` follow leaf by leaf (leaf ``j`` of ``n_j`` elements per
+    layer as one contiguous ``[L, n_j]`` block), so each stacked output is a contiguous view.
     """
 
     carry: int  # C: elements of one carry
@@ -146,6 +147,10 @@ class Layout:
     @property
     def size(self) -> int:
         return self.ys_offset + self.length * self.ys
+
+    def y_offset(self, before: int) -> int:
+        """Start of the stacked leaf whose per-layer predecessors hold ``before`` elements."""
+        return self.ys_offset + self.length * before
 
 
 def layout(body: Body, length: int, save: bool, reverse: bool = False) -> Layout:
@@ -200,9 +205,12 @@ def run_scan(args: Sequence[Any], attrs: Any, dtype: DType) -> Any:
             out[at : at + lay.carry] = _flat(carry, dtype)
         results = body.run(carry + [x[layer] for x in xs] + consts)
         carry = results[:nc]
-        if lay.ys:
-            at = lay.ys_offset + layer * lay.ys
-            out[at : at + lay.ys] = _flat(results[nc:], dtype)
+        before = 0
+        for y in results[nc:]:
+            n = int(np.size(y))
+            at = lay.y_offset(before) + layer * n
+            out[at : at + n] = np.asarray(y, dtype.numpy).reshape(-1)
+            before += n
     out[lay.final_offset : lay.final_offset + lay.carry] = _flat(carry, dtype)
     return out
 
@@ -328,16 +336,18 @@ def unpack(
     """(final carry leaves, stacked ys leaves) of a SCAN output."""
     lay = layout(body, length, save, reverse)
     carry = _split(flat, body.carry_avals, lay.final_offset)
-    ys = []
-    if body.y_avals:
-        rows = _rows(flat, lay.ys_offset, length, lay.ys)
-        offset = 0
-        for a in body.y_avals:
-            n = math.prod(a.shape)
-            piece = p.slice_(rows, [0, offset], [length, offset + n], [1, 1])
-            ys.append(p.reshape(piece, (length, *a.shape)))
-            offset += n
-    return carry, ys
+    return carry, stacked_ys(flat, body, lay)
+
+
+def stacked_ys(flat: Tensor, body: Body, lay: Layout) -> list[Tensor]:
+    """Each per-layer output leaf of a SCAN output (or of its cotangent) as ``[L, ...]``."""
+    ys, before = [], 0
+    for a in body.y_avals:
+        n = math.prod(a.shape)
+        rows = _rows(flat, lay.y_offset(before), lay.length, n)
+        ys.append(p.reshape(rows, (lay.length, *a.shape)))
+        before += n
+    return ys
 
 
 def _concat_flat(leaves: Sequence[Tensor]) -> Tensor:
@@ -368,7 +378,7 @@ def _backward_body(body: Body, needs: tuple[bool, ...], with_history_ct: bool) -
     carry_avals, y_avals = body.carry_avals, body.y_avals
     dtype = out_dtype(body)
     lay = layout(body, 1, False)
-    has_c, has_y = lay.carry > 0, lay.ys > 0
+    has_c = lay.carry > 0
     with_history_ct = with_history_ct and has_c
     consts = list(range(nc + nx, len(avals)))
     need_x = [i for i in range(nc, nc + nx) if needs[i]]
@@ -379,10 +389,10 @@ def _backward_body(body: Body, needs: tuple[bool, ...], with_history_ct: bool) -
                 f"scan: a loop-invariant input {avals[i]} needs a gradient of another dtype than "
                 f"the loop's outputs ({dtype}); cast it outside the loop"
             )
-    flat_c, flat_y = AVal((lay.carry,), dtype), AVal((lay.ys,), dtype)
+    flat_c = AVal((lay.carry,), dtype)
     carry_part = ([flat_c] if has_c else []) + [avals[i] for i in need_k]
     xs_part = ([flat_c] if has_c else []) + ([flat_c] if with_history_ct else [])
-    xs_part += [flat_y] if has_y else []
+    xs_part += list(y_avals)  # the cotangent of each output leaf
     n_carry, n_xs = len(carry_part), len(xs_part) + nx
     in_avals = carry_part + xs_part + [avals[i] for i in range(nc, len(avals))]
 
@@ -392,15 +402,13 @@ def _backward_body(body: Body, needs: tuple[bool, ...], with_history_ct: bool) -
         accs = [next(it) for _ in need_k]
         hist = next(it) if has_c else None
         ct_hist = next(it) if with_history_ct else None
-        ct_y = next(it) if has_y else None
+        ct_y = [next(it) for _ in y_avals]
         rest = list(it)
         xs, invariants = rest[:nx], rest[nx:]
         carry_in = _split(hist, carry_avals) if hist is not None else []
         leaves = [*carry_in, *xs, *invariants]
         outs = replay(body.graph, leaves)
-        cts = (_split(ct_c, carry_avals) if ct_c is not None else []) + (
-            _split(ct_y, y_avals) if ct_y is not None else []
-        )
+        cts = (_split(ct_c, carry_avals) if ct_c is not None else []) + ct_y
         wrt = leaves[:nc] + [leaves[i] for i in need_x + need_k]
         grads = backward(outs, cts, wrt)
         g_carry, g_x, g_k = grads[:nc], grads[nc : nc + len(need_x)], grads[nc + len(need_x) :]
@@ -445,7 +453,7 @@ def _scan_vjp(
         if save:
             xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
     if has_y:
-        xs_in.append(_rows(ct, lay.ys_offset, length, lay.ys))
+        xs_in += stacked_ys(ct, body, lay)
     need_k = [i for i in range(nc + nx, len(inputs)) if needs_t[i]]
     bwd = _backward_body(body, needs_t, save)
     carry_in += [p.zeros_like(inputs[i]) for i in need_k]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shapegrad.compiler.layerloop import contiguous_view
+from shapegrad.compiler.passes import splat_value
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import ELEMENTWISE, Prim
@@ -124,10 +126,14 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
             if plan.cost.get(operand.id, 0) > 0:
                 plan.materialized.add(operand.id)
                 plan.cost[operand.id] = 0
-    elif node.prim is Prim.SCAN:  # a layer loop reads whole buffers through per-layer slices
-        for operand in node.inputs:
-            plan.materialized.add(operand.id)
-            plan.cost[operand.id] = 0
+    elif node.prim is Prim.SCAN:  # a layer loop reads buffers through per-layer slices
+        n_carry = node.attr["body"].n_carry
+        for k, operand in enumerate(node.inputs):
+            if k < n_carry and splat_value(operand) is not None:
+                continue  # an initial carry of one value is stored, not read
+            if contiguous_view(operand, plan.materialized) is None:
+                plan.materialized.add(operand.id)
+                plan.cost[operand.id] = 0
     elif node.prim in (Prim.GATHER, Prim.SCATTER_ADD):
         plan.materialized.add(node.inputs[1].id)  # indices are read as data, bounds-checked
         plan.cost[node.inputs[1].id] = 0

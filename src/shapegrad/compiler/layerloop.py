@@ -23,11 +23,37 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.passes import splat_value
 from shapegrad.ir import Graph, Node
+from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import size_of
 
 if TYPE_CHECKING:
     from shapegrad.compiler.lower import KernelBuilder
+
+
+def contiguous_view(node: Node, materialized: set[int]) -> tuple[Node, int] | None:
+    """``(base, offset)`` when ``node`` is a row-major contiguous run of the materialized
+    ``base``'s elements starting at ``offset`` (reshapes, leading-axis slices): a layer loop
+    then reads it in place instead of through a copy."""
+    offset = 0
+    while node.id not in materialized:
+        if node.prim in (Prim.RESHAPE, Prim.STOP_GRADIENT):
+            node = node.inputs[0]
+            continue
+        if node.prim is Prim.SLICE:
+            src = node.inputs[0]
+            starts, stops, steps = node.attr["starts"], node.attr["stops"], node.attr["steps"]
+            full = all(
+                (lo, hi) == (0, n) for lo, hi, n in zip(starts[1:], stops[1:], src.shape[1:], strict=True)
+            )
+            if not src.shape or steps[0] != 1 or not full:
+                return None
+            offset += starts[0] * size_of(src.shape[1:])
+            node = src
+            continue
+        return None
+    return node, offset
 
 
 def optimized_body(body: Any) -> Graph:
@@ -57,6 +83,43 @@ def _shift_errors(program: L.Program, delta: int) -> None:
     program.errors = {code + delta: text for code, text in program.errors.items()}
 
 
+def _forwarded_output(builder: KernelBuilder, node: Node, start: int, size: int) -> str | None:
+    """The buffer of a program output that is exactly ``node``'s elements
+    ``[start, start+size)`` through a chain of views nothing else reads, or None.
+
+    The loop then writes that stacked output (the gradients of stacked parameters) into the
+    output buffer itself: no copy, and no arena bytes for it."""
+    graph = builder.graph
+    if builder.users is None:
+        from shapegrad.compiler.fusion import consumers_of
+
+        builder.users = consumers_of(graph)
+    users = builder.users
+    aliased = {k for k, _ in graph.aliases}
+    for k, out in enumerate(graph.outputs):
+        if k in aliased or out.id in builder.forwarded or size_of(out.shape) != size:
+            continue
+        if contiguous_view(out, builder.plan.materialized) != (node, start) or out is node:
+            continue
+        chain, link = [], out
+        while link is not node:
+            chain.append(link)
+            link = link.inputs[0]
+        if any(len(users.get(n.id, [])) != 1 for n in chain[1:]):
+            continue
+        for user in users.get(node.id, []):
+            if user is chain[-1]:
+                continue
+            if user.prim is not Prim.SLICE or len(user.shape) != 1:
+                return None
+            lo, hi = user.attr["starts"][0], user.attr["stops"][0]
+            if lo < start + size and start < hi:
+                return None
+        builder.forwarded.add(out.id)
+        return builder.names[out.id]
+    return None
+
+
 def emit_layer_loop(builder: KernelBuilder, node: Node, dst: str) -> None:
     """The kernel of SCAN ``node`` writing its flat output ``dst`` (see the module docstring)."""
     from shapegrad.compiler.pipeline import lower_program
@@ -79,16 +142,25 @@ def emit_layer_loop(builder: KernelBuilder, node: Node, dst: str) -> None:
         leaf_offsets.append(at)
         at += math.prod(a.shape)
 
+    def operand(k: int) -> tuple[str, int]:
+        view = contiguous_view(node.inputs[k], builder.plan.materialized)
+        assert view is not None, "fusion materializes every other layer-loop operand"
+        return builder.names[view[0].id], view[1]
+
     first = (length - 1) if reverse else 0
     carry_in_base = lay.history_offset if save else lay.final_offset
     stride_c = lay.carry if save else 0
     statements: list[L.Stmt] = []
     for k in range(nc):  # 1. the initial carry
-        src = builder.names[node.inputs[k].id]
         n = size_of(node.inputs[k].shape)
         v = builder.fresh(n, "c")
         start = carry_in_base + stride_c * first + leaf_offsets[k]
-        load = L.Load(dtype, src, L.var(v))
+        splat = splat_value(node.inputs[k])
+        if splat is not None:
+            load: L.Expr = L.Const(dtype, splat)
+        else:
+            src, src_offset = operand(k)
+            load = L.Load(dtype, src, L.var(v) + src_offset)
         statements.append(L.Loop(v, "parallel", (L.Store(dst, L.var(v) + start, load),)))
 
     slots: dict[int, L.LayerSlot] = {}
@@ -99,11 +171,10 @@ def emit_layer_loop(builder: KernelBuilder, node: Node, dst: str) -> None:
         if k < nc:
             slots[slot] = L.LayerSlot(dst, carry_in_base + leaf_offsets[k], stride_c, False)
         elif k < nc + nx:
-            operand = node.inputs[k]
-            per_layer = size_of(operand.shape[1:])
-            slots[slot] = L.LayerSlot(builder.names[operand.id], 0, per_layer, False)
+            per_layer = size_of(node.inputs[k].shape[1:])
+            slots[slot] = L.LayerSlot(*operand(k), per_layer, False)
         else:
-            slots[slot] = L.LayerSlot(builder.names[node.inputs[k].id], 0, 0, False)
+            slots[slot] = L.LayerSlot(*operand(k), 0, False)
     for j, name in enumerate(program.outputs):
         slot = program.buffers[name].slot
         if j < nc:
@@ -115,10 +186,14 @@ def emit_layer_loop(builder: KernelBuilder, node: Node, dst: str) -> None:
                 assert next_carry is not None
                 slots[slot] = L.LayerSlot(next_carry, leaf_offsets[j], 0, True)
         else:
-            y_offsets = 0
-            for a in body.y_avals[: j - nc]:
-                y_offsets += math.prod(a.shape)
-            slots[slot] = L.LayerSlot(dst, lay.ys_offset + y_offsets, lay.ys, True)
+            before = sum(math.prod(a.shape) for a in body.y_avals[: j - nc])
+            n = math.prod(body.y_avals[j - nc].shape)
+            start = lay.y_offset(before)
+            target = _forwarded_output(builder, node, start, length * n)
+            if target is not None:  # written straight into the program output it feeds
+                slots[slot] = L.LayerSlot(target, 0, n, True)
+            else:
+                slots[slot] = L.LayerSlot(dst, start, n, True)
     for name, array in program.constants.items():
         outer = f"{dst}_{name}"
         spec = program.buffers[name]

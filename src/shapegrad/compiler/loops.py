@@ -429,7 +429,9 @@ class Program:
     n_slots: int = 0
 
     def format(self) -> str:
-        lines = [f"program {self.name}  # arena {self.arena_bytes} bytes"]
+        lines = [
+            f"program {self.name}  # arena {self.arena_bytes} bytes, {len(self.kernels)} kernels"
+        ]
         for b in self.buffers.values():
             where = f"slot {b.slot}" if b.kind != "temp" else f"arena+{b.offset}"
             lines.append(f"  buffer {b.name}: {b.dtype.name}[{b.size}] {b.kind} ({where})")

@@ -152,6 +152,9 @@ class KernelBuilder:
         self.output_names: list[str] = []
         self.errors: dict[int, str] = {}
         self.constants: dict[str, np.ndarray[Any, Any]] = {}
+        # outputs a layer loop writes directly (``layerloop._forwarded_output``): no kernel
+        self.forwarded: set[int] = set()
+        self.users: dict[int, list[Node]] | None = None
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------
@@ -179,6 +182,8 @@ class KernelBuilder:
     def build(self) -> list[L.Kernel]:
         for node in self.graph.nodes():
             if node.id not in self.plan.materialized or node.prim in (Prim.INPUT, Prim.CONSTANT):
+                continue
+            if node.id in self.forwarded:
                 continue
             self.emit(node, self.names[node.id])
         self._bind_outputs()

@@ -93,6 +93,11 @@ void sg_set_threads(int n) {
 class CRenderer(CStyleRenderer):
     """C with OpenMP scheduling and OpenBLAS products (see the module docstring)."""
 
+    def __init__(self, program: L.Program) -> None:
+        super().__init__(program)
+        # functions of layer-loop bodies, shared by the renderers of one translation unit
+        self.functions: list[str] = []
+
     def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
@@ -130,8 +135,6 @@ class CRenderer(CStyleRenderer):
     def fail(self, code: int) -> str:
         return f"return {code};"
 
-    # Functions of layer-loop bodies, shared by the renderers of one translation unit.
-    functions: list[str]
 
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         """The body as its own function (rendered once), called per layer with its I/O
@@ -341,7 +344,6 @@ def render_c(program: L.Program, profile: bool = False) -> str:
         >>> print(render_c(program))
     """
     w = CRenderer(program)
-    w.functions = []
     w.lines.append(f"/* shapegrad generated: program {_comment_safe(program.name)} */")
     w.lines.append(_PRELUDE)
     if uses_blas(program):
