@@ -163,32 +163,6 @@ def _residual_backward(forward: Any) -> Any:
     return backward
 
 
-def _zero_range(ct: Tensor, lo: int, hi: int) -> bool:
-    """Whether the 1-d ``ct`` is certainly zero on ``[lo, hi)`` (NumPy values are checked;
-    graph values are analysed: sums of zero-padded pieces, as autodiff builds them)."""
-    if isinstance(ct._payload, np.ndarray):
-        return not np.any(ct._payload[lo:hi])
-    return _zero_node(ct._payload, lo, hi)
-
-
-def _is_zero_constant(node: Node) -> bool:
-    while node.prim is Prim.BROADCAST:
-        node = node.inputs[0]
-    return node.prim is Prim.CONSTANT and not np.any(node.attr["value"].array)
-
-
-def _zero_node(node: Node, lo: int, hi: int) -> bool:
-    if _is_zero_constant(node):
-        return True
-    if node.prim is Prim.ADD:
-        return all(_zero_node(i, lo, hi) for i in node.inputs)
-    if node.prim is Prim.PAD and node.attr["value"] == 0.0:
-        start = node.attr["low"][0]
-        end = start + node.inputs[0].shape[0]
-        return end <= lo or start >= hi or _zero_node(node.inputs[0], lo - start, hi - start)
-    return False
-
-
 def residual_vjp(
     forward: Any,
     inputs: Sequence[Tensor],
@@ -198,7 +172,16 @@ def residual_vjp(
     needs: tuple[bool, ...],
 ) -> list[Tensor | None]:
     """The VJP of a SCAN over ``Fr`` (see the module docstring)."""
-    from shapegrad.control import _rows, _scan_vjp, _split, bind_scan, layout, stacked_ys, unpack
+    from shapegrad.control import (
+        _rows,
+        _scan_vjp,
+        _split,
+        _zero_range,
+        bind_scan,
+        layout,
+        stacked_ys,
+        unpack,
+    )
 
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
     recompute = {**attrs, "policy": "recompute"}

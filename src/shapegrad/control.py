@@ -355,6 +355,32 @@ def _concat_flat(leaves: Sequence[Tensor]) -> Tensor:
     return flat[0] if len(flat) == 1 else p.concat(flat, 0)
 
 
+def _zero_range(ct: Tensor, lo: int, hi: int) -> bool:
+    """Whether the 1-d ``ct`` is certainly zero on ``[lo, hi)`` (NumPy values are checked;
+    graph values are analysed: sums of zero-padded pieces, as autodiff builds them)."""
+    if isinstance(ct._payload, np.ndarray):
+        return not np.any(ct._payload[lo:hi])
+    return _zero_node(ct._payload, lo, hi)
+
+
+def _is_zero_constant(node: Node) -> bool:
+    while node.prim is Prim.BROADCAST:
+        node = node.inputs[0]
+    return node.prim is Prim.CONSTANT and not np.any(node.attr["value"].array)
+
+
+def _zero_node(node: Node, lo: int, hi: int) -> bool:
+    if _is_zero_constant(node):
+        return True
+    if node.prim is Prim.ADD:
+        return all(_zero_node(i, lo, hi) for i in node.inputs)
+    if node.prim is Prim.PAD and node.attr["value"] == 0.0:
+        start = node.attr["low"][0]
+        end = start + node.inputs[0].shape[0]
+        return end <= lo or start >= hi or _zero_node(node.inputs[0], lo - start, hi - start)
+    return False
+
+
 # --- the VJP: a reverse loop ------------------------------------------------------------
 
 
@@ -440,6 +466,7 @@ def _scan_vjp(
 
         return residual_vjp(body, inputs, out, ct, attrs, needs_t)
     has_c, has_y = lay.carry > 0, lay.ys > 0
+    history_ct = False
     xs_in: list[Tensor] = []
     carry_in: list[Tensor] = []
     if has_c:
@@ -450,12 +477,15 @@ def _scan_vjp(
         saved = layout(body, length, True, reverse)
         carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
         xs_in.append(_rows(history, saved.history_offset, length, lay.carry))
-        if save:
+        history_ct = save and not _zero_range(
+            ct, lay.history_offset, lay.history_offset + length * lay.carry
+        )
+        if history_ct:  # something reads the stored carries (a gradient of a gradient)
             xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
     if has_y:
         xs_in += stacked_ys(ct, body, lay)
     need_k = [i for i in range(nc + nx, len(inputs)) if needs_t[i]]
-    bwd = _backward_body(body, needs_t, save)
+    bwd = _backward_body(body, needs_t, has_c and history_ct)
     carry_in += [p.zeros_like(inputs[i]) for i in need_k]
     flat = bind_scan(
         bwd, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, policy
