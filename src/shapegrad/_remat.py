@@ -9,8 +9,9 @@ The second kind that the first kind reads are the *residuals*. Two new bodies fo
   stores them, stacked;
 * ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation.
 
-Values that are only layout views of the body's inputs, or constants, are cheaper to
-recompute than to store and are never residuals. The residual outputs are internal: if
+What is stored are the results of products, reductions and gathers (JAX's
+"dots saveable" choice): views and elementwise math are redone in the backward body,
+where fusion inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
 anything differentiates through them (a gradient of a gradient) and the cotangent
 reaching them cannot be shown to be zero, the VJP falls back to recomputation over
 ``Fr``, which is always correct.
@@ -25,7 +26,7 @@ import numpy as np
 
 from shapegrad.ir import Node, topological_order
 from shapegrad.ops import prims as p
-from shapegrad.ops.protocol import LAYOUT, Prim
+from shapegrad.ops.protocol import ELEMENTWISE, LAYOUT, Prim
 from shapegrad.tensor import Tensor
 
 _FREE = LAYOUT | {Prim.STOP_GRADIENT, Prim.CAST}
@@ -56,15 +57,34 @@ def _residual_nodes(bwd: Any, n_ct: set[int]) -> list[Node]:
         if n.id not in uses_input or (n.prim in _FREE and all(i.id in free for i in n.inputs)):
             free.add(n.id)
     found: dict[int, Node] = {}
+
+    def store(n: Node) -> None:
+        # Views and elementwise math are redone in the backward body (fused into its
+        # kernels, they cost less than the memory traffic of storing them): what is
+        # stored are the products, reductions and gathers they start from.
+        stack = [n]
+        while stack:
+            n = stack.pop()
+            if n.id in found or n.id in free:
+                continue
+            if n.prim in _FREE or n.prim in ELEMENTWISE:
+                found[n.id] = n  # visited; dropped below
+                stack.extend(n.inputs)
+                continue
+            found[n.id] = n
+            kept.add(n.id)
+
+    kept: set[int] = set()
+
     readers = [n for n in order if n.id in on_ct]
     for n in readers:
         for i in n.inputs:
             if i.id not in on_ct and i.id not in free:
-                found[i.id] = i
+                store(i)
     for o in bwd.graph.outputs:
         if o.id not in on_ct and o.id not in free:
-            found[o.id] = o
-    return list(found.values())
+            store(o)
+    return [n for n in found.values() if n.id in kept]
 
 
 def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor) -> list[Tensor]:
