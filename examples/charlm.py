@@ -37,7 +37,9 @@ def init_params(vocab: int, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "tokens": sg.tensor((rng.normal(size=(vocab, d)) * 0.02).astype(np.float32)),
         "positions": sg.tensor((rng.normal(size=(args.context, d)) * 0.01).astype(np.float32)),
-        "blocks": BlockStack.init(block_init(0.02), seed=args.seed, layers=args.blocks, d=d, f=4 * d),
+        "blocks": BlockStack.init(
+            block_init(0.02), seed=args.seed, layers=args.blocks, d=d, f=4 * d
+        ),
         "ln_w": sg.ones(d),
         "ln_b": sg.zeros(d),
     }
@@ -51,7 +53,9 @@ def logits_of(params: dict[str, Any], ids: sg.Tensor, args: argparse.Namespace) 
     return h @ params["tokens"].T
 
 
-def batches(data: np.ndarray, count: int, args: argparse.Namespace, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def batches(
+    data: np.ndarray, count: int, args: argparse.Namespace, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """``count`` batches of random windows: inputs and targets ``[count, batch, context]``."""
     starts = rng.integers(0, len(data) - args.context - 1, size=(count, args.batch))
     window = starts[..., None] + np.arange(args.context + 1)
@@ -88,7 +92,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     params = init_params(len(vocab), args)
     trainer = sg.ScalarTrainer(
-        loss, params, mode="compiled", backend="c", optimizer=sg.optim.AdamW(lr=args.lr, weight_decay=0.01)
+        loss,
+        params,
+        mode="compiled",
+        backend="c",
+        optimizer=sg.optim.AdamW(lr=args.lr, weight_decay=0.01),
     )
     rng = np.random.default_rng(args.seed)
     losses: list[float] = []
@@ -99,13 +107,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         xs, ys = batches(train, count, args, rng)
         losses.extend(float(v) for v in trainer.step_many(xs, ys))
         done += count
-        print(f"step {done:5d}  loss {np.mean(losses[-count:]):.3f}  ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"step {done:5d}  loss {np.mean(losses[-count:]):.3f}  ({time.perf_counter() - t0:.1f} s)"
+        )
     trained = trainer.get_params()
 
     # held-out next-character accuracy, one compiled forward over [batch, context] windows
     forward = sg.compile(lambda p, ids: logits_of(p, ids, args), backend="c")
     xs, ys = batches(held_out, 4, args, np.random.default_rng(args.seed + 1))
-    hits = [np.argmax(forward(trained, sg.tensor(x)).numpy(), axis=-1) == y for x, y in zip(xs, ys)]
+    hits = [np.argmax(forward(trained, sg.tensor(x)).numpy(), axis=-1) == y for x, y in zip(xs, ys, strict=True)]
     accuracy = 100.0 * float(np.mean(hits))
     print(f"next-character accuracy: {accuracy:.1f}% (held-out text)")
 

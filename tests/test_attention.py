@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.modes import MODES
 
 import shapegrad as sg
 from shapegrad.nn.attention import (
@@ -23,7 +24,6 @@ from shapegrad.nn.transformer import (
     transformer_block,
     transformer_stack,
 )
-from tests.modes import MODES
 
 torch = pytest.importorskip("torch", reason="PyTorch is the reference for attention")
 
@@ -143,7 +143,9 @@ def test_transformer_block_matches_torch(mode: str, dtype: str, masking: str) ->
     if masking == "padding":
         ref = layer(tx, src_key_padding_mask=torch.tensor(~valid))
     else:
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(t, dtype=getattr(torch, dtype))
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(
+            t, dtype=getattr(torch, dtype)
+        )
         ref = layer(tx, src_mask=causal, is_causal=True)
     _close(out, ref.detach().numpy(), dtype)
 
@@ -192,10 +194,16 @@ def test_shape_errors_name_the_op() -> None:
         scaled_dot_product_attention(q, sg.tensor(np.ones((2, 3, 5))), q)
     with pytest.raises(sg.ShapeError, match="split_heads"):
         multi_head_attention(
-            AttentionParams.init(attention_init(), d=6), sg.tensor(np.ones((1, 2, 6)), "float32"), heads=4
+            AttentionParams.init(attention_init(), d=6),
+            sg.tensor(np.ones((1, 2, 6)), "float32"),
+            heads=4,
         )
     with pytest.raises(sg.ShapeError, match="embed"):
-        embed(sg.tensor(np.ones((5, 4))), sg.tensor(np.ones((3, 4))), sg.tensor(np.zeros((1, 4), "int32")))
+        embed(
+            sg.tensor(np.ones((5, 4))),
+            sg.tensor(np.ones((3, 4))),
+            sg.tensor(np.zeros((1, 4), "int32")),
+        )
 
 
 def test_embed_adds_positions() -> None:

@@ -33,6 +33,8 @@ LAYERS: list[set[str]] = [
         "autodiff",
         "tree",
         "ir",
+        "control",
+        "_remat",
     },
     {"compiler"},
     {"backends"},

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.modes import MODES
 
 import shapegrad as sg
-from tests.modes import MODES
 
 POLICIES = ["recompute", "residuals"]
 
@@ -141,6 +141,7 @@ def test_c_memory_plan_shows_the_saving() -> None:
 
     arenas = {}
     for name, wrap in (("plain", lambda f: f), ("checkpoint", sg.checkpoint)):
+
         def loss(ws: list[sg.Tensor], x: sg.Tensor, wrap: Any = wrap) -> sg.Tensor:
             h = x
             for w in ws:

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.modes import MODES
 
 import shapegrad as sg
 from shapegrad.backends.c import generate
 from shapegrad.compiler import loops as L
 from shapegrad.nn.transformer import BlockStack, block_init, transformer_stack
-from tests.modes import MODES
 
 POLICIES = ["recompute", "residuals"]
 
@@ -88,7 +88,9 @@ def test_transformer_stack_equals_unrolled(mode: str, policy: str) -> None:
 
     def make(loop: bool) -> Any:
         def loss(x: sg.Tensor, *params: sg.Tensor) -> sg.Tensor:
-            out = transformer_stack(params, x, heads=2, causal=True, loop=loop, remat=policy == "recompute")
+            out = transformer_stack(
+                params, x, heads=2, causal=True, loop=loop, remat=policy == "recompute"
+            )
             return (out * out).sum()
 
         return loss
@@ -181,7 +183,10 @@ def test_step_many_over_a_scanned_model_equals_single_steps() -> None:
 
     def trainer() -> sg.ScalarTrainer:
         return sg.ScalarTrainer(
-            loss, [sg.tensor(p) for p in params], mode="compiled", backend="c",
+            loss,
+            [sg.tensor(p) for p in params],
+            mode="compiled",
+            backend="c",
             optimizer=sg.optim.AdamW(lr=1e-2),
         )
 
@@ -191,7 +196,9 @@ def test_step_many_over_a_scanned_model_equals_single_steps() -> None:
     expected = [single.step(xs[k], ys[k]) for k in range(len(xs))]
     np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
     for a, b in zip(many.get_params(), single.get_params(), strict=True):
-        np.testing.assert_allclose(np.asarray(a.numpy()), np.asarray(b.numpy()), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(a.numpy()), np.asarray(b.numpy()), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_bad_loops_get_clear_errors() -> None:
@@ -211,7 +218,9 @@ def test_renderers_without_a_layer_loop_rule_say_so() -> None:
     from shapegrad.backends.cstyle import CStyleRenderer
 
     arrays = _mlp_arrays(2)
-    program, _ = generate(sg.compile(_looped("recompute"), backend="numpy").graph(*map(sg.tensor, arrays)))
+    program, _ = generate(
+        sg.compile(_looped("recompute"), backend="numpy").graph(*map(sg.tensor, arrays))
+    )
     loop = next(s for k in program.kernels for s in L.walk(k.body) if isinstance(s, L.LayerLoop))
     with pytest.raises(NotImplementedError, match="layer loops"):
         CStyleRenderer(program).layer_loop(loop, 0)

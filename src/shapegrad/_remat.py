@@ -22,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from shapegrad.ir import Node, topological_order
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import ELEMENTWISE, LAYOUT, Prim
@@ -209,11 +207,11 @@ def residual_vjp(
     info = forward.derived.get("residual_of")
     lay = layout(forward, length, save, reverse)
     if info is None or not save:
-        return _scan_vjp(inputs, out, ct, recompute, needs)
+        return list(_scan_vjp(inputs, out, ct, recompute, needs))
     body, bwd, residuals, n_user, cursor = info
     user = layout(body, length, False)
     if not _zero_range(ct, lay.y_offset(user.ys), lay.size):  # the residuals' cotangents
-        return _scan_vjp(inputs, out, ct, recompute, needs)
+        return list(_scan_vjp(inputs, out, ct, recompute, needs))
     # ``needs`` may ask for less than the conservative pattern ``Br`` was built for; the
     # extra gradients are computed and dropped.
     br = _residual_backward(forward)

@@ -470,10 +470,8 @@ def _scan_vjp(
     xs_in: list[Tensor] = []
     carry_in: list[Tensor] = []
     if has_c:
-        if save:
-            history = out
-        else:  # a loop that did not keep its carries (a reverse loop): run it again, keeping them
-            history = bind_scan(body, inputs, length, reverse, True, policy)
+        # a loop that did not keep its carries (a reverse loop) runs again, keeping them
+        history = out if save else bind_scan(body, inputs, length, reverse, True, policy)
         saved = layout(body, length, True, reverse)
         carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
         xs_in.append(_rows(history, saved.history_offset, length, lay.carry))
@@ -487,9 +485,7 @@ def _scan_vjp(
     need_k = [i for i in range(nc + nx, len(inputs)) if needs_t[i]]
     bwd = _backward_body(body, needs_t, has_c and history_ct)
     carry_in += [p.zeros_like(inputs[i]) for i in need_k]
-    flat = bind_scan(
-        bwd, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, policy
-    )
+    flat = bind_scan(bwd, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, policy)
     carry_out, ys = unpack(flat, bwd, length, False, not reverse)
     result: list[Tensor | None] = [None] * len(inputs)
     if has_c:
@@ -604,9 +600,7 @@ def scan(
     return tree.unflatten(carry_td, carry), tree.unflatten(y_td_box[0], ys[:n_ys])
 
 
-def checkpoint(
-    fn: Callable[..., Any], policy: Policy = "recompute"
-) -> Callable[..., Any]:
+def checkpoint(fn: Callable[..., Any], policy: Policy = "recompute") -> Callable[..., Any]:
     """``fn`` whose intermediate values are not kept for the backward pass but recomputed
     (``jax.checkpoint`` / ``torch.utils.checkpoint``); works eagerly and compiled.
 

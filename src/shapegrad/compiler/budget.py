@@ -19,9 +19,7 @@ def program_budget(program: L.Program) -> tuple[int, int, int]:
     kernels = loops = 0
     for nested in L.nested_programs(program):
         kernels += len(nested.kernels)
-        loops += sum(
-            isinstance(s, L.LayerLoop) for k in nested.kernels for s in L.walk(k.body)
-        )
+        loops += sum(isinstance(s, L.LayerLoop) for k in nested.kernels for s in L.walk(k.body))
     return program.arena_bytes, kernels, loops
 
 

@@ -110,7 +110,12 @@ def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
 def _must_materialize(
     node: Node, users: list[Node], outputs: set[int], cost: int, target: Target
 ) -> bool:
-    if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS or node.prim is Prim.SCAN:
+    if (
+        node.prim is Prim.INPUT
+        or node.id in outputs
+        or node.prim in ROOTS
+        or node.prim is Prim.SCAN
+    ):
         return True
     if node.prim is Prim.CONSTANT:
         return int(node.attr["value"].array.size) > 1

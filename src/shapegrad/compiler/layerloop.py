@@ -45,7 +45,8 @@ def contiguous_view(node: Node, materialized: set[int]) -> tuple[Node, int] | No
             src = node.inputs[0]
             starts, stops, steps = node.attr["starts"], node.attr["stops"], node.attr["steps"]
             full = all(
-                (lo, hi) == (0, n) for lo, hi, n in zip(starts[1:], stops[1:], src.shape[1:], strict=True)
+                (lo, hi) == (0, n)
+                for lo, hi, n in zip(starts[1:], stops[1:], src.shape[1:], strict=True)
             )
             if not src.shape or steps[0] != 1 or not full:
                 return None

@@ -467,13 +467,17 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}check {s.buffer}[0:{s.size}] in [-{s.n}, {s.n}) else error {s.code}")
         elif isinstance(s, LayerLoop):
             order = "descending" if s.reverse else "ascending"
-            out.append(f"{pad}for layer in 0..{s.length} ({order}): call {s.body.name} (arena {s.arena})")
+            out.append(
+                f"{pad}for layer in 0..{s.length} ({order}): call {s.body.name} (arena {s.arena})"
+            )
             for k, slot in enumerate(s.slots):
                 mode = "write" if slot.writes else "read"
-                out.append(f"{pad}  slot {k} = {slot.buffer} + {slot.offset} + {slot.stride}*layer ({mode})")
+                out.append(
+                    f"{pad}  slot {k} = {slot.buffer} + {slot.offset} + {slot.stride}*layer ({mode})"
+                )
             out.extend(_format_stmts(s.after, depth + 1))
-            body = s.body.format().replace("\n", "\n" + pad + "  | ")
-            out.append(f"{pad}  | {body}")
+            text = s.body.format().replace("\n", "\n" + pad + "  | ")
+            out.append(f"{pad}  | {text}")
         elif isinstance(s, BatchFused):
             c = s.contract
             out.append(f"{pad}per batch index bi (scratch {s.scratch}, {s.slots} slots):")

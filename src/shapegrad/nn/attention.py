@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from shapegrad import functional as F
-from shapegrad.ops import prims as p
 from shapegrad.dtypes import int32
+from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, broadcast_shapes, fmt
 from shapegrad.tensor import Tensor
 from shapegrad.typing import Float, ParamList
@@ -59,6 +59,13 @@ def attention_init(std: float = 0.02) -> list[Any]:
     from shapegrad.nn import init
 
     return [init.normal(std), init.zeros, init.normal(std), init.zeros]
+
+
+# the most negative finite value per dtype: masked scores (exp() of it minus the max is 0)
+_LOWEST = {
+    name: float(np.finfo(t).min)
+    for name, t in (("float16", np.float16), ("float32", np.float32), ("float64", np.float64))
+}
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -133,7 +140,8 @@ def scaled_dot_product_attention(
     if mask is not None:
         if mask.dtype.name != "bool":
             raise ShapeError(
-                "scaled_dot_product_attention", f"mask must be bool (True = attend), got {mask.dtype}"
+                "scaled_dot_product_attention",
+                f"mask must be bool (True = attend), got {mask.dtype}",
             )
         if keep is None:
             keep = mask
@@ -142,7 +150,7 @@ def scaled_dot_product_attention(
             keep = p.where(p.broadcast_to(keep, shape), p.broadcast_to(mask, shape), False)
     if keep is not None:
         keep = p.broadcast_to(keep, scores.shape, "scaled_dot_product_attention")
-        lowest = float(np.finfo(q.dtype.numpy).min)
+        lowest = _LOWEST[q.dtype.name]
         scores = F.where(keep, scores, lowest)
     weights = F.softmax(scores, axis=-1)
     return F.einsum(f"{letters}qk,{letters}kd->{letters}qd", weights, v)

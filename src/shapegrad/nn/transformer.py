@@ -115,7 +115,9 @@ def transformer_block(
 ) -> Tensor:
     """One pre-LN block on ``x: [b, t, d]`` (see the module docstring); returns ``[b, t, d]``."""
     if len(params) != 12:
-        raise ValueError(f"transformer_block: needs the 12 tensors of BlockParams, got {len(params)}")
+        raise ValueError(
+            f"transformer_block: needs the 12 tensors of BlockParams, got {len(params)}"
+        )
     ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_1, b_1, w_2, b_2 = params
     h = F.layer_norm(x, ln1_w, ln1_b, eps=eps)
     x = x + multi_head_attention((w_qkv, b_qkv, w_o, b_o), h, heads, mask=mask, causal=causal)
@@ -152,11 +154,15 @@ def transformer_stack(
             input (memory: one activation per layer) instead of storing its residuals.
     """
     if len(params) != 12:
-        raise ValueError(f"transformer_stack: needs the 12 tensors of BlockStack, got {len(params)}")
+        raise ValueError(
+            f"transformer_stack: needs the 12 tensors of BlockStack, got {len(params)}"
+        )
     layers = params[0].shape[0] if params[0].ndim else 0
     if any(t.ndim < 1 or t.shape[0] != layers for t in params):
         shown = ", ".join(fmt(t.shape) for t in params)
-        raise ShapeError("transformer_stack", f"every parameter needs the leading 'layers' dim: {shown}")
+        raise ShapeError(
+            "transformer_stack", f"every parameter needs the leading 'layers' dim: {shown}"
+        )
     if not loop:
         for i in range(layers):
             x = transformer_block([t[i] for t in params], x, heads, mask=mask, causal=causal)
@@ -166,7 +172,7 @@ def transformer_stack(
     def body(h: Tensor, block: tuple[Tensor, ...]) -> tuple[Tensor, None]:
         return transformer_block(block, h, heads, mask=mask, causal=causal), None
 
-    out, _ = scan(body, x, tuple(params), policy="recompute" if remat else "residuals")
+    out: Tensor = scan(body, x, tuple(params), policy="recompute" if remat else "residuals")[0]
     return out
 
 

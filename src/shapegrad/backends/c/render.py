@@ -135,7 +135,6 @@ class CRenderer(CStyleRenderer):
     def fail(self, code: int) -> str:
         return f"return {code};"
 
-
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         """The body as its own function (rendered once), called per layer with its I/O
         table pointing at the layer's slices (see ``loops.LayerLoop``)."""
@@ -157,8 +156,11 @@ class CRenderer(CStyleRenderer):
         e(depth + 1, f"for (int64_t sg_i = 0; sg_i < {s.length}; ++sg_i) {{")
         layer = f"{s.length - 1} - sg_i" if s.reverse else "sg_i"
         e(depth + 2, f"int64_t layer = {layer};")
-        for k, slot in enumerate(s.slots):
-            e(depth + 2, f"sg_sub[{k}] = (void *)({slot.buffer} + {slot.offset} + {slot.stride} * layer);")
+        for number, slot in enumerate(s.slots):
+            e(
+                depth + 2,
+                f"sg_sub[{number}] = (void *)({slot.buffer} + {slot.offset} + {slot.stride} * layer);",
+            )
         e(depth + 2, f"int sg_rc = {fn}(sg_sub, (char *){s.arena});")
         e(depth + 2, "if (sg_rc) return sg_rc;")
         self.stmts(s.after, depth + 2, False)
@@ -361,7 +363,10 @@ def render_c(program: L.Program, profile: bool = False) -> str:
     w.emit(1, "return 0;")
     w.lines.append("}")
     # layer bodies (declared first: a body may call a nested body defined after it)
-    declared = [f"static int sg_layer{n}(void **restrict io, char *restrict arena);" for n in range(len(w.functions))]
+    declared = [
+        f"static int sg_layer{n}(void **restrict io, char *restrict arena);"
+        for n in range(len(w.functions))
+    ]
     w.lines[head:head] = declared + w.functions
     w.lines.append(_STEPS)
     return "\n".join(w.lines) + "\n"
