@@ -137,3 +137,20 @@ MODES["c_plain"] = Runner(
     ),
     unavailable=_c_unavailable,
 )
+
+
+def _cuda_unavailable() -> str | None:
+    from shapegrad.backends.cuda.driver import availability
+
+    ok, reason = availability()
+    return None if ok else f"no GPU: {reason}"
+
+
+MODES["cuda"] = Runner(
+    "cuda",
+    call=lambda fn, args: outputs(sg.compile(fn, backend="cuda")(*as_tensors(args))),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="cuda")(*as_tensors(args))
+    ),
+    unavailable=_cuda_unavailable,
+)

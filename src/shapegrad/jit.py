@@ -49,6 +49,7 @@ class _Static:
     """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf."""
 
     __slots__ = ("value",)
+    __sg_static__ = True  # opaque to tree.flatten even when it holds tensors (baked in)
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -164,6 +165,9 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
     elif td.kind == "dict":
         for key, child in zip(td.keys, td.children, strict=True):
             _leaf_paths(child, f"{prefix}[{key!r}]", out)
+    elif td.kind == "node":  # modules, dataclasses, registered types: their field names
+        for key, child in zip(td.keys, td.children, strict=True):
+            _leaf_paths(child, f"{prefix}.{key}", out)
 
 
 # --- the per-call fast path ----------------------------------------------------------------
@@ -192,6 +196,8 @@ def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
         # The aval's dtype name too: cheaper to hash than the AVal, and exact.
         parts.append((payload.shape, payload.dtype, payload.flags.c_contiguous, obj.dtype.name))
         return True
+    if kind is list and tree.is_data_list(obj):
+        return False  # a list of numbers is one array leaf (tree.flatten): the full path
     if kind is tuple or kind is list or isinstance(obj, tuple | list):  # ParamList too
         parts.append((kind, len(obj)))
         for child in obj:  # noqa: SIM110 - a loop, not all(genexpr): per-call hot path
@@ -236,8 +242,7 @@ def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
         if not ready:
             convert.append((k, want))
     out_avals = [AVal(tuple(n.shape), n.aval.dtype) for n in lowered.graph.outputs]
-    exe = lowered.executable
-    run = getattr(exe, "run_validated", exe)  # skip the executable's own re-validation
+    run = lowered.executable.run_validated  # the key validated: skip the executable's check
     return _FastEntry(lowered, convert, out_avals, run, tree.unflattener(lowered.out_treedef))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.segments import segments, specialize
+from shapegrad.compiler.segments import segments, specialize, substitute_var, unrolls
 from shapegrad.dtypes import DType
 
 # C spellings shared by C and CUDA; a subclass may override entries (CUDA: float16 -> __half).
@@ -231,6 +231,12 @@ class CStyleRenderer:
         """A serial loop; split into segments when its range tests allow (no per-element
         branches inside: pads, col2im)."""
         v = s.var.name
+        if unrolls(s):  # one copy per value: tests on several variables become one-variable tests
+            for value in range(s.var.extent):
+                self.emit(depth, f"{{ /* {v} = {value} */")
+                self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
+                self.emit(depth, "}")
+            return
         segs = segments(s)
         if segs is None:
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")

@@ -176,3 +176,18 @@ def unflatten(flat: Affine, shape: tuple[int, ...]) -> tuple[Affine, ...]:
     for size, st in zip(shape, reversed(strides), strict=True):
         out.append(mod(floordiv(flat, st), size) if size > 1 else const(0))
     return tuple(out)
+
+
+def substitute(a: Affine, var: Var, value: int) -> Affine:
+    """``a`` with ``var`` replaced by the constant ``value`` (div/mod atoms re-simplified)."""
+    out = Affine((), a.const)
+    for atom, coef in a.terms:
+        if atom == var:
+            out = out + coef * value
+        elif isinstance(atom, DivMod):
+            inner = substitute(atom.inner, var, value)
+            part = mod(inner, atom.divisor) if atom.is_mod else floordiv(inner, atom.divisor)
+            out = out + part * coef
+        else:
+            out = out + Affine.of(atom, coef)
+    return out

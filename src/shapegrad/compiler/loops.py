@@ -51,6 +51,7 @@ from shapegrad.compiler.index import (
     flatten,
     floordiv,
     mod,
+    substitute,
     unflatten,
     var,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "flatten",
     "floordiv",
     "mod",
+    "substitute",
     "unflatten",
     "var",
 ]
@@ -306,6 +308,9 @@ class Contract(Stmt):
     # ``c = alpha * product + beta * c`` (beta 1: accumulate into c, e.g. an SGD update)
     alpha: float = 1.0
     beta: float = 0.0
+    # a run-time factor of alpha: ``alpha * alpha_buffer[alpha_index]`` (e.g. the trainer's lr)
+    alpha_buffer: str | None = None
+    alpha_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -485,10 +490,15 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.extend(_format_stmts((c,), depth + 1))
             out.extend(_format_stmts(s.consumer, depth + 1))
         elif isinstance(s, Contract):
+            scaled = f"*{s.alpha_buffer}[{s.alpha_index}]" if s.alpha_buffer else ""
             out.append(
                 f"{pad}{s.c} = contract({s.a}{'^T' if s.trans_a else ''}, {s.b}{'^T' if s.trans_b else ''})"
                 f" m={s.m} n={s.n} k={s.k} batch={s.batch} sum={s.sum_batch}"
-                + (f" alpha={s.alpha} beta={s.beta}" if (s.alpha, s.beta) != (1.0, 0.0) else "")
+                + (
+                    f" alpha={s.alpha}{scaled} beta={s.beta}"
+                    if (s.alpha, s.beta) != (1.0, 0.0) or scaled
+                    else ""
+                )
             )
     return out
 
@@ -613,7 +623,8 @@ def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[S
         if isinstance(s, Store | IndexLoad | CheckBounds):
             return replace(s, buffer=fix(s.buffer))
         if isinstance(s, Contract):
-            return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c))
+            alpha = fix(s.alpha_buffer) if s.alpha_buffer else None
+            return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c), alpha_buffer=alpha)
         if isinstance(s, BatchFused):
             return replace(s, scratch=fix(s.scratch))
         if isinstance(s, LayerLoop):
@@ -637,6 +648,7 @@ def reads(body: Iterable[Stmt]) -> set[str]:
     for s in walk(body):
         if isinstance(s, Contract):
             names |= {s.a, s.b} | ({s.c} if s.beta else set())
+            names |= {s.alpha_buffer} if s.alpha_buffer else set()
         elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
             names.add(s.buffer)
         elif isinstance(s, LayerLoop):  # a layer may read what an earlier layer wrote

@@ -411,26 +411,47 @@ class KernelBuilder:
         vars_ = [self.fresh(d) for d in root.shape]
         index = tuple(L.var(x) for x in vars_)
         flat = L.flatten(index, root.shape)
-        alpha = 1.0
+        alpha, alpha_buffer, alpha_index = 1.0, None, 0
         if scale is not None:
             value = ex.value(scale, index)
-            if not isinstance(value, L.Const) or scale is root:
+            if scale is root:
                 return None
-            alpha = float(value.value)
+            if isinstance(value, L.Const):
+                alpha = float(value.value)
+            elif (
+                self.target.runtime_alpha
+                and isinstance(value, L.Load)
+                and not value.index.terms  # one element, the same for every output
+                and value.dtype == root.aval.dtype
+            ):
+                alpha_buffer, alpha_index = value.buffer, value.index.const
+            else:
+                return None
         if epilogue.prim is Prim.SUB:
             alpha = -alpha
         old = ex.value(base, index)
         if not (isinstance(old, L.Load) and old.index == flat and old.dtype == root.aval.dtype):
             return None  # the updated value is not a plain same-shaped buffer
-        if old.buffer in (match.a.buffer, match.b.buffer) or dst in (
-            match.a.buffer,
-            match.b.buffer,
+        if (
+            alpha_buffer == dst
+            or old.buffer in (match.a.buffer, match.b.buffer)
+            or dst
+            in (
+                match.a.buffer,
+                match.b.buffer,
+            )
         ):
             return None
         ex.inlined[epilogue.id] = epilogue
         if scale is not None:
             ex.inlined[term.id] = term
-        call = replace(match.statement(dst, root.aval.dtype), alpha=alpha, beta=1.0)
+        call = replace(
+            match.statement(dst, root.aval.dtype),
+            alpha=alpha,
+            beta=1.0,
+            alpha_buffer=alpha_buffer,
+            alpha_index=alpha_index,
+        )
         copy = _nest(vars_, "parallel", (L.Store(dst, flat, old),))
         return (*copy, call)
 

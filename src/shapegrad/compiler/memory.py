@@ -44,7 +44,7 @@ def place_state_updates(program: L.Program) -> L.Program:
         if src == state:
             continue
         if src not in claimed and _can_write_in_place(program, access, src, state):
-            _rename(program, src, state)
+            _rename(program, access, src, state)
             for sets in access:
                 for names in sets:
                     if src in names:
@@ -107,11 +107,18 @@ def _updates(s: L.Contract, src: str) -> bool:
     return s.c == src and s.beta != 0.0 and src not in (s.a, s.b)
 
 
-def _rename(program: L.Program, old: str, new: str) -> None:
+def _rename(
+    program: L.Program, access: list[tuple[set[str], set[str]]], old: str, new: str
+) -> None:
+    """Rename ``old`` to ``new`` in the kernels that use it (``access``: their read/write
+    sets, aligned with ``program.kernels``); the others are left untouched (no rebuild)."""
+
     def fix(name: str) -> str:
         return new if name == old else name
 
-    for kernel in program.kernels:
+    for kernel, (read, written) in zip(program.kernels, access, strict=True):
+        if old not in read and old not in written:
+            continue
         body = L.rename_buffers(kernel.body, fix)
         kernel.body = tuple(s for s in body if not _is_self_copy(s))
 

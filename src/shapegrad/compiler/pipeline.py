@@ -35,13 +35,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.batchfuse import fuse_batch_producers
+from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
@@ -252,12 +252,13 @@ def stage_dumper(folder: str, name: str) -> StageHook:
     counter = [0]
 
     def dump(stage: str, text: str) -> None:
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{name}.loop{counter[0]:02d}_{stage}.txt")
+        write_dump(folder, f"{name}.loop{counter[0]:02d}_{stage}.txt", text + "\n")
         counter[0] += 1
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-        os.replace(tmp, path)
 
     return dump
+
+
+def dump_program(folder: str, name: str, program: L.Program, source: str, suffix: str) -> None:
+    """The final program (``<name>.loops.txt``) and its generated source (``<name><suffix>``)."""
+    write_dump(folder, name + ".loops.txt", program.format() + "\n")
+    write_dump(folder, name + suffix, source)

@@ -30,6 +30,8 @@ class Target:
             (``Contract``); smaller ones become generated loops with fused epilogues.
         contract_dtypes: element types a library product accepts (``"float16"`` only where
             the target has half-precision products with float accumulation).
+        runtime_alpha: a library product's scale may be read from a buffer at run time (an
+            SGD update ``w - lr * (a @ b)`` with the trainer's lr becomes one product).
         row_form: allow accumulating a whole output row (innermost loop over outputs)
             when the loads are contiguous along the output, not along the reduced axis.
         tie_row: on a tie in contiguity, prefer the row form for wide rows.
@@ -54,6 +56,7 @@ class Target:
     name: str
     contract_min_macs: int = 4096
     contract_dtypes: frozenset[str] = frozenset({"float32", "float64"})
+    runtime_alpha: bool = True
     row_form: bool = True
     tie_row: bool = False
     local_row_max: int = 4096
@@ -97,3 +100,20 @@ class Target:
 # (11.4 µs vs 12.5 µs with a 65536 threshold). Batch fusion keeps a CNN's 29 MB im2col
 # patches out of memory (one 451 KB image slice per thread instead).
 C_TARGET = Target(name="c")
+
+
+# A GPU wants parallelism over cache locality: no row form (it serialises the output row
+# per thread), no batch fusion (per-thread scratch slices), float16 products on tensor
+# cores, reductions as block trees and scatters as atomics. Index checks of inputs still
+# run first (one small kernel), so a failing step changes nothing.
+CUDA_TARGET = Target(
+    name="cuda",
+    contract_min_macs=1 << 15,
+    contract_dtypes=frozenset({"float16", "float32", "float64"}),
+    runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
+    row_form=False,
+    batch_fusion=False,
+    alignment=256,
+    reduction="tree",
+    scatter="atomic",
+)

@@ -9,13 +9,13 @@ stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
 Backend options (``CompileOptions.extra``): ``target`` (a
 :class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
 ``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
-``fuse_epilogues`` (bool) as shorthands for those target fields, ``profile``
+``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
+default: where libmvec exists), ``profile``
 (bool: per-kernel wall time, read with ``CExecutable.profile()``).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 
@@ -28,12 +28,13 @@ from shapegrad.backends.c.toolchain import (
     build_library,
     compiler,
     full_source,
+    has_vector_math,
     library_for,
     make_spec,
     missing_compiler_message,
 )
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.pipeline import lower_program, stage_dumper
+from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph
 
@@ -69,13 +70,15 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     options = options or CompileOptions()
     hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
     program, _stats = lower_program(graph, c_target(options), options.name, hook)
-    return program, render_c(program, bool(options.get("profile", False)))
+    vector_math = bool(options.get("vector_math", has_vector_math()))
+    return program, render_c(program, bool(options.get("profile", False)), vector_math)
 
 
 class CBackend:
     """Compiles graphs to native code; see the module docstring."""
 
     name = "c"
+    binds_state = True  # CExecutable.bind: state kept in the executable
 
     def is_available(self) -> tuple[bool, str]:
         cc = compiler()
@@ -86,7 +89,7 @@ class CBackend:
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
         program, source = generate(graph, options)
         try:
-            spec = make_spec(source, uses_blas(program))
+            spec = make_spec(source, uses_blas(program), "omp declare simd" in source)
             path, _cached = library_for(spec)
             try:
                 lib = load_library(path, spec.key)
@@ -96,18 +99,8 @@ class CBackend:
         except CompilerNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            _dump(options.debug_dir, options.name, program, full_source(spec))
+            dump_program(options.debug_dir, options.name, program, full_source(spec), ".c")
         return CExecutable(graph, program, lib, path)
-
-
-def _dump(folder: str, name: str, program: L.Program, source: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    for suffix, text in ((".loops.txt", program.format() + "\n"), (".c", source)):
-        path = os.path.join(folder, name + suffix)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
 
 
 register_backend("c", CBackend)

@@ -29,7 +29,7 @@ scratch slice.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from shapegrad.backends.cstyle import HELPERS, CStyleRenderer, estimate_work
 from shapegrad.compiler import loops as L
@@ -123,6 +123,9 @@ class CRenderer(CStyleRenderer):
         return f"{const}{t} *restrict {name} = ({const}{t} *){src};"
 
     def loop(self, s: L.Loop, depth: int, parallel_ok: bool) -> None:
+        """A large parallel loop is split across the team; a large reduction over rows
+        (a bias gradient) is split over the row instead (``_split_rows``). Nothing inside
+        a serial loop forks a team: a region per iteration would fork thousands of times."""
         if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
             self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
             v = s.var.name
@@ -130,7 +133,36 @@ class CRenderer(CStyleRenderer):
             self.stmts(s.body, depth + 1, False)
             self.emit(depth, "}")
             return
-        super().loop(s, depth, parallel_ok)
+        if parallel_ok and s.kind == "reduction" and (row := _row_of(s)) is not None:
+            self._split_rows(s, row, depth)
+            return
+        super().loop(s, depth, parallel_ok and s.var.extent <= 1)
+
+    def _split_rows(self, nest: L.Loop, row: L.Loop, depth: int) -> None:
+        """``for r (reduction): for j (parallel): x[j] op= ...`` with the j range split across
+        the team, each thread running every r over its own block of j: per element the sum
+        runs in the same order as serially, so results are identical."""
+        j = row.var
+        e = self.emit
+        e(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
+        e(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
+        e(depth + 1, f"const int64_t j0 = part * {j.extent} / sg_threads;")
+        e(depth + 1, f"const int64_t j1 = (part + 1) * {j.extent} / sg_threads;")
+
+        def blocked(x: L.Stmt) -> L.Stmt:
+            return _BlockLoop(j, x.body) if isinstance(x, L.Loop) and x.var == j else x
+
+        self.stmts(L.map_body((nest,), stmt=blocked), depth + 1, False)
+        e(depth, "}")
+
+    def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
+        if isinstance(s, _BlockLoop):
+            v = s.var.name
+            self.emit(depth, f"for (int64_t {v} = j0; {v} < j1; ++{v}) {{")
+            self.stmts(s.body, depth + 1, False)
+            self.emit(depth, "}")
+            return
+        super().stmt(s, depth, parallel_ok)
 
     def fail(self, code: int) -> str:
         return f"return {code};"
@@ -172,7 +204,7 @@ class CRenderer(CStyleRenderer):
         (each block a single-threaded BLAS call), see ``sg_set_threads``."""
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
         f = "f" if s.dtype.name == "float32" else ""
-        one, alpha, beta = f"1.0{f}", f"{s.alpha!r}{f}", f"{s.beta!r}{f}"
+        one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
         a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
         big = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS
@@ -228,7 +260,7 @@ class CRenderer(CStyleRenderer):
         e(
             d + 1,
             f"{fn}(101, {112 if s.trans_a else 111}, {112 if s.trans_b else 111}, "
-            f"{s.m}, {s.n}, {s.k}, {s.alpha!r}{f}, "
+            f"{s.m}, {s.n}, {s.k}, {_alpha(s)}, "
             f"{s.a} + {s.offset_a} + si * {s.sum_stride_a}, {s.lda}, "
             f"{s.b} + {s.offset_b} + si * {s.sum_stride_b}, {s.ldb}, "
             f"si > s0 ? 1.0{f} : 0.0{f}, part, {s.n});",
@@ -296,7 +328,7 @@ class CRenderer(CStyleRenderer):
         e(
             d + 1,
             f"{fn}(101, {112 if c.trans_a else 111}, {112 if c.trans_b else 111}, "
-            f"{c.m}, {c.n}, {c.k}, {c.alpha!r}{f}, {a}, {c.lda}, {b}, {c.ldb}, "
+            f"{c.m}, {c.n}, {c.k}, {_alpha(c)}, {a}, {c.lda}, {b}, {c.ldb}, "
             f"{beta}, {out}, {c.n});",
         )
         self._slice_nests(s.consumer, s.scratch, d + 1)
@@ -315,6 +347,44 @@ class CRenderer(CStyleRenderer):
             self.emit(depth + 1, f"int64_t {nest.var.name} = bi;")
             self.stmts(body, depth + 1, parallel_ok=False)
             self.emit(depth, "}")
+
+
+@dataclass(frozen=True)
+class _BlockLoop(L.Stmt):
+    """``for var in [j0, j1)``: one thread's block of a split row (render-time only)."""
+
+    var: L.Var
+    body: tuple[L.Stmt, ...]
+
+
+def _row_of(nest: L.Loop) -> L.Loop | None:
+    """The row loop of ``for r1.. (reduction): for j (parallel): stores``, when every store
+    in it addresses memory by j (and outer, fixed variables) but never by a reduced one,
+    so blocks of j are independent across all r. None otherwise."""
+    reduced = []
+    s: L.Stmt = nest
+    while isinstance(s, L.Loop) and s.kind == "reduction" and len(s.body) == 1:
+        reduced.append(s.var)
+        s = s.body[0]
+    if not (isinstance(s, L.Loop) and s.kind == "parallel" and s.var.extent > 1 and reduced):
+        return None
+    stores = [x for x in L.walk(s.body) if isinstance(x, L.Store)]
+    if not stores or any(isinstance(x, L.Loop | L.Reduce | L.Contract) for x in L.walk(s.body)):
+        return None
+    for store in stores:
+        if store.index.coef(s.var) == 0 or any(store.index.coef(r) for r in reduced):
+            return None
+        if any(isinstance(a, L.DivMod) for a in store.index.atoms()):
+            return None
+    return s
+
+
+def _alpha(s: L.Contract) -> str:
+    """The product's scale: a literal, times a run-time scalar when it has one."""
+    f = "f" if s.dtype.name == "float32" else ""
+    if s.alpha_buffer is None:
+        return f"{s.alpha!r}{f}"
+    return f"({s.alpha!r}{f} * {s.alpha_buffer}[{s.alpha_index}])"
 
 
 def uses_blas(program: L.Program) -> bool:
@@ -337,10 +407,33 @@ static double sg_now(void) {
 """
 
 
-def render_c(program: L.Program, profile: bool = False) -> str:
+# glibc's vector math library (libmvec) has SIMD versions of these; declaring them
+# ``omp declare simd`` lets GCC vectorize loops that call them (glibc's own headers do this
+# only under -ffast-math). libmvec's documented accuracy is 4 ulp at most.
+_VECTOR_MATH = "".join(
+    f"#pragma omp declare simd notinbranch\n{t} {fn}({args});\n"
+    for t, fn, args in [
+        ("float", "expf", "float"),
+        ("float", "logf", "float"),
+        ("float", "tanhf", "float"),
+        ("float", "sinf", "float"),
+        ("float", "cosf", "float"),
+        ("float", "powf", "float, float"),
+        ("double", "exp", "double"),
+        ("double", "log", "double"),
+        ("double", "tanh", "double"),
+        ("double", "sin", "double"),
+        ("double", "cos", "double"),
+        ("double", "pow", "double, double"),
+    ]
+)
+
+
+def render_c(program: L.Program, profile: bool = False, vector_math: bool = False) -> str:
     """The full C source of ``program`` (its I/O table already numbered).
 
-    With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``.
+    With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
+    ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``).
 
     Example:
         >>> print(render_c(program))
@@ -348,6 +441,8 @@ def render_c(program: L.Program, profile: bool = False) -> str:
     w = CRenderer(program)
     w.lines.append(f"/* shapegrad generated: program {_comment_safe(program.name)} */")
     w.lines.append(_PRELUDE)
+    if vector_math:
+        w.lines.append(_VECTOR_MATH)
     if uses_blas(program):
         w.lines.append(_BLAS_DECL)
     w.lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")

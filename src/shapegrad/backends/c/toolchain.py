@@ -173,12 +173,24 @@ class BuildSpec:
         return h.hexdigest()[:32]
 
 
-def make_spec(source: str, blas: bool) -> BuildSpec:
+def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     link: tuple[str, ...] = ()
     if blas:
         libdir, libname = blas_paths()
         link = (f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}")
+    if vector_math:
+        link += ("-lmvec",)
     return BuildSpec(source, compiler(), tuple(cflags()), link)
+
+
+@lru_cache(maxsize=1)
+def has_vector_math() -> bool:
+    """Whether glibc's vector math library can be linked (Linux x86-64 with glibc >= 2.22)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    import ctypes.util
+
+    return ctypes.util.find_library("mvec") is not None
 
 
 def _digest(path: str) -> str:
