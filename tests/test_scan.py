@@ -224,3 +224,21 @@ def test_renderers_without_a_layer_loop_rule_say_so() -> None:
     loop = next(s for k in program.kernels for s in L.walk(k.body) if isinstance(s, L.LayerLoop))
     with pytest.raises(NotImplementedError, match="layer loops"):
         CStyleRenderer(program).layer_loop(loop, 0)
+
+
+def test_residuals_policy_does_not_recompute_the_forward() -> None:
+    arrays = _mlp_arrays(3)
+    fn = sg.compile(sg.value_and_grad(_looped("residuals"), argnums=(0, 1)), backend="numpy")
+    graph = fn.graph(*(sg.tensor(a) for a in arrays))
+    names = [n.attr["body"].name for n in graph.nodes() if n.prim.value == "scan"]
+    assert names == ["_mlp_layer_res", "_mlp_layer_res_vjp"]
+    backward = next(
+        n.attr["body"]
+        for n in graph.nodes()
+        if n.prim.value == "scan" and "vjp" in n.attr["body"].name
+    )
+    # the stored products are read, not recomputed: no contraction of the forward in the body
+    forward_products = [
+        n for n in backward.graph.nodes() if n.prim.value == "einsum" and n.aval.shape == (3, 6)
+    ]
+    assert len(forward_products) == 1  # only the input gradient h' = g @ w
