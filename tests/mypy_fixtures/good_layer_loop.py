@@ -11,7 +11,8 @@ class Stack(ParamList[Float[Tensor, "layers d d"], Float[Tensor, "layers d"]]):
 
 
 def layer(
-    h: Float[Tensor, "b d"], wb: tuple[Float[Tensor, "d d"], Float[Tensor, "d"]]  # noqa: F821 (a dim name, not a forward reference)
+    h: Float[Tensor, "b d"],
+    wb: tuple[Float[Tensor, "d d"], Float[Tensor, "d"]],  # noqa: F821 (a dim name, not a forward reference)
 ) -> tuple[Float[Tensor, "b d"], None]:
     w, bias = wb
     return sg.tanh(h @ w.T + bias), None
