@@ -347,9 +347,10 @@ def charlm_bench() -> None:
         print(f"{name}: first K={k} call (compile + run) {time.perf_counter() - t0:.2f} s")
         trainers[name] = trainer
 
-    runners: dict[str, Callable[[], None]] = {
-        name: (lambda tr=tr: tr.step_many(xs, ys) and None) for name, tr in trainers.items()
-    }
+    def runner(trainer: Any) -> Callable[[], None]:
+        return lambda: trainer.step_many(xs, ys) is None or None
+
+    runners: dict[str, Callable[[], None]] = {name: runner(tr) for name, tr in trainers.items()}
     runners.update(torch_charlm(tok, pos, stack, xs, ys, heads))
     runners.update(jax_charlm(tok, pos, stack, xs, ys, heads))
     for _ in range(5):  # interleaved rounds: each framework sees the same machine load
