@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.modes import MODES
 
 import shapegrad as sg
+from modes import MODES
 
 POLICIES = ["recompute", "residuals"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.modes import MODES
 
 import shapegrad as sg
+from modes import MODES
 from shapegrad.backends.c import generate
 from shapegrad.compiler import loops as L
 from shapegrad.nn.transformer import BlockStack, block_init, transformer_stack
