@@ -58,6 +58,7 @@ def test_gradient(case: Case, runner: Any) -> None:
 def test_table_covers_every_primitive_and_public_op() -> None:
     covered = {name for case in CASES for name in case.covers}
     prims = {p.value for p in Prim} - {Prim.INPUT.value}  # INPUT exists only inside graphs
+    prims -= {Prim.SCAN.value}  # structured (a traced body): tests/test_scan.py, test_remat.py
     assert prims - covered == set()
     assert set(F.__all__) - covered == set()
 
