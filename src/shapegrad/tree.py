@@ -95,6 +95,12 @@ def _dataclass_node(cls: type) -> _Node:
     return _Node(flatten, unflatten)
 
 
+def node_for(kind: type) -> _Node | None:
+    """The registered (or automatic: dataclass, ``sg.nn.Module``) container node of
+    ``kind``, or None when ``kind`` is not a pytree container."""
+    return _node_for(kind)
+
+
 def _node_for(kind: type) -> _Node | None:
     node = _REGISTRY.get(kind)
     if node is not None:

@@ -224,9 +224,28 @@ def register_backend(name: str, factory: BackendFactory) -> None:
     _INSTANCES.pop(name, None)
 
 
-def available_backends() -> list[str]:
-    """Names ``get_backend`` knows (registered or importable by convention)."""
+def known_backends() -> list[str]:
+    """Names ``get_backend`` knows (registered or importable by convention), usable or not."""
     return sorted(set(_FACTORIES) | set(_MODULES))
+
+
+def backend_status() -> dict[str, str]:
+    """Each known backend -> ``""`` when it can compile here, else why not (e.g. ``cuda``
+    without pycuda or a GPU)."""
+    status = {}
+    for name in known_backends():
+        try:
+            get_backend(name)
+            status[name] = ""
+        except BackendUnavailable as exc:
+            status[name] = str(exc)
+    return status
+
+
+def available_backends() -> list[str]:
+    """Backends that can compile on this machine (``ane`` builds everywhere and executes
+    on macOS only; ``cuda`` needs pycuda, a driver, a GPU and nvcc)."""
+    return [name for name, problem in backend_status().items() if not problem]
 
 
 def get_backend(name: str) -> Backend:
