@@ -19,6 +19,7 @@ CASES = {
     "cnn_digits.py": ("1", "test accuracy", 30.0),
     "custom_loop.py": ("10", "training accuracy", 95.0),
     "char_transformer.py": ("150", "next-character accuracy", 80.0),
+    "charlm.py": ("10", "next-character accuracy", 10.0),
 }
 NEEDS_SKLEARN = {"digits.py", "cnn_digits.py"}
 

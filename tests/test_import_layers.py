@@ -36,6 +36,8 @@ LAYERS: list[set[str]] = [
         "autodiff",
         "tree",
         "ir",
+        "control",
+        "_remat",
     },
     {"distributed"},  # communicators + collectives: used by compiler stages, backends, train
     {"compiler"},

@@ -58,6 +58,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
     assert names == [
         "plan_fusion",
         "build_kernels",
+        "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "place_state_updates",
@@ -65,6 +66,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "assign_slots",
     ]
     assert {s.name for s in LOOP_PIPELINE if s.optional} == {
+        "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",
     }
@@ -252,6 +254,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
         _batch_fused().contract,
         _batch_fused(),
         L.Collective("all_reduce", "x", "y", 4, float32, 0, "sum", 1, 2),
+        L.LayerLoop(L.Program("body", {}, []), 3, True, (L.LayerSlot("y", 0, 4, True),), "ar"),
     ]
     assert {type(s) for s in samples} == set(L.stmt_types())
     renderer = CRenderer(L.Program("p", {}, []))
@@ -260,6 +263,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
     text = "\n".join(renderer.lines)
     assert "return 1;" in text and "sg_maxf(acc, x[" in text and "sgemm" in text
     assert "sg_mpi_allreduce(x, y, 4," in text and "sg_rank != 1" in text
+    assert "sg_layer0(sg_sub, (char *)ar)" in text and len(renderer.functions) == 1
 
 
 def test_negative_constants_render_parenthesised() -> None:

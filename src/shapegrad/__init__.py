@@ -8,6 +8,7 @@ from shapegrad import data, nn, random, tree
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
+from shapegrad.control import checkpoint, scan
 from shapegrad.dtypes import DType, DTypeError, bool_, float16, float32, float64, int32
 from shapegrad.functional import (
     abs,
@@ -108,6 +109,7 @@ __all__ = [
     "bool_",
     "cat",
     "check_numerics",
+    "checkpoint",
     "clip",
     "compile",
     "concat",
@@ -161,6 +163,7 @@ __all__ = [
     "relu",
     "reshape",
     "save_checkpoint",
+    "scan",
     "schedules",
     "sigmoid",
     "sin",

@@ -35,6 +35,7 @@ from shapegrad.backends.base import (
     known_backends,
     validate_inputs,
 )
+from shapegrad.compiler.budget import CompileStats
 from shapegrad.compiler.debug import GraphDumper, debug_root
 from shapegrad.compiler.passes import PassStat, count_nodes, optimize
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
@@ -381,9 +382,12 @@ class Compiled:
         """The optimized graph for these arguments (``print(fast.graph(params, x, y))``)."""
         return self.lower(*args, **kwargs).graph
 
-    def stats(self, *args: Any, **kwargs: Any) -> list[PassStat]:
-        """Per-pass node counts for these arguments."""
-        return self.lower(*args, **kwargs).stats
+    def stats(self, *args: Any, **kwargs: Any) -> CompileStats:
+        """Per-pass node counts for these arguments, plus the compiled program's budgets
+        (``.arena_bytes``, ``.kernels``, ``.layer_loops``, ``.compile_seconds``, ``.summary()``)."""
+        lowered = self.lower(*args, **kwargs)
+        seconds = lowered.trace_seconds + lowered.optimize_seconds + lowered.backend_seconds
+        return CompileStats.of(lowered.stats, lowered.executable, seconds)
 
     # --- internals ----------------------------------------------------------------
 

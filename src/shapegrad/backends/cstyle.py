@@ -224,6 +224,8 @@ class CStyleRenderer:
             self.batch_fused(s, depth)
         elif isinstance(s, L.Collective):
             self.collective(s, depth)
+        elif isinstance(s, L.LayerLoop):
+            self.layer_loop(s, depth)
         else:
             raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
 
@@ -320,6 +322,11 @@ class CStyleRenderer:
 
     def collective(self, s: L.Collective, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for collectives")
+    def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}: layer loops (sg.scan / sg.checkpoint) are not supported by "
+            "this backend yet; use backend='c' or 'numpy'"
+        )
 
 
 BLOCKED_SUM_MIN = 1 << 14  # shorter float sums keep one accumulator (exact enough, fastest)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shapegrad.compiler.layerloop import contiguous_view
+from shapegrad.compiler.passes import splat_value
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, ELEMENTWISE, Prim
@@ -111,7 +113,12 @@ def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
 def _must_materialize(
     node: Node, users: list[Node], outputs: set[int], cost: int, target: Target
 ) -> bool:
-    if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS:
+    if (
+        node.prim is Prim.INPUT
+        or node.id in outputs
+        or node.prim in ROOTS
+        or node.prim is Prim.SCAN
+    ):
         return True
     if node.prim is Prim.CONSTANT:
         return int(node.attr["value"].array.size) > 1
@@ -130,6 +137,14 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
     elif node.prim in COLLECTIVES:  # the exchange reads a whole buffer
         plan.materialized.add(node.inputs[0].id)
         plan.cost[node.inputs[0].id] = 0
+    elif node.prim is Prim.SCAN:  # a layer loop reads buffers through per-layer slices
+        n_carry = node.attr["body"].n_carry
+        for k, operand in enumerate(node.inputs):
+            if k < n_carry and splat_value(operand) is not None:
+                continue  # an initial carry of one value is stored, not read
+            if contiguous_view(operand, plan.materialized) is None:
+                plan.materialized.add(operand.id)
+                plan.cost[operand.id] = 0
     elif node.prim in (Prim.GATHER, Prim.SCATTER_ADD):
         plan.materialized.add(node.inputs[1].id)  # indices are read as data, bounds-checked
         plan.cost[node.inputs[1].id] = 0

@@ -367,6 +367,36 @@ class Collective(Stmt):
     code: int = 0
 
 
+@dataclass(frozen=True)
+class LayerSlot:
+    """One entry of a layer body's I/O table: ``buffer + offset + stride * layer`` (elements)."""
+
+    buffer: str
+    offset: int
+    stride: int
+    writes: bool
+
+
+@dataclass(frozen=True, eq=False)
+class LayerLoop(Stmt):
+    """``for layer in 0..length`` (descending when ``reverse``): run ``body``, a program
+    lowered once (its own kernels, memory plan and I/O table), with slot ``k`` of its I/O
+    table bound to ``slots[k]``'s per-layer slice and its arena at buffer ``arena``; then
+    run ``after`` (plain loop nests, e.g. moving a carry into place for the next layer).
+
+    A renderer emits the body's kernels once (a function in C) and calls it per layer, so
+    the generated code and its compile time do not grow with the number of layers. The
+    body's error codes are part of the enclosing program's ``errors``.
+    """
+
+    body: Program
+    length: int
+    reverse: bool
+    slots: tuple[LayerSlot, ...]
+    arena: str
+    after: tuple[Stmt, ...] = ()
+
+
 @dataclass
 class Kernel:
     """One unit of work (a loop nest, or a few run back to back). ``work`` estimates its
@@ -434,7 +464,9 @@ class Program:
     communicators: list[Any] = field(default_factory=list)
 
     def format(self) -> str:
-        lines = [f"program {self.name}  # arena {self.arena_bytes} bytes"]
+        lines = [
+            f"program {self.name}  # arena {self.arena_bytes} bytes, {len(self.kernels)} kernels"
+        ]
         for b in self.buffers.values():
             where = f"slot {b.slot}" if b.kind != "temp" else f"arena+{b.offset}"
             lines.append(f"  buffer {b.name}: {b.dtype.name}[{b.size}] {b.kind} ({where})")
@@ -470,6 +502,19 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}{s.var.name} = wrap({s.buffer}[{s.index}], {s.var.extent})")
         elif isinstance(s, CheckBounds):
             out.append(f"{pad}check {s.buffer}[0:{s.size}] in [-{s.n}, {s.n}) else error {s.code}")
+        elif isinstance(s, LayerLoop):
+            order = "descending" if s.reverse else "ascending"
+            out.append(
+                f"{pad}for layer in 0..{s.length} ({order}): call {s.body.name} (arena {s.arena})"
+            )
+            for k, slot in enumerate(s.slots):
+                mode = "write" if slot.writes else "read"
+                out.append(
+                    f"{pad}  slot {k} = {slot.buffer} + {slot.offset} + {slot.stride}*layer ({mode})"
+                )
+            out.extend(_format_stmts(s.after, depth + 1))
+            text = s.body.format().replace("\n", "\n" + pad + "  | ")
+            out.append(f"{pad}  | {text}")
         elif isinstance(s, BatchFused):
             c = s.contract
             out.append(f"{pad}per batch index bi (scratch {s.scratch}, {s.slots} slots):")
@@ -508,6 +553,8 @@ def sub_statements(s: Stmt) -> tuple[Stmt, ...]:
         return s.body
     if isinstance(s, BatchFused):
         return (*s.producer, s.contract, *s.consumer)
+    if isinstance(s, LayerLoop):
+        return s.after
     return ()
 
 
@@ -582,6 +629,8 @@ def map_stmt(s: Stmt, expr: ExprFn | None = None, stmt: StmtFn | None = None) ->
         assert isinstance(contract, Contract)
         consumer = tuple(_as_loop(map_stmt(x, expr, stmt)) for x in s.consumer)
         s = replace(s, producer=producer, contract=contract, consumer=consumer)
+    elif isinstance(s, LayerLoop):
+        s = replace(s, after=map_body(s.after, expr, stmt))
     if expr is not None:
         if isinstance(s, Store):
             s = replace(s, value=map_expr(s.value, expr))
@@ -619,6 +668,9 @@ def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[S
             return replace(s, scratch=fix(s.scratch))
         if isinstance(s, Collective):
             return replace(s, src=fix(s.src), dst=fix(s.dst))
+        if isinstance(s, LayerLoop):
+            slots = tuple(replace(x, buffer=fix(x.buffer)) for x in s.slots)
+            return replace(s, slots=slots, arena=fix(s.arena))
         return s
 
     return map_body(body, expr, stmt)
@@ -642,6 +694,8 @@ def reads(body: Iterable[Stmt]) -> set[str]:
             names.add(s.src)
         elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
             names.add(s.buffer)
+        elif isinstance(s, LayerLoop):  # a layer may read what an earlier layer wrote
+            names |= {x.buffer for x in s.slots} | {s.arena}
     return names - local_names(body)
 
 
@@ -656,9 +710,31 @@ def writes(body: Iterable[Stmt]) -> set[str]:
             out.add(s.c)
         elif isinstance(s, Collective):
             out.add(s.dst)
+        elif isinstance(s, LayerLoop):
+            out |= {x.buffer for x in s.slots if x.writes} | {s.arena}
     return out - local_names(body)
 
 
 def stmt_types() -> tuple[type[Stmt], ...]:
     """Every statement class (a renderer must have a rule for each)."""
-    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused, Collective)
+    return (
+        Loop,
+        Store,
+        Reduce,
+        Local,
+        IndexLoad,
+        CheckBounds,
+        Contract,
+        BatchFused,
+        Collective,
+        LayerLoop,
+    )
+
+
+def nested_programs(program: Program) -> Iterator[Program]:
+    """``program`` and every layer-loop body inside it (depth first)."""
+    yield program
+    for kernel in program.kernels:
+        for s in walk(kernel.body):
+            if isinstance(s, LayerLoop):
+                yield from nested_programs(s.body)

@@ -30,6 +30,7 @@ from shapegrad.compiler import loops as L
 from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
+from shapegrad.compiler.layerloop import emit_layer_loop
 from shapegrad.compiler.target import Target
 from shapegrad.dtypes import DType, bool_, float32, int32
 from shapegrad.ir import Graph, Node
@@ -53,6 +54,7 @@ def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "f
     """
     buffers, names, state_of_output, constants, input_names = assign_buffers(graph, plan)
     builder = KernelBuilder(graph, plan, names, buffers, target)
+    builder.constants = constants  # layer loops add their bodies' constants
     kernels = builder.build()
     return L.Program(
         name,
@@ -151,6 +153,10 @@ class KernelBuilder:
         self.output_names: list[str] = []
         self.errors: dict[int, str] = {}
         self.communicators: list[Any] = []
+        self.constants: dict[str, np.ndarray[Any, Any]] = {}
+        # outputs a layer loop writes directly (``layerloop._forwarded_output``): no kernel
+        self.forwarded: set[int] = set()
+        self.users: dict[int, list[Node]] | None = None
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------
@@ -178,6 +184,8 @@ class KernelBuilder:
     def build(self) -> list[L.Kernel]:
         for node in self.graph.nodes():
             if node.id not in self.plan.materialized or node.prim in (Prim.INPUT, Prim.CONSTANT):
+                continue
+            if node.id in self.forwarded:
                 continue
             self.emit(node, self.names[node.id])
         self._bind_outputs()
@@ -221,6 +229,8 @@ class KernelBuilder:
             self.emit_scatter(node, dst)
         elif node.prim in COLLECTIVES:
             self.emit_collective(node, dst)
+        elif node.prim is Prim.SCAN:
+            emit_layer_loop(self, node, dst)
         else:
             self.emit_elementwise(node, dst)
 

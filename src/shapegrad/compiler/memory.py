@@ -143,6 +143,28 @@ def _copy_kernel(program: L.Program, src: str, dst: str, number: int) -> L.Kerne
     return L.Kernel(f"k{number}", (L.Loop(v, "parallel", (store,)),), spec.size, f"copy {src}")
 
 
+def schedule_outputs_early(program: L.Program) -> L.Program:
+    """Move each kernel that writes only (non-state) outputs to just after the last earlier
+    kernel it depends on. Graph order can put such a kernel far from its operands (all the
+    gradients of a model come out after the whole backward pass), keeping every temp it
+    reads alive until then; right after its producers those temps die early. Only true
+    dependencies bound the move (temps have no arena offsets yet, so no false sharing)."""
+    state = {program.outputs[k] for k in program.state_of_output}
+    outputs = set(program.outputs) - state
+    placed: list[tuple[L.Kernel, set[str], set[str]]] = []
+    for kernel in program.kernels:
+        read, written = buffers_read(kernel), buffers_written(kernel)
+        position = len(placed)
+        if written and written <= outputs and not (read & written):
+            position = 0
+            for i, (_, r, w) in enumerate(placed):
+                if w & (read | written) or r & written:
+                    position = i + 1
+        placed.insert(position, (kernel, read, written))
+    program.kernels = [k for k, _, _ in placed]
+    return program
+
+
 def pack_arena(program: L.Program, alignment: int = 64) -> L.Program:
     """Assign arena offsets to temps by liveness; sets ``program.arena_bytes``."""
     first: dict[str, int] = {}

@@ -11,6 +11,8 @@ stage                  what it does
 plan_fusion            which values get a buffer, which are recomputed inline, which
                        reductions take their elementwise consumer as an epilogue
 build_kernels          one kernel of loop IR per materialized value (``lower.py``)
+schedule_outputs_early kernels that only write outputs run right after what they read,
+                       so the temps they read die early (``memory.py``)
 fuse_batch_producers   large batched products build their operand one batch slice at
                        a time (``batchfuse.py``; optional: ``Target.batch_fusion``)
 hoist_bounds_checks    index checks of program inputs run before any kernel, so a
@@ -42,7 +44,7 @@ from shapegrad.compiler.batchfuse import fuse_batch_producers
 from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.lower import build_kernels, local_id
-from shapegrad.compiler.memory import pack_arena, place_state_updates
+from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
 from shapegrad.compiler.target import Target
 from shapegrad.ir import Graph
 
@@ -96,6 +98,11 @@ def stage_build_kernels(unit: LoopUnit) -> LoopUnit:
     return replace(unit, program=build_kernels(unit.graph, unit.plan, unit.target, unit.name))
 
 
+def stage_schedule_outputs_early(unit: LoopUnit) -> LoopUnit:
+    schedule_outputs_early(unit.built())
+    return unit
+
+
 def stage_fuse_batch_producers(unit: LoopUnit) -> LoopUnit:
     fuse_batch_producers(unit.built(), unit.target)
     return unit
@@ -124,6 +131,7 @@ def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
 LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("plan_fusion", stage_plan_fusion),
     LoopStage("build_kernels", stage_build_kernels),
+    LoopStage("schedule_outputs_early", stage_schedule_outputs_early, optional=True),
     LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),

@@ -11,7 +11,37 @@
 
 from shapegrad.nn import init
 from shapegrad.nn._module import Module, field
+from shapegrad.nn.attention import (
+    AttentionParams,
+    multi_head_attention,
+    scaled_dot_product_attention,
+)
 from shapegrad.nn.layers import Linear, linear, mlp
 from shapegrad.nn.norms import BatchNorm, GroupNorm, LayerNorm
+from shapegrad.nn.transformer import (
+    BlockParams,
+    BlockStack,
+    embed,
+    transformer_block,
+    transformer_stack,
+)
 
-__all__ = ["BatchNorm", "GroupNorm", "LayerNorm", "Linear", "Module", "field", "init", "linear", "mlp"]
+__all__ = [
+    "AttentionParams",
+    "BatchNorm",
+    "BlockParams",
+    "BlockStack",
+    "GroupNorm",
+    "LayerNorm",
+    "Linear",
+    "Module",
+    "embed",
+    "field",
+    "init",
+    "linear",
+    "mlp",
+    "multi_head_attention",
+    "scaled_dot_product_attention",
+    "transformer_block",
+    "transformer_stack",
+]

@@ -101,6 +101,8 @@ class Prim(enum.Enum):
     ALL_GATHER = "all_gather"  # leading axes of every process, concatenated in rank order
     REDUCE_SCATTER = "reduce_scatter"  # sum over processes, leading-axis block `rank` kept
     BROADCAST_FROM = "broadcast_from"  # attrs: comm, root: the root's value on every process
+    # structured: a loop over a body sub-graph traced once (``shapegrad/control.py``)
+    SCAN = "scan"
 
 
 UNARY = frozenset(
@@ -350,6 +352,9 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_indexing(prim, avals, attrs)
     if prim in COLLECTIVES:
         return _infer_collective(prim, avals, attrs)
+    if prim is Prim.SCAN:  # the traced body knows its shapes (``shapegrad/control.py``)
+        aval: AVal = attrs["body"].infer(avals, attrs)
+        return aval
     if prim in SOURCES:
         if prim is Prim.CONSTANT:
             value = attrs["value"]

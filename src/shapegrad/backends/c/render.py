@@ -96,6 +96,11 @@ void sg_set_threads(int n) {
 class CRenderer(CStyleRenderer):
     """C with OpenMP scheduling and OpenBLAS products (see the module docstring)."""
 
+    def __init__(self, program: L.Program) -> None:
+        super().__init__(program)
+        # functions of layer-loop bodies, shared by the renderers of one translation unit
+        self.functions: list[str] = []
+
     def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
@@ -164,6 +169,38 @@ class CRenderer(CStyleRenderer):
 
     def fail(self, code: int) -> str:
         return f"return {code};"
+
+    def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
+        """The body as its own function (rendered once), called per layer with its I/O
+        table pointing at the layer's slices (see ``loops.LayerLoop``)."""
+        fn = f"sg_layer{len(self.functions)}"
+        self.functions.append("")  # reserve the number; nested bodies come first
+        sub = CRenderer(s.body)
+        sub.functions = self.functions
+        sub.lines.append(f"/* layer body {_comment_safe(s.body.name)} */")
+        sub.lines.append(f"static int {fn}(void **restrict io, char *restrict arena) {{")
+        sub.emit(1, "(void)io; (void)arena;")
+        for number, k in enumerate(s.body.kernels):
+            sub.kernel(k, number, False)
+        sub.emit(1, "return 0;")
+        sub.lines.append("}")
+        self.functions[int(fn[len("sg_layer") :])] = "\n".join(sub.lines)
+        e = self.emit
+        e(depth, "{")
+        e(depth + 1, f"void *sg_sub[{max(len(s.slots), 1)}];")
+        e(depth + 1, f"for (int64_t sg_i = 0; sg_i < {s.length}; ++sg_i) {{")
+        layer = f"{s.length - 1} - sg_i" if s.reverse else "sg_i"
+        e(depth + 2, f"int64_t layer = {layer};")
+        for number, slot in enumerate(s.slots):
+            e(
+                depth + 2,
+                f"sg_sub[{number}] = (void *)({slot.buffer} + {slot.offset} + {slot.stride} * layer);",
+            )
+        e(depth + 2, f"int sg_rc = {fn}(sg_sub, (char *){s.arena});")
+        e(depth + 2, "if (sg_rc) return sg_rc;")
+        self.stmts(s.after, depth + 2, False)
+        e(depth + 1, "}")
+        e(depth, "}")
 
     def contract(self, s: L.Contract, depth: int) -> None:
         """Library products; large ones are split into row blocks across the OpenMP team
@@ -359,7 +396,12 @@ def _alpha(s: L.Contract) -> str:
 
 def uses_blas(program: L.Program) -> bool:
     """Whether any kernel calls the matrix-multiply library."""
-    return any(isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body))
+    return any(
+        isinstance(s, L.Contract)
+        for p in L.nested_programs(program)
+        for k in p.kernels
+        for s in L.walk(k.body)
+    )
 
 
 _PROFILE = r"""
@@ -417,12 +459,19 @@ def render_c(program: L.Program, profile: bool = False, vector_math: bool = Fals
         w.lines.append(_PROFILE)
         w.lines.append(f"double sg_profile[{max(len(program.kernels), 1)}];")
     w.lines.append("")
+    head = len(w.lines)
     w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
     w.emit(1, "(void)io; (void)arena;")
     for number, k in enumerate(program.kernels):
         w.kernel(k, number, profile)
     w.emit(1, "return 0;")
     w.lines.append("}")
+    # layer bodies (declared first: a body may call a nested body defined after it)
+    declared = [
+        f"static int sg_layer{n}(void **restrict io, char *restrict arena);"
+        for n in range(len(w.functions))
+    ]
+    w.lines[head:head] = declared + w.functions
     w.lines.append(_STEPS)
     return "\n".join(w.lines) + "\n"
 

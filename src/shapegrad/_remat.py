@@ -1,0 +1,247 @@
+"""The ``policy="residuals"`` form of a layer loop: store what the backward reads, per layer.
+
+The reverse loop's body ``B`` (``control._backward_body``: the forward replayed, then
+differentiated) splits into nodes that depend on cotangents and nodes that do not.
+The second kind that the first kind reads are the *residuals*. Two new bodies follow:
+
+* ``Fr``: the forward body that also returns the residuals as extra per-layer outputs
+  (cast to the loop's dtype: boolean masks are stored as 0/1), so the forward loop
+  stores them, stacked;
+* ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation.
+
+What is stored are the results of products, reductions and gathers (JAX's
+"dots saveable" choice): views and elementwise math are redone in the backward body,
+where fusion inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
+anything differentiates through them (a gradient of a gradient) and the cotangent
+reaching them cannot be shown to be zero, the VJP falls back to recomputation over
+``Fr``, which is always correct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shapegrad.ir import Node, topological_order
+from shapegrad.ops import prims as p
+from shapegrad.ops.protocol import ELEMENTWISE, LAYOUT, Prim
+from shapegrad.tensor import Tensor
+
+_FREE = LAYOUT | {Prim.STOP_GRADIENT, Prim.CAST}
+
+
+def _conservative_needs(body: Any) -> tuple[bool, ...]:
+    """At forward time nothing is known: every floating-point input may need a gradient."""
+    return tuple(a.dtype.is_float for a in body.input_avals)
+
+
+def _residual_nodes(bwd: Any, n_ct: set[int]) -> list[Node]:
+    """Nodes of ``bwd`` computable without cotangents that cotangent-dependent nodes read."""
+    order = topological_order(bwd.graph.outputs)
+    input_ids = {n.id for n in bwd.graph.inputs}
+    on_ct: set[int] = set(n_ct)
+    uses_input: set[int] = set()
+    free: set[int] = set()
+    for n in order:
+        if n.id in input_ids:
+            if n.id not in n_ct:
+                uses_input.add(n.id)
+            free.add(n.id)
+            continue
+        if any(i.id in on_ct for i in n.inputs):
+            on_ct.add(n.id)
+        if any(i.id in uses_input for i in n.inputs):
+            uses_input.add(n.id)
+        if n.id not in uses_input or (n.prim in _FREE and all(i.id in free for i in n.inputs)):
+            free.add(n.id)
+    found: dict[int, Node] = {}
+
+    def store(n: Node) -> None:
+        # Views and elementwise math are redone in the backward body (fused into its
+        # kernels, they cost less than the memory traffic of storing them): what is
+        # stored are the products, reductions and gathers they start from.
+        stack = [n]
+        while stack:
+            n = stack.pop()
+            if n.id in found or n.id in free:
+                continue
+            if n.prim in _FREE or n.prim in ELEMENTWISE:
+                found[n.id] = n  # visited; dropped below
+                stack.extend(n.inputs)
+                continue
+            found[n.id] = n
+            kept.add(n.id)
+
+    kept: set[int] = set()
+
+    readers = [n for n in order if n.id in on_ct]
+    for n in readers:
+        for i in n.inputs:
+            if i.id not in on_ct and i.id not in free:
+                store(i)
+    for o in bwd.graph.outputs:
+        if o.id not in on_ct and o.id not in free:
+            store(o)
+    return [n for n in found.values() if n.id in kept]
+
+
+def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor) -> list[Tensor]:
+    """Values of ``targets`` re-run as primitives from the values already in ``env``."""
+    for node in topological_order(targets):
+        if node.id in env:
+            continue
+        if node.prim is Prim.INPUT:
+            raise ValueError("residuals: a residual depends on a cotangent input")
+        ins = [env[i.id] for i in node.inputs]
+        env[node.id] = p.bind(node.prim, ins, ops=None if ins else like._ops, **node.attr)
+    return [env[t.id] for t in targets]
+
+
+def residual_forward(body: Any) -> Any:
+    """``Fr`` for ``body`` (built once): ``body`` plus its residuals as extra outputs."""
+    cached = body.derived.get("residual_forward")
+    if cached is not None:
+        return cached
+    from shapegrad.control import (
+        Body,
+        _backward_body,
+        _concat_flat,
+        layout,
+        out_dtype,
+        replay,
+        trace_body,
+    )
+
+    needs = _conservative_needs(body)
+    bwd = _backward_body(body, needs, True)
+    lay = layout(body, 1, False)
+    has_c = lay.carry > 0
+    n_need_k = sum(needs[body.n_carry + body.n_xs :])
+    ins = bwd.graph.inputs
+    n_ct_inputs = (1 if has_c else 0) + n_need_k  # carry part: ct of the carry, accumulators
+    xs_start = n_ct_inputs
+    hist = ins[xs_start] if has_c else None
+    cts = list(ins[:n_ct_inputs])
+    cursor = xs_start + (1 if has_c else 0)
+    if has_c:
+        cts.append(ins[cursor])  # ct of the history
+        cursor += 1
+    for _ in body.y_avals:  # the cotangent of each output leaf
+        cts.append(ins[cursor])
+        cursor += 1
+    body_inputs = ins[cursor:]  # the layer's xs, then invariants
+    residuals = _residual_nodes(bwd, {n.id for n in cts})
+    dtype = out_dtype(body)
+    nc = body.n_carry
+
+    def fn(inputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        outs = replay(body.graph, inputs)
+        env: dict[int, Tensor] = {}
+        if hist is not None:
+            env[hist.id] = _concat_flat(inputs[:nc])
+        for node, value in zip(body_inputs, inputs[nc:], strict=True):
+            env[node.id] = value
+        values = _replay_nodes(residuals, env, inputs[0]) if residuals else []
+        stored = [v if v.dtype == dtype else v.astype(dtype) for v in values]
+        return outs[:nc], outs[nc:] + stored
+
+    forward: Body
+    forward, captured = trace_body(fn, body.input_avals, nc, body.n_xs, f"{body.name}_res")
+    assert not captured
+    forward.derived["residual_of"] = (body, bwd, residuals, len(body.y_avals), cursor)
+    body.derived["residual_forward"] = forward
+    return forward
+
+
+def _residual_backward(forward: Any) -> Any:
+    """``Br``: the reverse body reading residuals as per-layer inputs (built once)."""
+    cached = forward.derived.get("residual_backward")
+    if cached is not None:
+        return cached
+    from shapegrad.control import Body, replay, trace_body
+
+    _, bwd, residuals, _, cursor = forward.derived["residual_of"]
+    avals = [n.aval for n in bwd.graph.inputs]
+    in_avals = avals[:cursor] + [r.aval for r in residuals] + avals[cursor:]
+    n_res = len(residuals)
+
+    def fn(inputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        values = inputs[cursor : cursor + n_res]
+        args = inputs[:cursor] + inputs[cursor + n_res :]
+        substitute = {r.id: v for r, v in zip(residuals, values, strict=True)}
+        outs = replay(bwd.graph, args, substitute)
+        return outs[: bwd.n_carry], outs[bwd.n_carry :]
+
+    backward: Body
+    backward, captured = trace_body(
+        fn, in_avals, bwd.n_carry, bwd.n_xs + n_res, f"{forward.name}_vjp"
+    )
+    assert not captured
+    forward.derived["residual_backward"] = backward
+    return backward
+
+
+def residual_vjp(
+    forward: Any,
+    inputs: Sequence[Tensor],
+    out: Tensor,
+    ct: Tensor,
+    attrs: Any,
+    needs: tuple[bool, ...],
+) -> list[Tensor | None]:
+    """The VJP of a SCAN over ``Fr`` (see the module docstring)."""
+    from shapegrad.control import (
+        _rows,
+        _scan_vjp,
+        _split,
+        _zero_range,
+        bind_scan,
+        layout,
+        stacked_ys,
+        unpack,
+    )
+
+    length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
+    recompute = {**attrs, "policy": "recompute"}
+
+    info = forward.derived.get("residual_of")
+    lay = layout(forward, length, save, reverse)
+    if info is None or not save:
+        return list(_scan_vjp(inputs, out, ct, recompute, needs))
+    body, bwd, residuals, n_user, cursor = info
+    user = layout(body, length, False)
+    if not _zero_range(ct, lay.y_offset(user.ys), lay.size):  # the residuals' cotangents
+        return list(_scan_vjp(inputs, out, ct, recompute, needs))
+    # ``needs`` may ask for less than the conservative pattern ``Br`` was built for; the
+    # extra gradients are computed and dropped.
+    br = _residual_backward(forward)
+    nc, nx = body.n_carry, body.n_xs
+    has_c = lay.carry > 0
+    carry_in: list[Tensor] = []
+    xs_in: list[Tensor] = []
+    if has_c:
+        carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
+        xs_in.append(_rows(out, lay.history_offset, length, lay.carry))
+        xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
+    xs_in += stacked_ys(ct, forward, lay)[:n_user]
+    for r, piece in zip(residuals, stacked_ys(out, forward, lay)[n_user:], strict=True):
+        xs_in.append(piece if r.aval.dtype == piece.dtype else piece.astype(r.aval.dtype))
+    conservative = _conservative_needs(body)
+    need_k = [i for i in range(nc + nx, len(inputs)) if conservative[i]]
+    carry_in += [p.zeros_like(inputs[i]) for i in need_k]
+    flat = bind_scan(br, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, "recompute")
+    carry_out, ys = unpack(flat, br, length, False, not reverse)
+    result: list[Tensor | None] = [None] * len(inputs)
+    if has_c:
+        for i, g in enumerate(_split(carry_out[0], body.carry_avals)):
+            result[i] = g
+        carry_out = carry_out[1:]
+    for i, g in zip(need_k, carry_out, strict=True):
+        result[i] = g if needs[i] else None
+    need_x = [i for i in range(nc, nc + nx) if conservative[i]]
+    for i, g in zip(need_x, ys, strict=True):
+        result[i] = g if needs[i] else None
+    return result
+
+
+__all__ = ["residual_forward", "residual_vjp"]
