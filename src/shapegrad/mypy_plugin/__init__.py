@@ -67,12 +67,14 @@ from mypy.plugin import (
 from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
 
 from shapegrad.mypy_plugin import algebra as A
+from shapegrad.mypy_plugin import transforms as T
 from shapegrad.mypy_plugin.algebra import Mismatch
 from shapegrad.mypy_plugin.aliases import simple_alias, spec_at
 from shapegrad.mypy_plugin.call import Call
 from shapegrad.mypy_plugin.calls import instantiate
 from shapegrad.mypy_plugin.carrier import TENSOR, attach, is_tensor
 from shapegrad.mypy_plugin.env import SHAPE_ERROR, Env
+from shapegrad.mypy_plugin.optable import OP_FULLNAMES
 from shapegrad.mypy_plugin.returns import check_module
 from shapegrad.mypy_plugin.rules import FUNCTION_RULES, METHOD_RULES, Rule
 from shapegrad.mypy_plugin.spec import dtype_of_annotation, parse_spec
@@ -121,12 +123,13 @@ def analyze_annotated(ctx: AnalyzeTypeContext) -> Type:
 def analyze_tensor(ctx: AnalyzeTypeContext) -> Type:
     """A bare ``Tensor``; if it is what mypy left of ``Float[Tensor, "spec"]`` in an alias, the shape."""
     tensor = ctx.api.named_type(TENSOR, [])
+    str_type = ctx.api.named_type("builtins.str", [])
     tree = getattr(ctx.api, "cur_mod_node", None)
     if not isinstance(tree, MypyFile) or ctx.type.args:
-        return tensor
+        return attach(tensor, None, str_type)
     found = spec_at(tree, ctx.type.line, ctx.type.column)
     if found is None:
-        return tensor
+        return attach(tensor, None, str_type)  # a plain `Tensor` annotation: shape unknown
     return _shaped_tensor(ctx, found[0], found[1], None)
 
 
@@ -171,10 +174,13 @@ class ShapePlugin(Plugin):
     # --- calls ----------------------------------------------------------------------------
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
-        op = _op_fullnames().get(fullname)
+        op = OP_FULLNAMES.get(fullname)
         if op is not None:
             rule = FUNCTION_RULES[op]
             return _guarded(lambda ctx: self._apply(rule, ctx, None), _default)
+        transform = _TRANSFORMS.get(fullname)
+        if transform is not None:
+            return _guarded(transform, _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
         return _guarded(self._user_function, _default)
@@ -184,6 +190,10 @@ class ShapePlugin(Plugin):
         if cls == TENSOR and name in METHOD_RULES:
             rule = METHOD_RULES[name]
             return _guarded(lambda ctx: self._apply(rule, ctx, ctx, name), _default)
+        if fullname == T.COMPILED_CALL:
+            return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
+        if fullname in T.TRAINER_METHODS:
+            return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
         return _guarded(self._user_method, _default)
@@ -209,7 +219,7 @@ class ShapePlugin(Plugin):
             self_operand = env.operand(_receiver(ctx.context, reverse), method.type)
             if self_operand is None:
                 self._after_hook(ctx.api)
-                return ctx.default_return_type
+                return attach(ctx.default_return_type, None, env.str_type())
         call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, self_operand)
         try:
             shape = rule(call)
@@ -244,7 +254,7 @@ class ShapePlugin(Plugin):
         context = ctx.context
         x = env.operand(context.expr if isinstance(context, MemberExpr) else None, ctx.type)
         if x is None:
-            return ctx.default_attr_type
+            return attach(ctx.default_attr_type, None, env.str_type())
         try:
             shape = A.transpose("T", x, None)
         except Mismatch:
@@ -324,22 +334,12 @@ def _guarded(
     return run
 
 
-@functools.cache
-def _op_fullnames() -> dict[str, str]:
-    """``"shapegrad.functional.relu" -> "relu"``: the functions the rules describe, by definition site.
-
-    Keyed by where each public op is defined (not by bare name) so that another
-    function called ``sum`` or ``stack`` somewhere in shapegrad never gets an op rule.
-    """
-    import shapegrad
-
-    out: dict[str, str] = {}
-    for name in FUNCTION_RULES:
-        fn = getattr(shapegrad, name, None)
-        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-        if module and qualname:
-            out[f"{module}.{qualname}"] = name
-    return out
+_TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
+    T.VALUE_AND_GRAD: lambda ctx: T.differentiate(ctx, with_value=True),
+    T.GRAD: lambda ctx: T.differentiate(ctx, with_value=False),
+    T.COMPILE: T.compile_fn,
+    T.TRAINER: T.make_trainer,
+}
 
 
 @functools.cache

@@ -2,19 +2,24 @@
 
 Like solving type variables: each argument's shape is matched against the
 parameter's annotation, binding the callee's names (``b``, ``h``, ``*batch``)
-to the caller's dims. A conflict is an error; the declared return shape is
-then rewritten in the caller's terms.
+to the caller's dims; an ``int`` argument for a parameter named like a dim
+(``def causal_mask(t: int) -> Bool[Tensor, "t t"]``) binds that dim to the
+argument's size. A conflict is an error; the declared return shape is then
+rewritten in the caller's terms. The same check serves calls through
+``sg.value_and_grad``/``sg.grad``/``sg.compile`` and ``ScalarTrainer.step``,
+whose wrapped function is known (see :mod:`shapegrad.mypy_plugin.transforms`).
 """
 
 from __future__ import annotations
 
-from mypy.nodes import ARG_STAR, ARG_STAR2, CallExpr, Context, Expression
+from mypy.nodes import ARG_POS, ARG_STAR, ARG_STAR2, CallExpr, Context, Expression
 from mypy.types import CallableType, Instance, TupleType, Type, get_proper_type
 
 from shapegrad.mypy_plugin.algebra import Mismatch
 from shapegrad.mypy_plugin.carrier import attach, shape_of, tensor_items
 from shapegrad.mypy_plugin.env import Env
 from shapegrad.mypy_plugin.literals import label
+from shapegrad.mypy_plugin.spec import Sym, names_in
 from shapegrad.mypy_plugin.unify import Binder
 
 
@@ -23,7 +28,7 @@ def _callee_name(context: Context, callee: CallableType) -> str:
         text = label(context.callee)
         if text:
             return text
-    return callee.name or "call"
+    return (callee.name or "call").split(" of ")[0]
 
 
 def instantiate(
@@ -40,28 +45,79 @@ def instantiate(
     callee = get_proper_type(env.type_of(context.callee))
     if not isinstance(callee, CallableType) or len(callee.arg_types) != len(arg_types):
         return default_return
+    del formal_names
+    return check_call(env, context, callee, args, arg_types, default_return)
+
+
+def positional(
+    callee: CallableType, exprs: list[Expression], types: list[Type], skip: int
+) -> tuple[list[list[Expression]], list[list[Type]]] | None:
+    """Positional arguments laid out per formal of ``callee``, starting at formal ``skip``."""
+    n = len(callee.arg_types)
+    if skip + len(exprs) > n or any(k != ARG_POS for k in callee.arg_kinds[: skip + len(exprs)]):
+        return None
+    args: list[list[Expression]] = [[] for _ in range(n)]
+    arg_types: list[list[Type]] = [[] for _ in range(n)]
+    for i, (e, t) in enumerate(zip(exprs, types, strict=True)):
+        args[skip + i], arg_types[skip + i] = [e], [t]
+    return args, arg_types
+
+
+def check_call(
+    env: Env,
+    context: Context,
+    callee: CallableType,
+    args: list[list[Expression]],
+    arg_types: list[list[Type]],
+    default_return: Type,
+    name: str | None = None,
+) -> Type:
+    """Match arguments (laid out per formal of ``callee``) and rewrite ``callee``'s return."""
     wants = [dict(tensor_items(t)) for t in callee.arg_types]
-    if not any(wants) and not tensor_items(default_return):
+    ret_items = tensor_items(callee.ret_type)
+    dim_names = {
+        n.name
+        for shapes in [*wants, dict(ret_items)]
+        for shape in shapes.values()
+        for n in names_in(shape)
+        if isinstance(n, Sym)
+    }
+    sized = [
+        i
+        for i, formal in enumerate(callee.arg_names)
+        if formal in dim_names and _is_int(callee.arg_types[i])
+    ]
+    if not any(wants) and not ret_items:
         return default_return
-    binder = Binder(_callee_name(context, callee))
+    binder = Binder(name or _callee_name(context, callee))
     try:
         for i, want in enumerate(wants):
             if not want or not arg_types[i] or callee.arg_kinds[i] in (ARG_STAR, ARG_STAR2):
                 continue
             expr = args[i][0]
-            got = {path: env.shape(_at(arg_types[i][0], path)) for path in want}
-            base = label(expr) or (formal_names[i] or f"#{i + 1}")
+            got_type = env.flow_type(expr, arg_types[i][0])
+            got = {path: env.shape(_at(got_type, path)) for path in want}
+            base = label(expr) or (callee.arg_names[i] or f"#{i + 1}")
             for path, shape in want.items():
                 actual = got.get(path)
                 if actual is not None:
                     binder.match(base + path, actual, shape)
+        for i in sized:
+            formal = callee.arg_names[i]
+            if args[i] and formal is not None:
+                binder.bind_size(formal, env.size(args[i][0]), label(args[i][0]) or formal)
     except Mismatch as err:
         env.fail(str(err), context)
         return default_return
     return _rewrite(default_return, binder, env)
 
 
-def _at(typ: Type, path: str) -> Type | None:
+def _is_int(typ: Type) -> bool:
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
+
+
+def _at(typ: Type | None, path: str) -> Type | None:
     """The item of a (nested) tuple type at ``path`` such as ``"[1][0]"``."""
     current: Type | None = typ
     for piece in filter(None, path.replace("]", "").split("[")):

@@ -11,6 +11,7 @@ when it checks subtyping, so without this plugin the same code is plain
 from __future__ import annotations
 
 from mypy.types import (
+    CallableType,
     ExtraAttrs,
     Instance,
     LiteralType,
@@ -25,6 +26,11 @@ from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, names_i
 
 TENSOR = "shapegrad.tensor.Tensor"
 KEY = "__shapegrad_shape__"
+FN_KEY = "__shapegrad_fn__"
+# A Tensor whose shape is not known carries this marker rather than nothing: when a
+# variable is reassigned, mypy keeps its *first* type's extra attributes if the new
+# type has none (meet_types), so an unmarked Tensor would bring back a stale shape.
+UNKNOWN = TShape((Var(None, ""),), None)
 
 
 def is_tensor(typ: Type) -> bool:
@@ -47,11 +53,11 @@ def shape_of(typ: Type | None) -> TShape | None:
 
 
 def attach(typ: Type, shape: TShape | None, str_type: Instance) -> Type:
-    """``typ`` (a Tensor instance) carrying ``shape``; other types come back unchanged."""
+    """``typ`` (a Tensor instance) carrying ``shape`` (None: :data:`UNKNOWN`); others unchanged."""
     proper = get_proper_type(typ)
-    if shape is None or not isinstance(proper, Instance) or not is_tensor(proper):
+    if not isinstance(proper, Instance) or not is_tensor(proper):
         return typ
-    attrs = ExtraAttrs({KEY: LiteralType(encode(shape), str_type)})
+    attrs = ExtraAttrs({KEY: LiteralType(encode(shape or UNKNOWN), str_type)})
     return Instance(
         proper.type,
         proper.args,
@@ -90,3 +96,36 @@ def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
         for _, shape in tensor_items(proper):
             names |= names_in(shape)
     return frozenset(names)
+
+
+def attach_fn(typ: Type, fn: CallableType) -> Type:
+    """An instance (``Compiled``, ``ScalarTrainer``) remembering the function it wraps."""
+    proper = get_proper_type(typ)
+    if not isinstance(proper, Instance):
+        return typ
+    attrs = ExtraAttrs({FN_KEY: fn})
+    return Instance(
+        proper.type,
+        proper.args,
+        proper.line,
+        proper.column,
+        last_known_value=proper.last_known_value,
+        extra_attrs=attrs,
+    )
+
+
+def wrapped_fn(typ: Type | None) -> CallableType | None:
+    """The function an instance made by :func:`attach_fn` wraps."""
+    proper = get_proper_type(typ) if typ is not None else None
+    if not isinstance(proper, Instance) or proper.extra_attrs is None:
+        return None
+    fn = get_proper_type(proper.extra_attrs.attrs.get(FN_KEY))
+    return fn if isinstance(fn, CallableType) else None
+
+
+def tuple_items(typ: Type | None) -> list[Type] | None:
+    """Item types of a tuple type or a ParamList/TList subclass instance."""
+    proper = get_proper_type(typ) if typ is not None else None
+    if isinstance(proper, Instance) and proper.type.tuple_type is not None:
+        proper = proper.type.tuple_type
+    return list(proper.items) if isinstance(proper, TupleType) else None

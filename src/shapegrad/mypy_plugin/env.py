@@ -6,14 +6,16 @@ from dataclasses import dataclass, field
 
 from mypy.checker import TypeChecker
 from mypy.errorcodes import ErrorCode
-from mypy.nodes import Context, Expression, FuncItem
+from mypy.literals import literal
+from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
 from mypy.plugin import CheckerPluginInterface
 from mypy.types import CallableType, Instance, Type, get_proper_type
 
 from shapegrad.mypy_plugin.algebra import Operand
 from shapegrad.mypy_plugin.carrier import shape_of, signature_names
+from shapegrad.mypy_plugin.intsize import ModuleIndex, module_index, size_of
 from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Rigid, Sym, TShape, Var, add_rigid, restrict
+from shapegrad.mypy_plugin.spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
 
@@ -47,13 +49,15 @@ class Env:
 
     api: CheckerPluginInterface
     rigid: Rigid = field(init=False)
+    owner: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         rigid: Rigid = {}
         if isinstance(self.api, TypeChecker):
             for item in self.api.scope.stack:
                 if isinstance(item, FuncItem):
-                    rigid = add_rigid(rigid, owner_key(item), rigid_names(item))
+                    self.owner = owner_key(item)
+                    rigid = add_rigid(rigid, self.owner, rigid_names(item))
         self.rigid = rigid
 
     def shape(self, typ: Type | None) -> TShape | None:
@@ -65,17 +69,43 @@ class Env:
         """The type mypy inferred for an already-checked expression."""
         return self.api.lookup_type_or_none(expr) if isinstance(self.api, TypeChecker) else None
 
-    def dims_of(self, expr: Expression) -> tuple[object, ...] | None:
-        shape = self.shape(self.type_of(expr))
+    def flow_type(self, expr: Expression | None, typ: Type | None) -> Type | None:
+        """``typ`` as of here for a variable that was reassigned (the binder's own record).
+
+        mypy reads a reassigned variable as the *meet* of its first type and its
+        current one, and the meet keeps the first shape when the current type has
+        none (a plain ``Tensor``, or a join of two shapes): a stale shape that
+        would be reported on correct code. The binder holds the current type alone.
+        """
+        if (
+            isinstance(self.api, TypeChecker)
+            and isinstance(expr, NameExpr | MemberExpr | IndexExpr)
+            and literal(expr) >= LITERAL_TYPE
+        ):
+            current = self.api.binder.get(expr)
+            if current is not None:
+                return current
+        return typ
+
+    def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
+        shape = self.shape(self.flow_type(expr, self.type_of(expr)))
         return shape.dims if shape is not None and shape.fixed else None
 
     def operand(self, expr: Expression | None, typ: Type | None) -> Operand | None:
         """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
+        typ = self.flow_type(expr, typ)
         proper = get_proper_type(typ) if typ is not None else None
         if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
             return Operand(label(expr), TShape((), None), proper.type.fullname.split(".")[1])
         shape = self.shape(typ)
         return None if shape is None else Operand(label(expr), shape)
+
+    def size(self, expr: Expression | None) -> Item:
+        """The size an int expression stands for (see :mod:`intsize`), None if unknown."""
+        return size_of(self, expr)
+
+    def module_index(self) -> ModuleIndex | None:
+        return module_index(self.api.tree) if isinstance(self.api, TypeChecker) else None
 
     def str_type(self) -> Instance:
         return self.api.named_generic_type("builtins.str", [])

@@ -86,14 +86,18 @@ class Binder:
         self._bind_run(label, got, want)
 
     def _bind(self, name: Sym, dim: Item, label: str) -> None:
+        self.bind_size(name.name, dim, label)
+
+    def bind_size(self, name: str, dim: Item, label: str) -> None:
+        """Bind dim ``name`` to ``dim`` (from argument ``label``); a different earlier size raises."""
         if dim is None or isinstance(dim, Var):
             return
-        seen = self.dims.get(name.name)
+        seen = self.dims.get(name)
         if seen is None:
-            self.dims[name.name] = (dim, label)
+            self.dims[name] = (dim, label)
         elif differ(seen[0], dim):
             raise Mismatch(
-                f"{self.callee}: dimension {name.name!r} is {show_item(seen[0])} in "
+                f"{self.callee}: dimension {name!r} is {show_item(seen[0])} in "
                 f"{seen[1]} but {show_item(dim)} in {label}"
             )
 
