@@ -24,7 +24,7 @@ from shapegrad.mypy_plugin.unify import Binder
 
 
 def _callee_name(context: Context, callee: CallableType) -> str:
-    if isinstance(context, CallExpr):
+    if isinstance(context, CallExpr) and not isinstance(context.callee, CallExpr):
         text = label(context.callee)
         if text:
             return text

@@ -24,18 +24,33 @@ _RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
 
 
 def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
-    """The named dims of ``func``'s own signature (cached per function object)."""
+    """The named dims of ``func``'s parameters (cached per function object).
+
+    A name written only in the return annotation is bound by the returned value
+    (as jaxtyping does), so it is not rigid, unless an ``int`` parameter of that
+    name gives its size (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
+    """
     cached = _RIGID_CACHE.get(id(func))
     if cached is not None and cached[0] is func:
         return cached[1]
     sig = func.type
-    names = (
-        signature_names([*sig.arg_types, sig.ret_type])
-        if isinstance(sig, CallableType)
-        else frozenset()
-    )
+    names: frozenset[Sym | Var] = frozenset()
+    if isinstance(sig, CallableType):
+        sized = {
+            name
+            for name, typ in zip(sig.arg_names, sig.arg_types, strict=True)
+            if name and _is_int(typ)
+        }
+        names = signature_names(list(sig.arg_types)) | frozenset(
+            n for n in signature_names([sig.ret_type]) if n.name in sized
+        )
     _RIGID_CACHE[id(func)] = (func, names)
     return names
+
+
+def _is_int(typ: Type) -> bool:
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
 
 
 def owner_key(func: FuncItem) -> str:

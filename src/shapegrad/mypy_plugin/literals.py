@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mypy.nodes import (
+    CallExpr,
     EllipsisExpr,
     Expression,
     IndexExpr,
@@ -133,4 +134,7 @@ def label(expr: Expression | None) -> str:
     if isinstance(expr, IndexExpr):
         inner, idx = label(expr.base), int_of(expr.index)
         return f"{inner}[{idx}]" if inner and idx is not None else ""
+    if isinstance(expr, CallExpr):
+        inner = label(expr.callee)
+        return f"{inner}(...)" if inner else ""
     return ""

@@ -19,6 +19,7 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
     ),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",
+        "arange",
     ),
     "shapegrad._einsum": ("einsum",),
     "shapegrad._conv": ("conv2d", "max_pool2d", "avg_pool2d"),

@@ -14,6 +14,7 @@ from mypy.types import Instance, get_proper_type
 
 from shapegrad.mypy_plugin import algebra as A
 from shapegrad.mypy_plugin import layers as L
+from shapegrad.mypy_plugin import sizes
 from shapegrad.mypy_plugin.algebra import Operand
 from shapegrad.mypy_plugin.call import Call
 from shapegrad.mypy_plugin.literals import (
@@ -355,6 +356,21 @@ def _creation(call: Call) -> TShape | None:
     return None if sizes is None else TShape(tuple(sizes), None if dtype_given else "float")
 
 
+def _arange(call: Call) -> TShape | None:
+    """``arange(n)`` is ``[n]``; ``arange(a, b)`` is ``[b - a]`` (unit step, sizes as ints)."""
+    env = call.env
+    start, stop = call.expr("start", 0), call.expr("stop", 1)
+    if call.given("step", 2) or start is None:
+        return None
+    length = env.size(start) if is_none(stop) else sizes.sub(env.size(stop), env.size(start))
+    dtype = None if call.given("dtype", 3) else _arange_dtype(call, [start, stop])
+    return TShape((length,), dtype)
+
+
+def _arange_dtype(call: Call, exprs: list[Expression | None]) -> str | None:
+    return "int" if all(e is None or _is_int(call, e) for e in exprs) else None
+
+
 def _eye(call: Call) -> TShape | None:
     n = call.env.size(call.expr("n", 0))
     m_expr = call.expr("m", 1)
@@ -406,7 +422,7 @@ def _mlp(call: Call) -> TShape | None:
         if h is None or w is None:
             return None
         shape = L.linear(h, w, b, f"mlp layer {i // 2 + 1}")
-        h = None if shape is None else Operand(f"layer {i // 2} output", shape)
+        h = None if shape is None else Operand("", shape)
     return None if h is None else h.shape
 
 
@@ -439,6 +455,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     "embedding": _embedding,
     **dict.fromkeys(("zeros", "ones", "rand", "randn", "full"), _creation),
     "eye": _eye,
+    "arange": _arange,
 }
 
 METHOD_RULES: dict[str, Rule] = {
