@@ -10,6 +10,8 @@ when it checks subtyping, so without this plugin the same code is plain
 
 from __future__ import annotations
 
+from mypy.nodes import Decorator, TypeInfo
+from mypy.nodes import Var as MypyVar
 from mypy.types import (
     CallableType,
     ExtraAttrs,
@@ -86,7 +88,12 @@ def tensor_items(typ: Type | None) -> list[tuple[str, TShape]]:
 
 
 def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
-    """The named dims in some annotations (a function signature: its rigid names)."""
+    """The named dims in some annotations (a function signature: its rigid names).
+
+    A parameter whose class has shaped fields or properties (a ParamList subclass,
+    a dataclass of weights; ``self`` too) brings those names: within one signature
+    one letter is one dim, as ``sg.typechecked`` binds it at run time.
+    """
     names: set[Sym | Var] = set()
     for typ in types:
         proper = get_proper_type(typ)
@@ -95,7 +102,46 @@ def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
             continue
         for _, shape in tensor_items(proper):
             names |= names_in(shape)
+        info = _class_of(proper)
+        if info is not None:
+            names |= member_names(info)
     return frozenset(names)
+
+
+def _class_of(proper: ProperType) -> TypeInfo | None:
+    if isinstance(proper, TupleType):
+        return proper.partial_fallback.type
+    if isinstance(proper, Instance) and not is_tensor(proper):
+        return proper.type
+    return None
+
+
+_MEMBER_CACHE: dict[int, tuple[TypeInfo, frozenset[Sym | Var]]] = {}
+_LIBRARY = ("builtins.", "typing.", "shapegrad.", "numpy.", "collections.", "abc.")
+
+
+def member_names(info: TypeInfo) -> frozenset[Sym | Var]:
+    """Named dims of a user class's shaped attributes and property results (its MRO included)."""
+    cached = _MEMBER_CACHE.get(id(info))
+    if cached is not None and cached[0] is info:
+        return cached[1]
+    names: set[Sym | Var] = set()
+    for klass in info.mro:
+        if klass.fullname.startswith(_LIBRARY):
+            continue
+        for sym in klass.names.values():
+            node = sym.node
+            typ: Type | None = None
+            if isinstance(node, MypyVar):
+                typ = node.type
+            elif isinstance(node, Decorator) and node.func.is_property:
+                sig = node.func.type
+                typ = sig.ret_type if isinstance(sig, CallableType) else None
+            for _, shape in tensor_items(typ):
+                names |= names_in(shape)
+    result = frozenset(names)
+    _MEMBER_CACHE[id(info)] = (info, result)
+    return result
 
 
 def attach_fn(typ: Type, fn: CallableType) -> Type:
