@@ -77,7 +77,7 @@ def with_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str
 @pytest.fixture(scope="module")
 def without_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str]:
     plain = tmp_path_factory.mktemp("mypy-plain") / "mypy.ini"
-    plain.write_text(CONFIG.read_text().replace("plugins = shapegrad.mypy_plugin", ""))
+    plain.write_text(CONFIG.read_text().replace("plugins = shapegrad_mypy", ""))
     return run_mypy(plain, tmp_path_factory.mktemp("mypy-cache-plain"))
 
 

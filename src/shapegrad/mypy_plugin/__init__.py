@@ -66,18 +66,18 @@ from mypy.plugin import (
 )
 from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
 
-from shapegrad.mypy_plugin import algebra as A
-from shapegrad.mypy_plugin import transforms as T
-from shapegrad.mypy_plugin.algebra import Mismatch
-from shapegrad.mypy_plugin.aliases import simple_alias, spec_at
-from shapegrad.mypy_plugin.call import Call
-from shapegrad.mypy_plugin.calls import instantiate
-from shapegrad.mypy_plugin.carrier import TENSOR, attach, is_tensor
-from shapegrad.mypy_plugin.env import SHAPE_ERROR, Env
-from shapegrad.mypy_plugin.optable import OP_FULLNAMES
-from shapegrad.mypy_plugin.returns import check_module
-from shapegrad.mypy_plugin.rules import FUNCTION_RULES, METHOD_RULES, Rule
-from shapegrad.mypy_plugin.spec import dtype_of_annotation, parse_spec
+from . import algebra as A
+from . import transforms as T
+from .algebra import Mismatch
+from .aliases import simple_alias, spec_at
+from .call import Call
+from .calls import instantiate
+from .carrier import TENSOR, attach, is_tensor
+from .env import SHAPE_ERROR, Env
+from .optable import OP_FULLNAMES
+from .returns import check_module
+from .rules import FUNCTION_RULES, METHOD_RULES, Rule
+from .spec import dtype_of_annotation, parse_spec
 
 __all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shapegrad.mypy_plugin import sizes
-from shapegrad.mypy_plugin.spec import Dim, Item, TShape, Var, show, show_item
+from . import sizes
+from .spec import Dim, Item, TShape, Var, show, show_item
 
 ANON = Var(None, "")
 

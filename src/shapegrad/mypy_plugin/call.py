@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from mypy.nodes import Expression
 from mypy.types import Type
 
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.carrier import tuple_items
-from shapegrad.mypy_plugin.env import Env
-from shapegrad.mypy_plugin.literals import label
+from .algebra import Operand
+from .carrier import tuple_items
+from .env import Env
+from .literals import label
 
 
 @dataclass

@@ -15,12 +15,12 @@ from __future__ import annotations
 from mypy.nodes import ARG_POS, ARG_STAR, ARG_STAR2, CallExpr, Context, Expression
 from mypy.types import CallableType, Instance, TupleType, Type, get_proper_type
 
-from shapegrad.mypy_plugin.algebra import Mismatch
-from shapegrad.mypy_plugin.carrier import attach, shape_of, tensor_items
-from shapegrad.mypy_plugin.env import Env
-from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Sym, names_in
-from shapegrad.mypy_plugin.unify import Binder
+from .algebra import Mismatch
+from .carrier import attach, shape_of, tensor_items
+from .env import Env
+from .literals import label
+from .spec import Sym, names_in
+from .unify import Binder
 
 
 def _callee_name(context: Context, callee: CallableType) -> str:

@@ -24,7 +24,7 @@ from mypy.types import (
     get_proper_type,
 )
 
-from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, names_in
+from .spec import Sym, TShape, Var, decode, encode, names_in
 
 TENSOR = "shapegrad.tensor.Tensor"
 KEY = "__shapegrad_shape__"

@@ -11,11 +11,11 @@ from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, M
 from mypy.plugin import CheckerPluginInterface
 from mypy.types import CallableType, Instance, Type, get_proper_type
 
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.carrier import shape_of, signature_names
-from shapegrad.mypy_plugin.intsize import ModuleIndex, module_index, size_of
-from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
+from .algebra import Operand
+from .carrier import shape_of, signature_names
+from .intsize import ModuleIndex, module_index, size_of
+from .literals import label
+from .spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
 

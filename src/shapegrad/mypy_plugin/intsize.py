@@ -44,12 +44,12 @@ from mypy.nodes import (
 )
 from mypy.types import Instance, get_proper_type
 
-from shapegrad.mypy_plugin import sizes
-from shapegrad.mypy_plugin.literals import int_of, label
-from shapegrad.mypy_plugin.spec import Expr, Item, Sym
+from . import sizes
+from .literals import int_of, label
+from .spec import Expr, Item, Sym
 
 if TYPE_CHECKING:
-    from shapegrad.mypy_plugin.env import Env
+    from .env import Env
 
 Source = tuple[Expression, int | None]  # (right-hand side, position when unpacked from a tuple)
 
@@ -175,7 +175,7 @@ def _name(env: Env, expr: NameExpr, var: Var, depth: int) -> Item:
     if func is not None:
         if sources or not _is_int(env, expr):
             return None  # a reassigned parameter: its value here is not the argument
-        from shapegrad.mypy_plugin.env import owner_key
+        from .env import owner_key
 
         owner = owner_key(func)
         canonical = env.rigid.get((var.name, owner, False))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shapegrad.mypy_plugin import sizes
-from shapegrad.mypy_plugin.algebra import Mismatch, Operand, differ, resolve_axis
-from shapegrad.mypy_plugin.literals import DYNAMIC, UNKNOWN
-from shapegrad.mypy_plugin.spec import Item, TShape, Var, show, show_item
+from . import sizes
+from .algebra import Mismatch, Operand, differ, resolve_axis
+from .literals import DYNAMIC, UNKNOWN
+from .spec import Item, TShape, Var, show, show_item
 
 Pair = tuple[int, int] | None  # None: not a literal
 

@@ -36,11 +36,11 @@ from mypy.nodes import (
 )
 from mypy.types import CallableType, TupleType, Type, get_proper_type
 
-from shapegrad.mypy_plugin.carrier import tensor_items
-from shapegrad.mypy_plugin.env import SHAPE_ERROR, owner_key, rigid_names
-from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Rigid, add_rigid, restrict, show
-from shapegrad.mypy_plugin.unify import compare
+from .carrier import tensor_items
+from .env import SHAPE_ERROR, owner_key, rigid_names
+from .literals import label
+from .spec import Rigid, add_rigid, restrict, show
+from .unify import compare
 
 
 def check_module(api: TypeChecker, tree: MypyFile) -> None:

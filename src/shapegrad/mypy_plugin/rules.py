@@ -12,12 +12,12 @@ from collections.abc import Callable
 from mypy.nodes import Expression, ListExpr, MemberExpr, TupleExpr
 from mypy.types import Instance, get_proper_type
 
-from shapegrad.mypy_plugin import algebra as A
-from shapegrad.mypy_plugin import layers as L
-from shapegrad.mypy_plugin import sizes
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.call import Call
-from shapegrad.mypy_plugin.literals import (
+from . import algebra as A
+from . import layers as L
+from . import sizes
+from .algebra import Operand
+from .call import Call
+from .literals import (
     bool_of,
     index_items,
     int_of,
@@ -26,7 +26,7 @@ from shapegrad.mypy_plugin.literals import (
     pair_of,
     str_of,
 )
-from shapegrad.mypy_plugin.spec import Dim, Expr, Sym, TShape, Var
+from .spec import Dim, Expr, Sym, TShape, Var
 
 Rule = Callable[[Call], TShape | None]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fractions import Fraction
 
-from shapegrad.mypy_plugin.spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
+from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
 
 __all__ = ["add", "differ", "floordiv", "mul", "neg", "normal", "product", "show_item", "sub"]
 

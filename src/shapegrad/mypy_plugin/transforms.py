@@ -23,10 +23,10 @@ from mypy.types import (
     get_proper_type,
 )
 
-from shapegrad.mypy_plugin.calls import check_call, positional
-from shapegrad.mypy_plugin.carrier import attach_fn, wrapped_fn
-from shapegrad.mypy_plugin.env import Env
-from shapegrad.mypy_plugin.literals import bool_of, int_of
+from .calls import check_call, positional
+from .carrier import attach_fn, wrapped_fn
+from .env import Env
+from .literals import bool_of, int_of
 
 VALUE_AND_GRAD = "shapegrad.autodiff.value_and_grad"
 GRAD = "shapegrad.autodiff.grad"

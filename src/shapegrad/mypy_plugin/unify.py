@@ -8,8 +8,8 @@ binding the callee's names to the caller's dims, like solving type variables.
 
 from __future__ import annotations
 
-from shapegrad.mypy_plugin.algebra import Mismatch, differ
-from shapegrad.mypy_plugin.spec import Item, Sym, TShape, Var, show, show_item
+from .algebra import Mismatch, differ
+from .spec import Item, Sym, TShape, Var, show, show_item
 
 
 def _split(dims: tuple[Item, ...]) -> tuple[tuple[Item, ...], Var | None, tuple[Item, ...]]:
