@@ -21,6 +21,9 @@ SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "
 
 _SCALARS = ("builtins.int", "builtins.float", "builtins.bool")
 _RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
+# Per stack of enclosing functions (by identity): the rigid names and the owner key.
+_SCOPES: dict[tuple[int, ...], tuple[tuple[FuncItem, ...], Rigid, str]] = {}
+_RESTRICTED: dict[tuple[TShape, tuple[int, ...]], TShape] = {}
 
 
 def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
@@ -65,20 +68,34 @@ class Env:
     api: CheckerPluginInterface
     rigid: Rigid = field(init=False)
     owner: str = field(init=False, default="")
+    _key: tuple[int, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
-        rigid: Rigid = {}
+        funcs: tuple[FuncItem, ...] = ()
         if isinstance(self.api, TypeChecker):
-            for item in self.api.scope.stack:
-                if isinstance(item, FuncItem):
-                    self.owner = owner_key(item)
-                    rigid = add_rigid(rigid, self.owner, rigid_names(item))
-        self.rigid = rigid
+            funcs = tuple(f for f in self.api.scope.stack if isinstance(f, FuncItem))
+        self._key = tuple(id(f) for f in funcs)
+        cached = _SCOPES.get(self._key)
+        if cached is None or cached[0] != funcs:
+            rigid: Rigid = {}
+            for func in funcs:
+                rigid = add_rigid(rigid, owner_key(func), rigid_names(func))
+            cached = (funcs, rigid, owner_key(funcs[-1]) if funcs else "")
+            _SCOPES[self._key] = cached
+        self.rigid, self.owner = cached[1], cached[2]
 
     def shape(self, typ: Type | None) -> TShape | None:
         """The shape of ``typ`` in this function's terms (foreign names forgotten)."""
         shape = shape_of(typ)
-        return None if shape is None else restrict(shape, self.rigid)
+        if shape is None:
+            return None
+        key = (shape, self._key)
+        restricted = _RESTRICTED.get(key)
+        if restricted is None:
+            if len(_RESTRICTED) > 65536:
+                _RESTRICTED.clear()
+            restricted = _RESTRICTED[key] = restrict(shape, self.rigid)
+        return restricted
 
     def type_of(self, expr: Expression) -> Type | None:
         """The type mypy inferred for an already-checked expression."""

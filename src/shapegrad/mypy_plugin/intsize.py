@@ -139,8 +139,13 @@ def size_of(env: Env, expr: Expression | None, depth: int = 0) -> Item:
         return value
     if isinstance(expr, OpExpr) and expr.op in ("+", "-", "*", "//"):
         left, right = size_of(env, expr.left, depth + 1), size_of(env, expr.right, depth + 1)
-        combine = {"+": sizes.add, "-": sizes.sub, "*": sizes.mul, "//": sizes.floordiv}
-        return combine[expr.op](left, right)
+        if expr.op == "+":
+            return sizes.add(left, right)
+        if expr.op == "-":
+            return sizes.sub(left, right)
+        if expr.op == "*":
+            return sizes.mul(left, right)
+        return sizes.floordiv(left, right)
     if isinstance(expr, UnaryExpr) and expr.op == "-":
         return sizes.neg(size_of(env, expr.expr, depth + 1))
     if isinstance(expr, IndexExpr):

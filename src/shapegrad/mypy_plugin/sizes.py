@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from fractions import Fraction
+from functools import lru_cache
 
 from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
 
@@ -67,6 +68,7 @@ def _times(a: tuple[Atom, ...], b: tuple[Atom, ...]) -> tuple[Atom, ...]:
     return tuple(sorted(((s, p) for s, p in powers.items() if p), key=_atom_key))
 
 
+@lru_cache(maxsize=8192)
 def add(a: Item, b: Item) -> Item:
     pa, pb = _poly(a), _poly(b)
     if pa is None or pb is None:
@@ -77,6 +79,7 @@ def add(a: Item, b: Item) -> Item:
     return normal(out)
 
 
+@lru_cache(maxsize=8192)
 def neg(a: Item) -> Item:
     pa = _poly(a)
     return None if pa is None else normal({m: -c for m, c in pa.items()})
@@ -86,6 +89,7 @@ def sub(a: Item, b: Item) -> Item:
     return add(a, neg(b))
 
 
+@lru_cache(maxsize=8192)
 def mul(a: Item, b: Item) -> Item:
     pa, pb = _poly(a), _poly(b)
     if pa is None or pb is None:
@@ -98,6 +102,7 @@ def mul(a: Item, b: Item) -> Item:
     return normal(out)
 
 
+@lru_cache(maxsize=8192)
 def floordiv(a: Item, b: Item) -> Item:
     """``a // b`` where ``b`` is one term (``4``, ``n_head``): exact when both are ints,
     else taken as exact (model code divides sizes it knows to be multiples)."""
@@ -123,6 +128,7 @@ def product(items: Iterable[Item]) -> Item:
     return out
 
 
+@lru_cache(maxsize=8192)
 def differ(a: Item, b: Item) -> bool:
     """True when ``a`` and ``b`` are certainly different sizes.
 
