@@ -24,7 +24,7 @@ from shapegrad.mypy_plugin.algebra import Mismatch, Operand
 from shapegrad.mypy_plugin.literals import UNKNOWN
 from shapegrad.mypy_plugin.optable import OP_FULLNAMES
 from shapegrad.mypy_plugin.rules import FUNCTION_RULES
-from shapegrad.mypy_plugin.spec import Expr, Item, Sym, TShape, decode, encode, show_item
+from shapegrad.mypy_plugin.spec import Expr, Item, Sym, TShape, decode, encode, parse_spec, show_item
 
 RNG = np.random.default_rng(7)
 B, T, C = Sym("b", "f"), Sym("t", "f"), Sym("c", "f")
@@ -185,3 +185,15 @@ def test_fast_entry_point_does_not_import_the_runtime() -> None:
     )
     assert out.stdout.strip() == "[]"
     assert callable(__import__("shapegrad_mypy").plugin)
+
+
+def test_spec_size_expressions_parse_like_python() -> None:
+    for text in ["3*c", "c+1", "2*(t-1)", "c//4", "b*t*c", "4*c-c", "(b+t)*(b-t)"]:
+        item = S.parse(text, "f")
+        for _ in range(5):
+            env = {s: int(RNG.integers(1, 40)) * 4 for s in (B, T, C)}
+            want = eval(text.replace("//", "/"), {}, {s.name: Fraction(v) for s, v in env.items()})
+            assert value(item, env) == want, text
+    assert S.parse("3*_c", "f") is None and S.parse("c+", "f") is None
+    shape = parse_spec("b 3*c c+1", "float", "f")
+    assert shape is not None and shape.dims == (B, S.mul(3, C), S.add(C, 1))

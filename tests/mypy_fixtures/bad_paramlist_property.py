@@ -4,7 +4,7 @@ import shapegrad as sg
 from shapegrad import Float, ParamList, Tensor
 
 
-class Block(ParamList[Float[Tensor, "c"], Float[Tensor, "c 4*c"], Float[Tensor, "4*c c"]]):
+class Block(ParamList[Float[Tensor, "c"], Float[Tensor, "c h"], Float[Tensor, "h c"]]):
     names = ("gain", "w_up", "w_down")
 
     @property

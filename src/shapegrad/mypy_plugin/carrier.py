@@ -100,11 +100,16 @@ def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
         if isinstance(proper, UnionType):
             names |= signature_names(list(proper.items))
             continue
+        own: set[Sym | Var] = set()
         for _, shape in tensor_items(proper):
-            names |= names_in(shape)
+            own |= names_in(shape)
         info = _class_of(proper)
         if info is not None:
-            names |= member_names(info)
+            fields, returned = member_names(info)
+            own |= fields
+            declared = {n.name for n in own}
+            own |= {n for n in returned if n.name in declared}
+        names |= own
     return frozenset(names)
 
 
@@ -116,30 +121,37 @@ def _class_of(proper: ProperType) -> TypeInfo | None:
     return None
 
 
-_MEMBER_CACHE: dict[int, tuple[TypeInfo, frozenset[Sym | Var]]] = {}
+Names = frozenset[Sym | Var]
+_MEMBER_CACHE: dict[int, tuple[TypeInfo, tuple[Names, Names]]] = {}
 _LIBRARY = ("builtins.", "typing.", "shapegrad.", "numpy.", "collections.", "abc.")
 
 
-def member_names(info: TypeInfo) -> frozenset[Sym | Var]:
-    """Named dims of a user class's shaped attributes and property results (its MRO included)."""
+def member_names(info: TypeInfo) -> tuple[Names, Names]:
+    """Named dims of a user class's shaped attributes, and of its properties' results.
+
+    A property's result shares the names of the elements and attributes; a name
+    only a property's result uses is bound by that result (as jaxtyping binds it).
+    """
     cached = _MEMBER_CACHE.get(id(info))
     if cached is not None and cached[0] is info:
         return cached[1]
     names: set[Sym | Var] = set()
+    returned: set[Sym | Var] = set()  # property results: their own names are bound by the result
     for klass in info.mro:
         if klass.fullname.startswith(_LIBRARY):
             continue
         for sym in klass.names.values():
             node = sym.node
-            typ: Type | None = None
             if isinstance(node, MypyVar):
-                typ = node.type
+                for _, shape in tensor_items(node.type):
+                    names |= names_in(shape)
             elif isinstance(node, Decorator) and node.func.is_property:
                 sig = node.func.type
-                typ = sig.ret_type if isinstance(sig, CallableType) else None
-            for _, shape in tensor_items(typ):
-                names |= names_in(shape)
-    result = frozenset(names)
+                for _, shape in tensor_items(
+                    sig.ret_type if isinstance(sig, CallableType) else None
+                ):
+                    returned |= names_in(shape)
+    result = (frozenset(names), frozenset(returned))
     _MEMBER_CACHE[id(info)] = (info, result)
     return result
 

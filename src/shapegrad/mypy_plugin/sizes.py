@@ -17,13 +17,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from functools import lru_cache
 
 from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
 
-__all__ = ["add", "differ", "floordiv", "mul", "neg", "normal", "product", "show_item", "sub"]
+__all__ = [
+    "add", "differ", "floordiv", "mul", "neg", "normal", "parse", "product", "show_item", "sub",
+    "substitute",
+]  # fmt: skip
 
 Poly = dict[tuple[Atom, ...], Fraction]
 
@@ -143,3 +147,70 @@ def differ(a: Item, b: Item) -> bool:
     if diff is None or not diff:
         return False
     return not any(is_opaque(sym) for mono in diff for sym, _ in mono)
+
+
+def substitute(item: Item, value: Callable[[Sym], Item]) -> Item:
+    """``item`` with each named dim replaced by ``value(name)`` (None if any is unknown)."""
+    if not isinstance(item, Sym | Expr):
+        return item
+    if isinstance(item, Sym):
+        return value(item)
+    total: Item = 0
+    for atoms, coef in item.terms:
+        term: Item = normal({(): coef})
+        for sym, power in atoms:
+            v = value(sym)
+            for _ in range(abs(power)):
+                term = mul(term, v) if power > 0 else floordiv(term, v)
+        total = add(total, term)
+    return total
+
+
+_TOKEN = re.compile(r"\s*(\d+|[A-Za-z]\w*|//|[-+*()])")
+
+
+def parse(text: str, scope: str) -> Item:
+    """A jaxtyping size expression such as ``3*c``, ``h+1``, ``c//4``, ``2*(t-1)``; None if not one."""
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            return None
+        tokens.append(match.group(1))
+        pos = match.end()
+    try:
+        result, rest = _sum(tokens, scope)
+    except (IndexError, ValueError):
+        return None
+    return None if rest else result
+
+
+def _sum(tokens: list[str], scope: str) -> tuple[Item, list[str]]:
+    left, tokens = _product_of(tokens, scope)
+    while tokens and tokens[0] in "+-":
+        op, (right, tokens) = tokens[0], _product_of(tokens[1:], scope)
+        left = add(left, right) if op == "+" else sub(left, right)
+    return left, tokens
+
+
+def _product_of(tokens: list[str], scope: str) -> tuple[Item, list[str]]:
+    left, tokens = _factor(tokens, scope)
+    while tokens and tokens[0] in ("*", "//"):
+        op, (right, tokens) = tokens[0], _factor(tokens[1:], scope)
+        left = mul(left, right) if op == "*" else floordiv(left, right)
+    return left, tokens
+
+
+def _factor(tokens: list[str], scope: str) -> tuple[Item, list[str]]:
+    head = tokens[0]
+    if head == "(":
+        inner, rest = _sum(tokens[1:], scope)
+        if not rest or rest[0] != ")":
+            raise ValueError("unbalanced parentheses")
+        return inner, rest[1:]
+    if head.isdigit():
+        return int(head), tokens[1:]
+    if head.isidentifier():
+        return Sym(head, scope), tokens[1:]
+    raise ValueError(head)

@@ -115,7 +115,11 @@ def _parse_token(token: str, scope: str) -> Item:
         return int(token)
     if token.isidentifier() and not token.startswith("_"):
         return Sym(token, scope)
-    # `_`, `_name` (unchecked), `#name` (broadcastable), `?b`, `b+1`, `name=...`: unknown size.
+    if token[0].isalnum() or token[0] == "(":
+        from .sizes import parse  # sizes builds on this module
+
+        return parse(token, scope)  # `3*c`, `h+1`, `c//4`: a size expression
+    # `_`, `_name` (unchecked), `#name` (broadcastable), `?b`, `name=...`: unknown size.
     return None
 
 
@@ -242,8 +246,14 @@ def show(dims: Sequence[Item]) -> str:
 
 
 def names_in(shape: TShape) -> set[Sym | Var]:
-    """The named dims and named variadics of ``shape``."""
-    return {d for d in shape.dims if isinstance(d, Sym) or (isinstance(d, Var) and d.name)}
+    """The named dims and named variadics of ``shape`` (inside size expressions too)."""
+    out: set[Sym | Var] = set()
+    for d in shape.dims:
+        if isinstance(d, Sym) or (isinstance(d, Var) and d.name):
+            out.add(d)
+        elif isinstance(d, Expr):
+            out.update(sym for atoms, _ in d.terms for sym, _ in atoms if not is_opaque(sym))
+    return out
 
 
 def is_opaque(sym: Sym) -> bool:

@@ -8,8 +8,9 @@ binding the callee's names to the caller's dims, like solving type variables.
 
 from __future__ import annotations
 
+from . import sizes
 from .algebra import Mismatch, differ
-from .spec import Item, Sym, TShape, Var, show, show_item
+from .spec import Expr, Item, Sym, TShape, Var, show, show_item
 
 
 def _split(dims: tuple[Item, ...]) -> tuple[tuple[Item, ...], Var | None, tuple[Item, ...]]:
@@ -79,11 +80,18 @@ class Binder:
         for pos, a, b in pairs:
             if isinstance(b, Sym):
                 self._bind(b, a, label)
-            elif differ(a, b):
+                continue
+            if isinstance(b, Expr):  # `3*c`: compared once its names are bound
+                b = sizes.substitute(b, self._bound)
+            if differ(a, b):
                 raise Mismatch(f"{head} (dimension {pos}: {show_item(a)} != {show_item(b)})")
         if got.dtype and want.dtype and got.dtype != want.dtype:
             raise Mismatch(f"{self.callee}: argument {label} is {got.dtype}, expected {want.dtype}")
         self._bind_run(label, got, want)
+
+    def _bound(self, name: Sym) -> Item:
+        seen = self.dims.get(name.name)
+        return seen[0] if seen is not None else None
 
     def _bind(self, name: Sym, dim: Item, label: str) -> None:
         self.bind_size(name.name, dim, label)
@@ -123,6 +131,8 @@ class Binder:
             if isinstance(d, Sym):
                 bound = self.dims.get(d.name)
                 out.append(bound[0] if bound else None)
+            elif isinstance(d, Expr):
+                out.append(sizes.substitute(d, self._bound))
             elif isinstance(d, Var):
                 run = self.runs.get(d.name) if d.name else None
                 out.extend(run[0] if run else (Var(None, ""),))
