@@ -12,14 +12,15 @@ whose wrapped function is known (see :mod:`shapegrad.mypy_plugin.transforms`).
 
 from __future__ import annotations
 
-from mypy.nodes import ARG_POS, ARG_STAR, ARG_STAR2, CallExpr, Context, Expression
+from mypy.nodes import ARG_POS, ARG_STAR, ARG_STAR2, CallExpr, Context, Expression, FuncDef
 from mypy.types import CallableType, Instance, TupleType, Type, get_proper_type
 
 from .algebra import Mismatch
 from .carrier import attach, shape_of, tensor_items
 from .env import Env
+from .inline import helper_result
 from .literals import label
-from .spec import Sym, names_in
+from .spec import Sym, Var, names_in
 from .unify import Binder
 
 
@@ -88,7 +89,7 @@ def check_call(
         if formal in dim_names and _is_int(callee.arg_types[i])
     ]
     if not any(wants) and not ret_items:
-        return default_return
+        return _through_helper(env, callee, args, arg_types, default_return)
     binder = Binder(name or _callee_name(context, callee))
     try:
         for i, want in enumerate(wants):
@@ -109,7 +110,34 @@ def check_call(
     except Mismatch as err:
         env.fail(str(err), context)
         return default_return
-    return _rewrite(default_return, binder, env)
+    result = _rewrite(default_return, binder, env)
+    return _through_helper(env, callee, args, arg_types, result)
+
+
+def _through_helper(
+    env: Env,
+    callee: CallableType,
+    args: list[list[Expression]],
+    arg_types: list[list[Type]],
+    result: Type,
+) -> Type:
+    """A plain-``Tensor`` result of a small helper: its shape from the helper's body."""
+    shape = shape_of(result)
+    definition = callee.definition
+    if (
+        shape is None
+        or shape.fixed
+        or any(isinstance(d, Var) and d.name for d in shape.dims)
+        or len(shape.dims) != 1
+        or not isinstance(definition, FuncDef)
+    ):
+        return result
+    operands = [
+        env.operand(group[0], types[0]) if group else None
+        for group, types in zip(args, arg_types, strict=True)
+    ]
+    inferred = helper_result(env, definition, callee, operands)
+    return result if inferred is None else attach(result, inferred, env.str_type())
 
 
 def _is_int(typ: Type) -> bool:

@@ -8,6 +8,7 @@ from mypy.checker import TypeChecker
 from mypy.errorcodes import ErrorCode
 from mypy.literals import literal
 from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
+from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
 from mypy.types import CallableType, Instance, Type, get_proper_type
 
@@ -69,6 +70,8 @@ class Env:
     rigid: Rigid = field(init=False)
     owner: str = field(init=False, default="")
     _key: tuple[int, ...] = field(init=False, default=())
+    # Ints whose size is known here regardless of the module's assignments (inline.py).
+    ints: dict[MypyVar, Item] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         funcs: tuple[FuncItem, ...] = ()

@@ -161,6 +161,8 @@ def size_of(env: Env, expr: Expression | None, depth: int = 0) -> Item:
             return size_of(env, expr.args[0], depth + 1)
         return None
     if isinstance(expr, NameExpr) and isinstance(expr.node, Var):
+        if expr.node in env.ints:
+            return env.ints[expr.node]
         return _name(env, expr, expr.node, depth)
     if isinstance(expr, MemberExpr) and _is_int(env, expr):
         node = expr.node
