@@ -1,9 +1,10 @@
 """shapegrad's mypy plugin: static shape checking of ``Float[Tensor, "b 784"]`` code.
 
-Enable it in the mypy configuration::
+Enable it in the mypy configuration (``shapegrad_mypy`` is the same plugin
+loaded without importing the shapegrad runtime, see :mod:`shapegrad_mypy`)::
 
     [tool.mypy]
-    plugins = ["shapegrad.mypy_plugin"]
+    plugins = ["shapegrad_mypy"]
 
 With it, jaxtyping annotations on :class:`shapegrad.Tensor` carry their shapes
 and dtypes through mypy's inference; shapegrad's ops compute result shapes;
@@ -14,23 +15,30 @@ Certain mismatches are reported with the error code ``shapegrad-shape``
 statically known stays unknown and is never reported.
 
 Semantics: a dim name is bound per call, like a type variable, and is *rigid*
-inside the function whose signature declares it (``b`` is not ``784`` and not
-``n``); a name written only in a body annotation, ``_``, ``#b``, ``h+1`` and
-any non-literal size are unknown and never reported. Rebinding an annotated
-name (``x = x.reshape(...)``) is not checked; ``y: Float[...] = value`` and
-``return value`` are.
+inside the function whose parameters declare it (``b`` is not ``784``, ``b * t``
+is not ``b``); a name written only in a body or return annotation is bound by
+the value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be
+read are unknown and never reported. Sizes are symbolic (``sizes``): products,
+sums and exact division of named dims, from specs (``3*c``) and from Python ints
+(``B, T, C = x.shape``, ``C // n_head``; see ``intsize``). A plain ``Tensor`` is
+marked unknown explicitly, so rebinding a variable never brings back a stale
+shape (``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile`` and
+``ScalarTrainer`` keep the wrapped function's signature (``transforms``); a
+small plain-``Tensor`` helper gets its result shape from its body (``inline``).
 
-Known limits: the return/assignment walk runs once per module after mypy's
-first pass and needs at least one shapegrad op or annotated call inside some
-function of the module to be scheduled; ``transpose``/``permute`` need a known
-rank; sums of named dims (``concat`` of ``[b]`` and ``[b]``) and ``einsum``
-with ``...`` are unknown; calling an object (``model(x)``) or an overloaded
-function does not instantiate dims.
+Known limits: returns/assignments are checked once per module after mypy's
+first pass, for modules that call a shapegrad op or an annotated function; a
+variable reassigned inside ``if``/``for`` is unknown after the merge; shapes in
+Python lists, NumPy arrays and helpers with branches, loops or comprehensions
+are not followed; ``einsum`` with ``...`` and calling an overloaded function or
+an arbitrary object stay unknown; ``//`` on symbolic sizes is taken as exact.
 
-Modules: ``spec`` (shapes and jaxtyping specs), ``carrier`` (shapes inside
-mypy types), ``algebra``/``layers`` (op rules on shapes), ``unify`` (matching
-and instantiation), ``rules`` (shapegrad ops by name), ``calls`` (user
-functions), ``returns`` (whole-body checks).
+Modules: ``spec`` (shapes and jaxtyping specs), ``sizes`` (size algebra),
+``carrier`` (shapes inside mypy types), ``algebra``/``layers`` (op rules on
+shapes), ``unify`` (matching and instantiation), ``rules`` (ops by name),
+``optable`` (where ops are defined), ``intsize`` (sizes in ints), ``calls``
+(user functions), ``inline`` (plain helpers), ``transforms`` (grad/compile/
+trainer), ``returns`` (whole-body checks).
 """
 
 from __future__ import annotations
