@@ -7,7 +7,13 @@ Workloads (float32, plain SGD, forward + backward + update per step):
 * moons MLP 2-16-16-1, hinge loss, batch 10 and 256;
 * MLP 784-512-512-10, softmax cross-entropy, batch 128;
 * CNN 1x28x28 -> conv3x3 16 (pad 1) -> ReLU -> conv3x3 32 (pad 1) -> ReLU ->
-  global average pool -> linear 10, cross-entropy, batch 64.
+  global average pool -> linear 10, cross-entropy, batch 64;
+* MLP width scaling 784-W-W-10, W = 256, 512, 1024, 2048, batch 128 (rows ``w256``...):
+  with ``--widths`` a second table gives GFLOP/s of the C step next to the machine's
+  sgemm rate measured in the same run (OpenBLAS through NumPy, 2048^3).
+
+``--background-load N`` runs N busy processes during the whole measurement (users'
+laptops and CI runners are busy too); the 1-minute load average is printed.
 
 Columns: shapegrad eager; compiled C with one native call per step
 (``exe.bind(params)(x, y)``) and with K steps per native call
@@ -97,6 +103,12 @@ def init_params(shapes: list[tuple[int, ...]], seed: int = 0) -> list[Array]:
 
 def workload(name: str, batch: int, k: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
+    if name.startswith("mlp") and name[3:].isdigit():  # 784-W-W-10
+        width = int(name[3:])
+        shapes = [(784, width), (width,), (width, width), (width,), (width, 10), (10,)]
+        xs = rng.random((k, batch, 784), dtype=np.float32)
+        ys = rng.integers(0, 10, (k, batch)).astype(np.int32)
+        return {"params": init_params(shapes, seed), "xs": xs, "ys": ys, "loss": mlp_loss}
     if name == "moons":
         shapes = [(2, 16), (16,), (16, 16), (16,), (16, 1), (1,)]
         xs = rng.standard_normal((k, batch, 2)).astype(np.float32)
@@ -188,15 +200,14 @@ def time_numpy(w: dict[str, Any], name: str) -> float | None:
     return per_call(step)
 
 
-def time_torch(w: dict[str, Any], name: str) -> float | None:
-    try:
-        import torch
-    except Exception:  # not installed (or a broken install): leave the column empty
-        return None
-    torch.set_num_threads(2)
-    params = [torch.tensor(p, requires_grad=True) for p in w["params"]]
-    x = torch.tensor(w["xs"][0])
-    y = torch.tensor(w["ys"][0]).long() if name != "moons" else torch.tensor(w["ys"][0])
+def torch_sgd_step(w: dict[str, Any], name: str, device: str = "cpu") -> Callable[[], Any]:
+    """The workload's SGD step in PyTorch (same math, same initial weights); returns the loss."""
+    import torch
+
+    params = [torch.tensor(p, requires_grad=True, device=device) for p in w["params"]]
+    x = torch.tensor(w["xs"][0], device=device)
+    y = torch.tensor(w["ys"][0], device=device)
+    y = y if name == "moons" else y.long()
 
     def forward() -> Any:
         if name == "cnn":
@@ -211,14 +222,24 @@ def time_torch(w: dict[str, Any], name: str) -> float | None:
             return torch.relu(1 - y * out[:, 0]).mean()
         return torch.nn.functional.cross_entropy(out, y)
 
-    def step() -> None:
+    def step() -> Any:
         loss = forward()
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
             for p, g in zip(params, grads, strict=True):
-                p -= LR * g
+                p.sub_(LR * g)
+        return loss
 
-    return per_call(step)
+    return step
+
+
+def time_torch(w: dict[str, Any], name: str) -> float | None:
+    try:
+        import torch
+    except Exception:  # not installed (or a broken install): leave the column empty
+        return None
+    torch.set_num_threads(2)
+    return per_call(torch_sgd_step(w, name))
 
 
 def time_jax(w: dict[str, Any], name: str) -> float | None:
@@ -339,6 +360,28 @@ ROWS = {
     "mlp": ("mlp", 128, 10),
     "cnn": ("cnn", 64, 4),
 }
+WIDTHS = {f"w{w}": (f"mlp{w}", 128, 4) for w in (256, 512, 1024, 2048)}
+ROWS.update(WIDTHS)
+DEFAULT_ROWS = ["moons10", "moons256", "mlp", "cnn"]
+
+
+def mlp_flops(width: int, batch: int) -> float:
+    """Multiply-add FLOPs of one 784-W-W-10 step's products (forward and both backward)."""
+    return 6.0 * batch * (784 * width + width * width + width * 10)
+
+
+def sgemm_rate() -> float:
+    """FLOP/s of a 2048^3 float32 product through NumPy's OpenBLAS (all threads)."""
+    a = np.random.default_rng(0).random((2048, 2048), dtype=np.float32)
+    return 2 * 2048**3 / per_call(lambda: a @ a, budget=1.0)
+
+
+def background_load(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes that keep one CPU busy each until killed."""
+    code = "while True:\n    pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
 COLUMNS = [
     "sg eager",
     "C 1-step",
@@ -376,29 +419,68 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", help="moons10,moons256,mlp,cnn (comma separated)")
     parser.add_argument("--columns", help="subset of: " + ", ".join(COLUMNS))
+    parser.add_argument("--widths", action="store_true", help="MLP width scaling table")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N")
     parser.add_argument("--cell", nargs=2, metavar=("COLUMN", "ROW"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
         value = measure(*args.cell)
         print("none" if value is None else repr(value))
         return
-    rows = [r for r in ROWS if not args.only or r in args.only.split(",")]
+    busy = background_load(args.background_load)
+    try:
+        run_tables(args)
+    finally:
+        for proc in busy:
+            proc.kill()
+
+
+def run_tables(args: argparse.Namespace) -> None:
+    print(
+        f"background load: {args.background_load} busy processes; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    if args.widths:
+        width_table()
+        return
+    rows = [r for r in (args.only.split(",") if args.only else DEFAULT_ROWS) if r in ROWS]
     columns = [c for c in COLUMNS if not args.columns or c in args.columns.split(",")]
     # Every cell runs in a fresh process: thread pools of one framework (OpenMP, OpenBLAS,
     # PyTorch, XLA) would otherwise keep spinning and slow the next measurement down.
     print(f"{'workload':16s}" + "".join(f"{c:>13s}" for c in columns))
     for row in rows:
-        values = []
-        for column in columns:
-            proc = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--cell", column, row],
-                capture_output=True,
-                text=True,
-            )
-            last = proc.stdout.strip().splitlines()[-1:] or ["none"]
-            values.append(None if proc.returncode or last[0] == "none" else float(last[0]))
+        values = [cell(column, row) for column in columns]
         k = ROWS[row][2]
         print(f"{row + f' K={k}':16s}" + "".join(f"{fmt(t):>13s}" for t in values), flush=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def cell(column: str, row: str) -> float | None:
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--cell", column, row],
+        capture_output=True,
+        text=True,
+    )
+    last = proc.stdout.strip().splitlines()[-1:] or ["none"]
+    return None if proc.returncode or last[0] == "none" else float(last[0])
+
+
+def width_table() -> None:
+    """C step GFLOP/s for 784-W-W-10 next to JAX, PyTorch and the in-run sgemm rate."""
+    peak = sgemm_rate()
+    print(f"sgemm 2048^3 through NumPy/OpenBLAS: {peak / 1e9:.1f} GFLOP/s")
+    print(
+        f"{'width':8s}{'C 1-step':>13s}{'GFLOP/s':>10s}{'% sgemm':>9s}{'JAX jit':>13s}{'PyTorch':>13s}"
+    )
+    for row, (_, batch, _) in WIDTHS.items():
+        width = int(row[1:])
+        c, jax, torch = (cell(col, row) for col in ("C 1-step", "JAX jit", "PyTorch"))
+        rate = mlp_flops(width, batch) / c if c else float("nan")
+        print(
+            f"{width:<8d}{fmt(c):>13s}{rate / 1e9:10.1f}{100 * rate / peak:8.0f}%"
+            f"{fmt(jax):>13s}{fmt(torch):>13s}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

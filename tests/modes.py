@@ -112,3 +112,45 @@ MODES["c"] = Runner(
     ),
     unavailable=_c_unavailable,
 )
+
+
+def _c_plain() -> Any:
+    """The C target with its CPU-specific stages off: a target can switch them off and
+    every op still computes the same values."""
+    from shapegrad.compiler.target import C_TARGET
+
+    return C_TARGET.replace(
+        batch_fusion=False,
+        row_form=False,
+        fuse_epilogues=False,
+        skip_stages=frozenset({"hoist_bounds_checks"}),
+    )
+
+
+MODES["c_plain"] = Runner(
+    "c_plain",
+    call=lambda fn, args: outputs(
+        sg.compile(fn, backend="c", target=_c_plain())(*as_tensors(args))
+    ),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="c", target=_c_plain())(*as_tensors(args))
+    ),
+    unavailable=_c_unavailable,
+)
+
+
+def _cuda_unavailable() -> str | None:
+    from shapegrad.backends.cuda.driver import availability
+
+    ok, reason = availability()
+    return None if ok else f"no GPU: {reason}"
+
+
+MODES["cuda"] = Runner(
+    "cuda",
+    call=lambda fn, args: outputs(sg.compile(fn, backend="cuda")(*as_tensors(args))),
+    grad=lambda fn, args, argnums: outputs(
+        sg.compile(sg.grad(fn, argnums=argnums), backend="cuda")(*as_tensors(args))
+    ),
+    unavailable=_cuda_unavailable,
+)

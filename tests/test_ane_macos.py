@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=f"not macOS 13+: {_REASON}")
 import shapegrad as sg  # noqa: E402
 from harness import Case, _cast_floats  # noqa: E402
 from op_table import CASES  # noqa: E402
-from shapegrad.backends.ane.training import AneTrainer  # noqa: E402
+from shapegrad.train.ane import AneTrainer  # noqa: E402
 from shapegrad.train.optim import Adam  # noqa: E402
 from test_ane_lowering import FP16_TOL, _assert_close, _has_zero_size, _reference  # noqa: E402
 from test_ane_training import eager_training, mlp_loss, mlp_params, moons  # noqa: E402

@@ -26,13 +26,8 @@ from shapegrad.backends.ane import (
     build_package,
     lower_to_mil,
 )
-from shapegrad.backends.ane.training import (
-    AneTrainer,
-    LossScaler,
-    _fp32_update_nodes,
-    loss_scale_headroom,
-)
 from shapegrad.shapes import ShapeError
+from shapegrad.train.ane import AneTrainer, LossScaler, fp32_update_nodes, loss_scale_headroom
 from shapegrad.train.optim import SGD, Adam
 
 require_coremltools()
@@ -248,7 +243,7 @@ def test_step_program_after_coremltools_passes_computes_the_same(
     batch = moons(32)
     params = mlp_params([2, 8, 2])
     trainer = ane_trainer(params, batch, Adam(lr=1e-2), device_optimizer=device_optimizer)
-    fp32 = _fp32_update_nodes(trainer.graph, 1 + len(params)) if device_optimizer else frozenset()
+    fp32 = fp32_update_nodes(trainer.graph, 1 + len(params)) if device_optimizer else frozenset()
     mil = lower_to_mil(trainer.graph, "fp16", fp32)
     state = [np.asarray(t.numpy()) for t in tree.flatten(trainer.opt_state)[0]]
     extra = [np.array(1e-2, np.float32)] if device_optimizer else []

@@ -184,7 +184,7 @@ def test_conv_weight_gradient_uses_accumulating_products_not_a_packed_copy() -> 
     g, cols = _f(2, 3, 4, 5), _f(2, 2, 3, 4, 5, seed=1)
     fn = sg.compile(lambda a, b: sg.einsum("bohw,bckhw->ock", a, b), backend="c", contract_min=0)
     exe = fn.lower(g, cols).executable
-    (kernel,) = exe.lowered.program.kernels
+    (kernel,) = exe.program.kernels
     (contract,) = kernel.body
     assert contract.sum_batch == 2 and contract.k == 20
     np.testing.assert_allclose(exe([g, cols])[0], np.einsum("bohw,bckhw->ock", g, cols), rtol=1e-5)
@@ -196,7 +196,7 @@ def test_parallel_loops_give_the_same_result_with_two_threads() -> None:
     exe = fn.lower(x).executable
     from shapegrad.backends.c.render import render_c
 
-    assert "omp parallel for" in render_c(exe.lowered.program, exe.n_slots)
+    assert "omp parallel for" in render_c(exe.program)
     want = (np.tanh(x.astype(np.float64)) * 2 + 1).sum(axis=1)
     for threads in (2, 1):
         exe.lib.sg_set_threads(threads)
@@ -226,7 +226,7 @@ def test_large_products_split_across_threads_match_numpy(spec: str) -> None:
     exe = fn.lower(a, b).executable
     from shapegrad.backends.c.render import render_c
 
-    assert "part * " in render_c(exe.lowered.program, exe.n_slots)  # the row-block split
+    assert "part * " in render_c(exe.program)  # the row-block split
     for threads in (2, 3, 1):
         exe.lib.sg_set_threads(threads)
         np.testing.assert_allclose(exe([a, b])[0], np.einsum(spec, a, b), rtol=2e-5, atol=2e-5)
@@ -238,7 +238,7 @@ def test_many_large_products_run_in_parallel_over_the_batch() -> None:
     exe = fn.lower(a, b).executable
     from shapegrad.backends.c.render import render_c
 
-    source = render_c(exe.lowered.program, exe.n_slots)
+    source = render_c(exe.program)
     assert "for (int64_t bi = 0; bi < 10; ++bi)" in source and "part * " not in source
     for threads in (2, 1):
         exe.lib.sg_set_threads(threads)
@@ -255,9 +255,9 @@ def test_sgd_update_of_a_product_is_one_accumulating_library_call() -> None:
     exe = fn.lower(w, x, g).executable
     from shapegrad.compiler import loops as L
 
-    calls = [s for k in exe.lowered.program.kernels for s in k.body if isinstance(s, L.Contract)]
+    calls = [s for k in exe.program.kernels for s in k.body if isinstance(s, L.Contract)]
     assert [(c.alpha, c.beta) for c in calls] == [(pytest.approx(-0.05), 1.0)]
-    assert len(exe.lowered.program.kernels) == 1  # no product temp, no separate update pass
+    assert len(exe.program.kernels) == 1  # no product temp, no separate update pass
     want = w.astype(np.float64) - 0.05 * (x.astype(np.float64).T @ g)
     bound = exe.bind([w])
     bound(x, g)
@@ -282,7 +282,7 @@ def test_large_sum_of_products_split_over_the_summed_axis_matches_numpy(donate: 
     exe = fn.lower(g, cols, w).executable
     from shapegrad.backends.c.render import render_c
 
-    assert "omp barrier" in render_c(exe.lowered.program, exe.n_slots)
+    assert "omp barrier" in render_c(exe.program)
     product = np.einsum(spec, g.astype(np.float64), cols)
     want = w - 0.5 * product if donate else product
     for threads in (2, 3, 1):
@@ -304,7 +304,7 @@ def test_large_im2col_patches_are_built_per_image_inside_the_products() -> None:
     exe = sg.compile(step, backend="c").lower(w, x).executable
     from shapegrad.compiler import loops as L
 
-    fused = [s for k in exe.lowered.program.kernels for s in k.body if isinstance(s, L.BatchFused)]
+    fused = [s for k in exe.program.kernels for s in k.body if isinstance(s, L.BatchFused)]
     # patches rebuilt per image for the forward product and the weight gradient; the
     # input gradient's patch gradient is consumed (col2im) per image right after its product
     assert sorted((f.operand, f.contract.sum_batch) for f in fused) == [
@@ -330,7 +330,7 @@ def test_pad_rows_are_split_into_range_loops_without_per_element_tests() -> None
     exe = fn.lower(x).executable
     from shapegrad.backends.c.render import render_c
 
-    source = render_c(exe.lowered.program, exe.n_slots)
+    source = render_c(exe.program)
     # each padded axis runs as segments (the window of the last axis is its own loop)
     # on which the range tests are constant: none is left in the generated code
     assert re.search(r"for \(int64_t (\w+) = 3; \1 < 10; \+\+\1\)", source)

@@ -14,6 +14,8 @@ import pytest
 
 import shapegrad as sg
 import shapegrad.functional as F
+from shapegrad.compiler import loops as L
+from shapegrad.compiler.target import C_TARGET, Target
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 LR = 0.1
@@ -77,9 +79,21 @@ def _eager_losses(loss, params, xs, ys):  # type: ignore[no-untyped-def]
     return np.array(losses, np.float32), [p.numpy() for p in ps]
 
 
-def _compiled(loss, params, x, y):  # type: ignore[no-untyped-def]
-    fn = sg.compile(_step(loss), backend="c", donate_argnums=0)
+def _compiled(loss, params, x, y, target: Target = C_TARGET):  # type: ignore[no-untyped-def]
+    fn = sg.compile(_step(loss), backend="c", donate_argnums=0, target=target)
     return fn.lower(params, x, y).executable
+
+
+# The C target as measured, one with the CPU-specific stages off (a GPU-like schedule:
+# no row form, no batch fusion, checks where they are used), and one that batch-fuses
+# even this small CNN's patches.
+TARGETS = {
+    "c": C_TARGET,
+    "plain": C_TARGET.replace(
+        batch_fusion=False, row_form=False, skip_stages=frozenset({"hoist_bounds_checks"})
+    ),
+    "fuse-small": C_TARGET.replace(batch_fusion_min_operand=1, contract_min_macs=0),
+}
 
 
 def test_moons_mlp_100_steps_match_eager() -> None:
@@ -107,13 +121,22 @@ def test_moons_k_step_call_equals_k_single_calls() -> None:
         np.testing.assert_array_equal(a, b)
 
 
-def test_small_cnn_100_steps_match_eager() -> None:
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_small_cnn_100_steps_match_eager(target: str) -> None:
     params = _params([(4, 1, 3, 3), (4,), (6, 4, 3, 3), (6,), (6, 3), (3,)], seed=2)
     rng = np.random.default_rng(5)
     xs = rng.random((100, 4, 1, 8, 8), dtype=np.float32)
     ys = rng.integers(0, 3, (100, 4)).astype(np.int32)
     expected, final = _eager_losses(_cnn_loss, params, xs, ys)
-    exe = _compiled(_cnn_loss, params, xs[0], ys[0])
+    exe = _compiled(_cnn_loss, params, xs[0], ys[0], TARGETS[target])
+    fused = any(isinstance(s, L.BatchFused) for k in exe.program.kernels for s in L.walk(k.body))
+    assert fused == (target == "fuse-small")
+    rows = any(
+        isinstance(s, L.Store) and s.commutative and s.accumulate and s.buffer.startswith("row")
+        for k in exe.program.kernels
+        for s in L.walk(k.body)
+    )
+    assert not rows or target != "plain"
     bound = exe.bind(params)
     (got,) = bound.run_steps(xs, ys)
     np.testing.assert_allclose(got.reshape(-1), expected, rtol=1e-3, atol=1e-5)
@@ -129,8 +152,6 @@ def test_cnn_with_blas_contractions_matches_eager() -> None:
     expected, _ = _eager_losses(_cnn_loss, params, xs, ys)
     fn = sg.compile(_step(_cnn_loss), backend="c", donate_argnums=0, contract_min=0)
     exe = fn.lower(params, xs[0], ys[0]).executable
-    assert any(
-        k.body and type(k.body[0]).__name__ == "Contract" for k in exe.lowered.program.kernels
-    )
+    assert any(k.body and type(k.body[0]).__name__ == "Contract" for k in exe.program.kernels)
     (got,) = exe.bind(params).run_steps(xs, ys)
     np.testing.assert_allclose(got.reshape(-1), expected, rtol=1e-3, atol=1e-5)

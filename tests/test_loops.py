@@ -12,8 +12,9 @@ import numpy as np
 import shapegrad as sg
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.fusion import plan_fusion
-from shapegrad.compiler.lower import lower_to_loops
 from shapegrad.compiler.memory import buffers_read, buffers_written
+from shapegrad.compiler.pipeline import lower_program
+from shapegrad.compiler.target import C_TARGET
 from shapegrad.ir import Graph
 from shapegrad.ops.protocol import Prim
 
@@ -22,11 +23,8 @@ def _graph(fn, *args, **kw) -> Graph:  # type: ignore[no-untyped-def]
     return sg.compile(fn, backend="numpy", **kw).graph(*args)
 
 
-def _walk(body):  # type: ignore[no-untyped-def]
-    for s in body:
-        yield s
-        if isinstance(s, L.Loop):
-            yield from _walk(s.body)
+def _lower(graph: Graph, **target_changes: object) -> L.Program:
+    return lower_program(graph, C_TARGET.replace(**target_changes))[0]
 
 
 def _f32(*shape: int, seed: int = 0) -> np.ndarray:
@@ -65,15 +63,15 @@ def test_matmul_bias_relu_is_one_kernel_with_epilogue() -> None:
     plan = plan_fusion(g)
     (einsum,) = [n for n in g.nodes() if n.prim is Prim.EINSUM]
     assert einsum.id in plan.epilogue_of and einsum.id not in plan.materialized
-    lowered = lower_to_loops(g, contract_min=10**9)
-    (kernel,) = lowered.program.kernels
+    program = _lower(g, contract_min_macs=10**9)
+    (kernel,) = program.kernels
     assert "add" in " ".join(kernel.inlined) and "maximum" in " ".join(kernel.inlined)
-    assert "inlined:" in lowered.program.format()
+    assert "inlined:" in program.format()
 
 
 def test_epilogue_after_blas_contract_stays_in_the_same_kernel() -> None:
     g = _graph(lambda x, w, b: sg.relu(x @ w + b), _f32(4, 3), _f32(3, 5), _f32(5))
-    (kernel,) = lower_to_loops(g, contract_min=0).program.kernels
+    (kernel,) = _lower(g, contract_min_macs=0).kernels
     kinds = [type(s).__name__ for s in kernel.body]
     assert kinds == ["Contract", "Loop"]
 
@@ -106,10 +104,10 @@ def test_layout_ops_are_index_maps_not_copies() -> None:
         return (x.T.reshape((6, 2))[1:5] * 2.0).sum()
 
     g = _graph(f, _f32(3, 4))
-    lowered = lower_to_loops(g)
-    (kernel,) = lowered.program.kernels  # transpose/reshape/slice all inlined into the sum
+    program = _lower(g)
+    (kernel,) = program.kernels  # transpose/reshape/slice all inlined into the sum
     loads = list(L.loads_in(kernel.body))
-    assert {ld.buffer for ld in loads} == {lowered.input_buffers[0]}
+    assert {ld.buffer for ld in loads} == {program.inputs[0]}
 
 
 # --- memory ----------------------------------------------------------------------------
@@ -122,7 +120,7 @@ def test_arena_reuses_dead_temps() -> None:
         return x
 
     g = _graph(f, _f32(16, 16))
-    program = lower_to_loops(g).program
+    program = _lower(g)
     temps = [b for b in program.buffers.values() if b.kind == "temp"]
     total = sum(b.size * 4 for b in temps)
     assert len(temps) >= 6
@@ -134,7 +132,7 @@ def test_live_temps_never_overlap() -> None:
         a, b = sg.exp(x), sg.tanh(y)
         return (a @ b) @ (sg.exp(a) @ b)
 
-    program = lower_to_loops(_graph(f, _f32(8, 8), _f32(8, 8, seed=1))).program
+    program = _lower(_graph(f, _f32(8, 8), _f32(8, 8, seed=1)))
     span: dict[str, tuple[int, int]] = {}
     for n, k in enumerate(program.kernels):
         for name in buffers_read(k) | buffers_written(k):
@@ -158,10 +156,10 @@ def test_sgd_update_is_written_in_place_into_the_parameter_buffer() -> None:
 
     g = _graph(step, _f32(3, 2), _f32(4, 3), donate_argnums=0)
     assert g.aliases
-    lowered = lower_to_loops(g)
+    program = _lower(g)
     (k_out, i_in) = g.aliases[0]
-    state = lowered.input_buffers[i_in]
-    assert lowered.output_buffers[k_out] == state
-    writers = [k for k in lowered.program.kernels if state in buffers_written(k)]
+    state = program.inputs[i_in]
+    assert program.outputs[k_out] == state
+    writers = [k for k in program.kernels if state in buffers_written(k)]
     assert len(writers) == 1 and not writers[0].root.startswith("copy")
-    assert writers[0] is lowered.program.kernels[-1]
+    assert writers[0] is program.kernels[-1]

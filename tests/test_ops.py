@@ -26,7 +26,12 @@ GRAD_CASES = [c for c in CASES if c.grad]
 
 
 def _mode_params() -> list[Any]:
-    return [pytest.param(runner, id=name) for name, runner in MODES.items()]
+    params = []
+    for name, runner in MODES.items():
+        reason = runner.unavailable()
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(runner, id=name, marks=marks))
+    return params
 
 
 def _skip(case: Case, runner: Any) -> None:
@@ -77,7 +82,7 @@ CONVENTIONS: list[tuple[str, Any, list[Any], list[Any], list[Any]]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("runner", [pytest.param(r, id=n) for n, r in MODES.items()])
+@pytest.mark.parametrize("runner", _mode_params())
 @pytest.mark.parametrize(
     "name, fn, inputs, value, grads", CONVENTIONS, ids=[c[0] for c in CONVENTIONS]
 )
@@ -103,7 +108,7 @@ def test_edge_values_forward() -> None:
 LARGE = np.array([[1e4, 0.0, -1e4], [3e38, 3e38, -3e38]], dtype=np.float32)
 
 
-@pytest.mark.parametrize("runner", [pytest.param(r, id=n) for n, r in MODES.items()])
+@pytest.mark.parametrize("runner", _mode_params())
 @pytest.mark.parametrize(
     "name, fn, want",
     [

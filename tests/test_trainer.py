@@ -155,7 +155,8 @@ def test_compiled_step_traces_once_and_lr_changes_do_not_retrace() -> None:
     )
     for k in range(5):
         trainer.step(x, y, lr=0.1 / (k + 1))
-    (compiled,) = [c for key, c in trainer._compiled.items() if key[0] == "step"]
+    compiled_functions = trainer.strategy.functions.compiled  # type: ignore[attr-defined]
+    (compiled,) = [c for key, c in compiled_functions.items() if key[0] == "step"]
     assert compiled.trace_count == 1  # type: ignore[attr-defined]
 
 
@@ -413,10 +414,10 @@ def test_c_backend_keeps_state_in_the_executable() -> None:
         hinge_loss, mlp_params(), mode="compiled", backend="c", optimizer=optim.Adam(0.01)
     )
     t.step(x, y)
-    assert t._live is not None  # bound: later calls pass only the batch and the lr
-    live = t._live
+    live = t.strategy.live  # type: ignore[attr-defined]
+    assert live is not None  # bound: later calls pass only the batch and the lr
     t.step(x, y)
-    assert t._live is live
+    assert t.strategy.live is live  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -86,8 +86,9 @@ def test_linux_builds_and_saves_then_step_raises(tmp_path: Any, monkeypatch: Any
         mlp_loss, [sg.tensor(p) for p in mlp_params([2, 4, 2])], mode="compiled",
         backend="ane", optimizer=SGD(lr=0.1), example_inputs=batch,
     )  # fmt: skip
-    assert trainer._ane is not None and trainer._ane.trainer.executable is not None
-    assert trainer._ane.trainer.executable.package.exists()
+    engine = trainer.strategy.engine  # type: ignore[attr-defined]
+    assert engine is not None and engine.executable is not None
+    assert engine.executable.package.exists()
     with pytest.raises(AneExecutionUnavailable, match="needs macOS"):
         trainer.step(*batch)
     with pytest.raises(AneExecutionUnavailable):
@@ -98,3 +99,23 @@ def test_unsupported_settings_are_rejected() -> None:
     params = [sg.tensor(p) for p in mlp_params([2, 4, 2])]
     with pytest.raises(NotImplementedError, match="clip_norm"):
         sg.ScalarTrainer(mlp_loss, params, mode="compiled", backend="ane", clip_norm=1.0)
+
+
+def test_checkpoint_resume_and_step_many(tmp_path: Any) -> None:
+    """The ANE strategy's state (host weights, optimizer, loss scale) round-trips through a
+    checkpoint: save at 3 steps + 3 more == load + 3 more, bit for bit."""
+    x, y = moons(32)
+    params = mlp_params([2, 8, 2])
+    first = make(params, Adam(lr=0.01))
+    for _ in range(3):
+        first.step(x, y)
+    path = first.save_checkpoint(tmp_path / "ane.npz")
+    losses = first.step_many(np.stack([x] * 3), np.stack([y] * 3))  # K single steps
+    resumed = make(params, Adam(lr=0.01))
+    resumed.load_checkpoint(path)
+    assert resumed.global_step == 3
+    again = [resumed.step(x, y) for _ in range(3)]
+    np.testing.assert_array_equal(losses, again)
+    for a, b in zip(first.get_params(), resumed.get_params(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert int(resumed.optimizer_state()["step"]) == 6 and resumed.loss_scale == first.loss_scale

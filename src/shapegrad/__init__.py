@@ -6,6 +6,7 @@ eagerly (NumPy + tape) or compiled (``sg.compile``).
 
 from shapegrad import data, nn
 from shapegrad._typechecked import ShapeTypeError, typechecked
+from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
 from shapegrad.dtypes import DType, DTypeError, bool_, float16, float32, float64, int32
 from shapegrad.functional import (
@@ -75,7 +76,6 @@ from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 
 detach = stop_gradient
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Bool",

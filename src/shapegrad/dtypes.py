@@ -19,11 +19,10 @@ from shapegrad.shapes import describe_caller
 
 @dataclass(frozen=True)
 class DType:
-    """An element type: its name, NumPy equivalent and C spelling."""
+    """An element type: its name and NumPy equivalent (renderers spell it in their language)."""
 
     name: str
     numpy: np.dtype[np.generic]
-    c_name: str
     is_float: bool
 
     def __repr__(self) -> str:
@@ -33,11 +32,11 @@ class DType:
         return self.name
 
 
-float32: Final = DType("float32", np.dtype(np.float32), "float", True)
-float16: Final = DType("float16", np.dtype(np.float16), "_Float16", True)
-float64: Final = DType("float64", np.dtype(np.float64), "double", True)
-int32: Final = DType("int32", np.dtype(np.int32), "int32_t", False)
-bool_: Final = DType("bool", np.dtype(np.bool_), "uint8_t", False)
+float32: Final = DType("float32", np.dtype(np.float32), True)
+float16: Final = DType("float16", np.dtype(np.float16), True)
+float64: Final = DType("float64", np.dtype(np.float64), True)
+int32: Final = DType("int32", np.dtype(np.int32), False)
+bool_: Final = DType("bool", np.dtype(np.bool_), False)
 
 ALL_DTYPES: Final = (float32, float16, float64, int32, bool_)
 _BY_NAME: Final = {d.name: d for d in ALL_DTYPES} | {"bool_": bool_, "float": float32}

@@ -10,6 +10,45 @@ touched when asked for.
 
 Every executable validates its buffers with :func:`validate_inputs` before
 native code runs ("compiled code never trusts its caller").
+
+Bound, stateful execution
+-------------------------
+A graph traced with ``donate_argnums`` carries ``graph.aliases``: outputs that
+are the updated values of inputs (parameters, optimizer moments, loss-scale
+counters). A backend that can keep such *state* in its own buffers across
+calls offers :meth:`Executable.bind`, which returns a :class:`BoundExecutable`;
+a backend that cannot (NumPy, Core ML) returns ``None`` from ``bind`` and says
+so up front with ``Backend.binds_state = False``. Nobody probes attributes:
+the protocol below is the whole contract. Its semantics:
+
+* **Layout.** :class:`StateLayout` splits the graph's inputs into *state*
+  (aliased, held by the binding) and *batch* (passed to every step), and its
+  outputs into *state updates* (written into the state, never returned) and
+  *free outputs* (returned by every step), each in graph order.
+* **Bind.** ``exe.bind(state)`` copies one array per state input into the
+  binding (``None`` keeps what the executable holds). An executable has at
+  most one live binding: binding again, or calling the executable itself,
+  invalidates earlier bindings' outputs (not their state, which is shared).
+* **Step.** ``bound.step(*batch)`` validates the batch arrays (shape, dtype,
+  C-contiguity: a mismatch raises ``ShapeError``/``DTypeError``/``TypeError``/
+  ``ValueError`` naming the input, before any native code runs), runs one
+  step that updates the state in place, and returns the free outputs.
+* **K steps.** ``bound.run_steps(*stacked)`` takes every batch input stacked
+  along a new first axis ``[K, ...]``, runs K steps (each sees the state the
+  previous one left) and returns the free outputs stacked ``[K, ...]``. It is
+  equal to K calls of ``step`` on the slices.
+* **Outputs are borrowed.** The arrays ``step``/``run_steps`` return belong to
+  the binding and are **valid until the next call** of ``step``, ``run_steps``,
+  ``bind`` or the executable: copy what you keep.
+* **State.** ``bound.state`` are the live state arrays (read them, but do not
+  keep them across steps expecting old values); ``read_state()`` returns
+  copies; ``write_state(arrays)`` replaces the state in place (validated).
+* **Errors.** A native error (e.g. an out-of-range gather index) is recorded
+  by the program and raised after the call (``IndexError`` for bad indices).
+  In a K-step run the message names the failing step: the steps before it are
+  complete (state updated, outputs written), later ones did not run, and the
+  message says whether the failing step itself changed any state (it does not
+  when the bad index is a program input, checked before any kernel).
 """
 
 from __future__ import annotations
@@ -48,24 +87,106 @@ class CompileOptions:
         return dict(self.extra).get(key, default)
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """How a bound executable splits a graph's inputs and outputs (indices in graph order).
+
+    Attributes:
+        state_inputs: inputs held by the binding (the aliased ones), ascending.
+        batch_inputs: inputs passed to every step, ascending.
+        state_updates: ``(output, input)`` pairs: the output is the input's new value.
+        free_outputs: outputs returned by every step, ascending.
+    """
+
+    state_inputs: tuple[int, ...]
+    batch_inputs: tuple[int, ...]
+    state_updates: tuple[tuple[int, int], ...]
+    free_outputs: tuple[int, ...]
+
+    @classmethod
+    def of(cls, graph: Graph) -> StateLayout:
+        """The layout ``graph.aliases`` implies.
+
+        Example:
+            >>> StateLayout.of(graph).free_outputs   # e.g. (0, 4): the loss and the lr
+        """
+        updates = tuple(sorted(graph.aliases))
+        state = tuple(sorted({i for _, i in updates}))
+        written = {k for k, _ in updates}
+        return cls(
+            state,
+            tuple(i for i in range(len(graph.inputs)) if i not in state),
+            updates,
+            tuple(k for k in range(len(graph.outputs)) if k not in written),
+        )
+
+
+class BoundExecutable(Protocol):
+    """An executable bound to its persistent state; see "Bound, stateful execution" above."""
+
+    @property
+    def layout(self) -> StateLayout:
+        """Which graph inputs are state/batch and which outputs come back."""
+        ...
+
+    @property
+    def state(self) -> list[Array]:
+        """The live state arrays, in ``layout.state_inputs`` order (updated in place)."""
+        ...
+
+    def step(self, *batch: Array) -> Sequence[Array]:
+        """One step on the batch inputs; returns the free outputs (borrowed until the next call)."""
+        ...
+
+    def run_steps(self, *stacked: Array) -> Sequence[Array]:
+        """K steps on batch inputs stacked ``[K, ...]``; returns free outputs stacked ``[K, ...]``."""
+        ...
+
+    def read_state(self) -> list[Array]:
+        """Copies of the state arrays, in ``layout.state_inputs`` order."""
+        ...
+
+    def write_state(self, state: Sequence[Array]) -> None:
+        """Replace the state (one array per state input; shapes checked, dtypes cast)."""
+        ...
+
+
 class Executable(Protocol):
     """A compiled graph. ``__call__`` takes inputs in ``graph.inputs`` order.
 
-    The caller (``sg.compile``) has already validated the inputs; the result is
-    one freshly allocated array per ``graph.outputs`` entry. A backend may use
-    ``graph.aliases`` to update input buffers in place, but must still return
-    the outputs.
+    The result is one freshly allocated array per ``graph.outputs`` entry. A
+    backend may use ``graph.aliases`` to update input buffers in place, but must
+    still return the outputs. Executables of backends without a faster path can
+    inherit from this protocol to get ``run_validated = __call__`` and a ``bind``
+    that returns None.
     """
 
     graph: Graph
 
-    def __call__(self, inputs: Sequence[Array]) -> list[Array]: ...
+    def __call__(self, inputs: Sequence[Array]) -> list[Array]:
+        """Validate ``inputs`` (:func:`validate_inputs`) and run once."""
+        ...
+
+    def run_validated(self, inputs: Sequence[Array]) -> list[Array]:
+        """``__call__`` for inputs the caller has already validated (``sg.compile``)."""
+        return self(inputs)
+
+    def bind(self, state: Sequence[Array] | None = None) -> BoundExecutable | None:
+        """Bind the state inputs (one array each, in input order; None keeps the current
+        values); None when this backend cannot keep state (``Backend.binds_state``)."""
+        return None
 
 
 class Backend(Protocol):
-    """Compiles graphs into executables."""
+    """Compiles graphs into executables.
+
+    ``binds_state`` says whether this backend's executables implement
+    :meth:`Executable.bind` (so a trainer can choose its step strategy before
+    compiling anything).
+    """
 
     name: str
+    binds_state: bool
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         """Build an executable for ``graph`` (may write/read an on-disk cache)."""

@@ -11,14 +11,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shapegrad.backends.base import Array, CompileOptions, register_backend
+from shapegrad.backends.base import Array, CompileOptions, Executable, register_backend
 from shapegrad.ir import Graph, Node
 from shapegrad.ops import reference
 from shapegrad.ops.protocol import Prim
 
 
-class NumpyExecutable:
-    """Runs ``graph`` with NumPy; intermediate arrays are freed after their last use."""
+class NumpyExecutable(Executable):
+    """Runs ``graph`` with NumPy; intermediate arrays are freed after their last use.
+
+    It keeps no state between calls: ``bind`` returns None (``NumpyBackend.binds_state``).
+    """
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -55,6 +58,7 @@ class NumpyBackend:
     """Backend ``"numpy"``: always available."""
 
     name = "numpy"
+    binds_state = False
 
     def compile(self, graph: Graph, options: CompileOptions) -> NumpyExecutable:
         return NumpyExecutable(graph)

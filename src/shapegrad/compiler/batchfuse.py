@@ -15,32 +15,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.memory import buffers_read, buffers_written
-
-# Per-thread scratch slices reserved in the arena (team sizes above this use fewer threads
-# for these kernels).
-MAX_SLOTS = 8
-# Operands smaller than this (elements) are left alone: they stay in cache anyway.
-MIN_OPERAND = 1 << 18
+from shapegrad.compiler.target import C_TARGET, Target
 
 
-def fuse_batch_producers(program: L.Program) -> None:
+def fuse_batch_producers(program: L.Program, target: Target = C_TARGET) -> L.Program:
     """Apply the transformation to every eligible producer kernel of ``program``, in place
     (and its mirror image: a batched product whose only reader, the next kernel, consumes
-    it one batch slice at a time, e.g. a convolution's col2im)."""
+    it one batch slice at a time, e.g. a convolution's col2im).
+
+    ``target.batch_fusion_min_operand``: smaller operands stay materialized (they stay in
+    cache anyway); ``target.batch_fusion_slots``: scratch slices for concurrent batch
+    indices."""
+    sizes = (target.batch_fusion_min_operand, target.batch_fusion_slots)
     for producer in list(program.kernels):
-        _try_fuse(program, producer)
+        _try_fuse(program, producer, *sizes)
     for kernel in list(program.kernels):
-        _try_fuse_consumer(program, kernel)
+        _try_fuse_consumer(program, kernel, *sizes)
+    return program
 
 
-def _try_fuse_consumer(program: L.Program, kernel: L.Kernel) -> bool:
+def _try_fuse_consumer(program: L.Program, kernel: L.Kernel, min_operand: int, slots: int) -> bool:
     if len(kernel.body) != 1 or not isinstance(kernel.body[0], L.Contract):
         return False
     c = kernel.body[0]
     spec = program.buffers[c.c]
     slice_ = c.m * c.n
-    if spec.kind != "temp" or spec.size < MIN_OPERAND or c.sum_batch != 1 or c.batch < 2:
+    if spec.kind != "temp" or spec.size < min_operand or c.sum_batch != 1 or c.batch < 2:
         return False
     if c.stride_c != slice_ or spec.size != slice_ * c.batch or c.c in (c.a, c.b) or c.beta:
         return False
@@ -49,16 +49,15 @@ def _try_fuse_consumer(program: L.Program, kernel: L.Kernel) -> bool:
         return False
     reader = program.kernels[at + 1]  # adjacent: nothing in between may change a or b
     others = program.kernels[:at] + program.kernels[at + 2 :]
-    if any(c.c in buffers_read(k) | buffers_written(k) for k in others):
+    if any(c.c in L.reads(k.body) | L.writes(k.body) for k in others):
         return False
-    if c.c in buffers_written(reader) or not _reads_by_slices(reader, c.c, c.batch, slice_):
+    if c.c in L.writes(reader.body) or not _reads_by_slices(reader, c.c, c.batch, slice_):
         return False
     scratch = f"{c.c}_slice"
-    program.buffers[scratch] = L.BufferSpec(scratch, spec.dtype, slice_ * MAX_SLOTS, "temp")
-    tid = L.Var("sg_tid", MAX_SLOTS)
-    consumer = tuple(_reload(s, c.c, scratch, slice_, tid) for s in reader.body)
+    program.buffers[scratch] = L.BufferSpec(scratch, spec.dtype, slice_ * slots, "temp")
+    consumer = tuple(_to_slice(s, c.c, scratch, slice_, load=True) for s in reader.body)
     product = replace(c, c=scratch)
-    reader.body = (L.BatchFused((), product, "c", scratch, slice_, MAX_SLOTS, consumer),)
+    reader.body = (L.BatchFused((), product, "c", scratch, slice_, slots, consumer),)
     reader.inlined = [*reader.inlined, f"{kernel.root} (per batch index)"]
     program.kernels.remove(kernel)
     del program.buffers[c.c]
@@ -70,7 +69,7 @@ def _reads_by_slices(kernel: L.Kernel, target: str, batch: int, slice_: int) -> 
     for nest in kernel.body:
         if not isinstance(nest, L.Loop) or nest.kind != "parallel" or nest.var.extent != batch:
             return False
-        for s in _walk(nest.body):
+        for s in L.walk(nest.body):
             if isinstance(s, L.IndexLoad | L.CheckBounds) and s.buffer == target:
                 return False
         for load in L.loads_in(nest.body):
@@ -84,51 +83,44 @@ def _reads_by_slices(kernel: L.Kernel, target: str, batch: int, slice_: int) -> 
     return True
 
 
-def _reload(s: L.Stmt, old: str, new: str, slice_: int, tid: L.Var) -> L.Loop:
-    """The reader nest with loads of ``old[slice*b + r]`` sent to ``new[slice*tid + r]``."""
+def _to_slice(s: L.Stmt, old: str, new: str, slice_: int, load: bool) -> L.Loop:
+    """A nest ``for b: ...`` with its loads (``load``) or stores of ``old[slice*b + r]`` sent
+    to ``new[r]``: the current batch index's slice of the scratch (see ``BatchFused``)."""
     assert isinstance(s, L.Loop)
     b = s.var
 
+    def rel(index: L.Affine) -> L.Affine:
+        return index + L.var(b) * (-slice_)
+
     def expr(e: L.Expr) -> L.Expr:
-        if isinstance(e, L.Load) and e.buffer == old:
-            rest = e.index + L.var(b) * (-slice_)
-            return replace(e, buffer=new, index=rest + L.var(tid) * slice_)
-        if isinstance(e, L.Unary | L.Cast):
-            return replace(e, x=expr(e.x))
-        if isinstance(e, L.Binary):
-            return replace(e, a=expr(e.a), b=expr(e.b))
-        if isinstance(e, L.Select):
-            return replace(e, cond=expr(e.cond), a=expr(e.a), b=expr(e.b))
+        if load and isinstance(e, L.Load) and e.buffer == old:
+            return replace(e, buffer=new, index=rel(e.index))
         return e
 
     def stmt(x: L.Stmt) -> L.Stmt:
-        if isinstance(x, L.Loop):
-            return replace(x, body=tuple(stmt(y) for y in x.body))
-        if isinstance(x, L.Store | L.Accumulate):
-            return replace(x, value=expr(x.value))
-        if isinstance(x, L.Declare):
-            return replace(x, init=expr(x.init))
+        if not load and isinstance(x, L.Store) and x.buffer == old:
+            return replace(x, buffer=new, index=rel(x.index))
         return x
 
-    return replace(s, body=tuple(stmt(y) for y in s.body))
+    return replace(s, body=L.map_body(s.body, expr, stmt))
 
 
-def _try_fuse(program: L.Program, producer: L.Kernel) -> bool:
-    written = buffers_written(producer)
+def _try_fuse(program: L.Program, producer: L.Kernel, min_operand: int, slots: int) -> bool:
+    written = L.writes(producer.body)
     if len(written) != 1:
         return False
     (target,) = written
     spec = program.buffers[target]
-    if spec.kind != "temp" or spec.size < MIN_OPERAND:
+    if spec.kind != "temp" or spec.size < min_operand:
         return False
     nests = _nests_over_batch(producer, target)
     if nests is None:
         return False
     batch, slice_ = nests
     start = program.kernels.index(producer)
-    readers = [k for k in program.kernels if target in buffers_read(k)]
-    later_writes = set().union(*(buffers_written(k) for k in program.kernels[start + 1 :]))
-    sources = buffers_read(producer)
+    readers = [k for k in program.kernels if target in L.reads(k.body)]
+    later_writes = set().union(*(L.writes(k.body) for k in program.kernels[start + 1 :]))
+    sources = L.reads(producer.body)
     if any(program.buffers[b].kind not in ("temp", "input", "const") for b in sources):
         return False  # state may be updated in place before a reader runs
     if sources & later_writes or not readers:
@@ -139,14 +131,13 @@ def _try_fuse(program: L.Program, producer: L.Kernel) -> bool:
     if any(p is None for p in plans):
         return False
     scratch = f"{target}_slice"
-    program.buffers[scratch] = L.BufferSpec(scratch, spec.dtype, slice_ * MAX_SLOTS, "temp")
-    tid = L.Var("sg_tid", MAX_SLOTS)
-    loops = tuple(_retarget(s, target, scratch, slice_, tid) for s in producer.body)
+    program.buffers[scratch] = L.BufferSpec(scratch, spec.dtype, slice_ * slots, "temp")
+    loops = tuple(_to_slice(s, target, scratch, slice_, load=False) for s in producer.body)
     for kernel, plan in zip(readers, plans, strict=True):
         assert plan is not None
         contract, operand = plan
         named = replace(contract, **{operand: scratch})  # type: ignore[arg-type]
-        fused = L.BatchFused(loops, named, operand, scratch, slice_, MAX_SLOTS)
+        fused = L.BatchFused(loops, named, operand, scratch, slice_, slots)
         kernel.body = (fused,)
         kernel.inlined = [*kernel.inlined, f"{producer.root} (per batch index)"]
     program.kernels.remove(producer)
@@ -170,8 +161,8 @@ def _nests_over_batch(kernel: L.Kernel, target: str) -> tuple[int, int] | None:
     size = None
     for nest in kernel.body:
         assert isinstance(nest, L.Loop)
-        stores = [s for s in _walk(nest.body) if isinstance(s, L.Store)]
-        if any(not isinstance(s, L.Loop | L.Store) for s in _walk(nest.body)):
+        stores = [s for s in L.walk(nest.body) if isinstance(s, L.Store)]
+        if any(not isinstance(s, L.Loop | L.Store) for s in L.walk(nest.body)):
             return None
         for s in stores:
             if s.accumulate or s.buffer != target:
@@ -184,15 +175,6 @@ def _nests_over_batch(kernel: L.Kernel, target: str) -> tuple[int, int] | None:
     if size is None or size * batch > 1 << 31:
         return None
     return batch, size
-
-
-def _walk(body: tuple[L.Stmt, ...]) -> list[L.Stmt]:
-    out: list[L.Stmt] = []
-    for s in body:
-        out.append(s)
-        if isinstance(s, L.Loop):
-            out.extend(_walk(s.body))
-    return out
 
 
 def _reader_plan(
@@ -216,19 +198,3 @@ def _reader_plan(
     if c.batch == 1 and c.sum_batch == batch and sum_stride == slice_ and c.m * c.n <= 1 << 14:
         return c, operand
     return None
-
-
-def _retarget(s: L.Stmt, old: str, new: str, slice_: int, tid: L.Var) -> L.Loop:
-    """The producer nest with stores to ``old[slice*b + r]`` sent to ``new[slice*tid + r]``."""
-    assert isinstance(s, L.Loop)
-    b = s.var
-
-    def fix(x: L.Stmt) -> L.Stmt:
-        if isinstance(x, L.Loop):
-            return replace(x, body=tuple(fix(y) for y in x.body))
-        if isinstance(x, L.Store) and x.buffer == old:
-            rest = x.index + L.var(b) * (-slice_)
-            return replace(x, buffer=new, index=rest + L.var(tid) * slice_)
-        return x
-
-    return replace(s, body=tuple(fix(y) for y in s.body))

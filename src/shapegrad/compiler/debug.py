@@ -25,6 +25,17 @@ def debug_root() -> str | None:
     return value or None
 
 
+def write_dump(folder: str, filename: str, text: str) -> str:
+    """Write ``text`` to ``folder/filename`` atomically (temp file + rename); returns the path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, filename)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)  # atomic: parallel readers never see half a file
+    return path
+
+
 class GraphDumper:
     """Writes numbered graph dumps for one compilation into ``folder``."""
 
@@ -37,14 +48,10 @@ class GraphDumper:
 
     def dump(self, label: str, graph: Graph) -> str:
         """Write ``graph`` as ``NNN_<label>.txt``; returns the path."""
-        path = os.path.join(self.folder, f"{self.counter:03d}_{label}.txt")
+        filename = f"{self.counter:03d}_{label}.txt"
         self.counter += 1
         header = f"# {label}: {count_nodes(graph)} nodes\n"
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(header + graph.format() + "\n")
-        os.replace(tmp, path)  # atomic: parallel readers never see half a file
-        return path
+        return write_dump(self.folder, filename, header + graph.format() + "\n")
 
     def on_pass(self, round_: int, name: str, graph: Graph) -> None:
         """Hook for ``passes.optimize``."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import ELEMENTWISE, Prim
 
@@ -38,10 +39,6 @@ _ZERO_COST = frozenset(
         Prim.INPUT,
     }
 )
-# A shared value is recomputed by each consumer only while it costs at most this many ops.
-SHARED_COST_LIMIT = 2
-# Beyond this inline cost a value is written out regardless (keeps generated code small).
-MAX_INLINE_COST = 40
 
 
 @dataclass
@@ -78,12 +75,14 @@ def consumers_of(graph: Graph) -> dict[int, list[Node]]:
     return users
 
 
-def plan_fusion(graph: Graph, fuse_epilogues: bool = True) -> FusionPlan:
+def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
     """Decide materialization and epilogue fusion for every node of ``graph``.
 
     Args:
         graph: an optimized graph.
-        fuse_epilogues: compute eligible reductions inside their elementwise consumer.
+        target: the cost limits (``shared_cost_limit``, ``max_inline_cost``) and whether
+            eligible reductions are computed inside their elementwise consumer
+            (``fuse_epilogues``).
     Returns:
         a :class:`FusionPlan`.
     Example:
@@ -97,23 +96,25 @@ def plan_fusion(graph: Graph, fuse_epilogues: bool = True) -> FusionPlan:
         plan.cost[node.id] = _own_cost(node) + sum(
             plan.cost[i.id] for i in node.inputs if i.id not in plan.materialized
         )
-        if _must_materialize(node, users.get(node.id, []), outputs, plan.cost[node.id]):
+        if _must_materialize(node, users.get(node.id, []), outputs, plan.cost[node.id], target):
             plan.materialized.add(node.id)
             plan.cost[node.id] = 0
         _materialize_operands(node, plan)
-    if fuse_epilogues:
+    if target.fuse_epilogues:
         _fuse_epilogues(order, users, outputs, plan)
     return plan
 
 
-def _must_materialize(node: Node, users: list[Node], outputs: set[int], cost: int) -> bool:
+def _must_materialize(
+    node: Node, users: list[Node], outputs: set[int], cost: int, target: Target
+) -> bool:
     if node.prim is Prim.INPUT or node.id in outputs or node.prim in ROOTS:
         return True
     if node.prim is Prim.CONSTANT:
         return int(node.attr["value"].array.size) > 1
-    if cost > MAX_INLINE_COST:
+    if cost > target.max_inline_cost:
         return True
-    return len(users) > 1 and cost > SHARED_COST_LIMIT
+    return len(users) > 1 and cost > target.shared_cost_limit
 
 
 def _materialize_operands(node: Node, plan: FusionPlan) -> None:

@@ -1,199 +1,75 @@
 """The loop IR: a backend-neutral program of kernels, each a loop nest over an index space.
 
-Lowering (``compiler/lower.py``) produces it, renderers (C today, CUDA later)
-consume it unchanged. Nothing here knows about C: there are no pointers,
-pragmas or types spelled in a target language.
+Lowering (``compiler/lower.py``) produces it, the loop stages of
+``compiler/pipeline.py`` transform it, renderers (``backends/cstyle.py`` and its
+C and CUDA subclasses) consume it. Nothing here knows about a target language:
+there are no pointers, pragmas, type spellings or thread ids.
 
-* **Index expressions** (:class:`Affine`) are integer sums ``c0 + c1*v1 + ...``
-  over *atoms*: loop variables, and ``floordiv``/``mod`` of an affine (only
-  reshapes of non-contiguous views need those; ``simplify`` removes them
-  whenever a variable's range makes them redundant).
+* **Index expressions** (:class:`Affine`, in ``compiler/index.py``) are integer
+  sums over loop variables and ``floordiv``/``mod`` atoms.
 * **Scalar expressions** (:class:`Expr` subclasses) compute one element:
   loads, constants, unary/binary ops, selects, casts, counters for iota and
   random numbers.
-* **Statements**: :class:`Loop` (``parallel`` or ``reduction``), :class:`Store`
-  (optionally accumulating into memory), :class:`Declare`/:class:`Accumulate`
-  (a scalar accumulator initialised to the neutral element),
-  :class:`IndexLoad` (a data-dependent index, used by gather/scatter),
-  :class:`CheckBounds` (fail with an error code instead of reading out of
-  range) and :class:`Contract` (a matrix-multiply library call).
+* **Statements**: :class:`Loop` (``parallel``: iterations independent; or
+  ``reduction``: iterations update the same locations), :class:`Store`
+  (optionally accumulating; ``commutative`` accumulations may run in any order,
+  e.g. as atomics), :class:`Reduce` (a scalar reduction a renderer may run as a
+  tree), :class:`Local` (per-iteration scratch), :class:`IndexLoad` (a
+  data-dependent index), :class:`CheckBounds` (the error-flag contract, below)
+  and :class:`Contract` (a matrix-multiply library call), :class:`BatchFused`
+  (a product whose operand is produced one batch slice at a time).
+
+**Error-flag contract.** A :class:`CheckBounds` that fails records its ``code``
+as the program's error (the first failure wins) and the rest of the program is
+skipped: no later kernel runs. A renderer may implement "skipped" by returning
+at once (C) or by every later kernel testing a device-side flag (a GPU). The host
+reads the code after the call and raises the error that ``Program.errors``
+describes. In a K-step run, steps before the failing one are complete and later
+ones do not run (see ``backends/base.py`` for what the caller sees).
+
+**Visitor.** :func:`walk` (every statement), :func:`expressions` and
+:func:`walk_expr`, :func:`map_expr`/:func:`map_body` (rebuild with a function
+applied bottom-up), :func:`rename_buffers`, :func:`reads`/:func:`writes`: every
+compiler stage and renderer traverses the IR through these.
 
 Every node prints itself; ``Program.format()`` is what ``SHAPEGRAD_DEBUG``
-writes to ``<name>.loops.txt``.
+writes after each loop stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from shapegrad.compiler.index import (
+    Affine,
+    Atom,
+    DivMod,
+    Var,
+    const,
+    flatten,
+    floordiv,
+    mod,
+    substitute,
+    unflatten,
+    var,
+)
 from shapegrad.dtypes import DType, bool_, int32
 
-# ---------------------------------------------------------------------------
-# Integer index expressions
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Var:
-    """A loop variable ranging over ``[0, extent)``."""
-
-    name: str
-    extent: int
-
-    def __str__(self) -> str:
-        return self.name
-
-
-@dataclass(frozen=True)
-class DivMod:
-    """``inner // divisor`` (``is_mod=False``) or ``inner % divisor`` (``is_mod=True``)."""
-
-    inner: Affine
-    divisor: int
-    is_mod: bool
-
-    def __str__(self) -> str:
-        return f"(({self.inner}) {'%' if self.is_mod else '/'} {self.divisor})"
-
-
-Atom = Var | DivMod
-
-
-@dataclass(frozen=True)
-class Affine:
-    """``const + sum(coef * atom)``; terms are kept sorted and free of zero coefficients."""
-
-    terms: tuple[tuple[Atom, int], ...] = ()
-    const: int = 0
-
-    @staticmethod
-    def of(atom: Atom, coef: int = 1) -> Affine:
-        return Affine(((atom, coef),), 0) if coef else Affine()
-
-    def __add__(self, other: Affine | int) -> Affine:
-        if isinstance(other, int):
-            return Affine(self.terms, self.const + other)
-        coefs: dict[Atom, int] = dict(self.terms)
-        for atom, coef in other.terms:
-            coefs[atom] = coefs.get(atom, 0) + coef
-        return _make(coefs, self.const + other.const)
-
-    def __mul__(self, k: int) -> Affine:
-        if k == 0:
-            return Affine()
-        return Affine(tuple((a, c * k) for a, c in self.terms), self.const * k)
-
-    def bounds(self) -> tuple[int, int]:
-        """Inclusive ``(min, max)`` over all loop-variable values."""
-        lo = hi = self.const
-        for atom, coef in self.terms:
-            a_lo, a_hi = _atom_bounds(atom)
-            lo += min(coef * a_lo, coef * a_hi)
-            hi += max(coef * a_lo, coef * a_hi)
-        return lo, hi
-
-    def coef(self, var: Var) -> int:
-        """Coefficient of ``var`` as a direct term (0 when absent or only inside div/mod)."""
-        return dict(self.terms).get(var, 0)
-
-    def atoms(self) -> Iterator[Atom]:
-        return (a for a, _ in self.terms)
-
-    def __str__(self) -> str:
-        parts = [str(a) if c == 1 else f"{c}*{a}" for a, c in self.terms]
-        if self.const or not parts:
-            parts.append(str(self.const))
-        return " + ".join(parts)
-
-
-def _key(atom: Atom) -> str:
-    return str(atom)
-
-
-def _make(coefs: dict[Atom, int], const: int) -> Affine:
-    terms = tuple(sorted(((a, c) for a, c in coefs.items() if c), key=lambda t: _key(t[0])))
-    return Affine(terms, const)
-
-
-def _atom_bounds(atom: Atom) -> tuple[int, int]:
-    if isinstance(atom, Var):
-        return 0, max(atom.extent - 1, 0)
-    lo, hi = atom.inner.bounds()
-    if atom.is_mod:
-        return (0, atom.divisor - 1) if lo < 0 or hi >= atom.divisor else (lo, hi)
-    return lo // atom.divisor, hi // atom.divisor
-
-
-def var(v: Var) -> Affine:
-    """The affine expression ``v``."""
-    return Affine.of(v)
-
-
-def const(c: int) -> Affine:
-    """The constant affine expression ``c``."""
-    return Affine((), c)
-
-
-def floordiv(a: Affine, d: int) -> Affine:
-    """``a // d`` simplified: terms divisible by ``d`` come out when the rest stays in ``[0, d)``."""
-    if d == 1:
-        return a
-    whole, rest = _split(a, d)
-    lo, hi = rest.bounds()
-    if lo >= 0 and hi < d:
-        return whole
-    return whole + Affine.of(DivMod(rest, d, False))
-
-
-def mod(a: Affine, d: int) -> Affine:
-    """``a % d`` simplified the same way as :func:`floordiv`."""
-    if d == 1:
-        return Affine()
-    _, rest = _split(a, d)
-    lo, hi = rest.bounds()
-    if lo >= 0 and hi < d:
-        return rest
-    return Affine.of(DivMod(rest, d, True))
-
-
-def _split(a: Affine, d: int) -> tuple[Affine, Affine]:
-    """``a = d*whole + rest`` with every coefficient of ``whole`` integral."""
-    whole: dict[Atom, int] = {}
-    rest: dict[Atom, int] = {}
-    for atom, coef in a.terms:
-        if coef % d == 0:
-            whole[atom] = coef // d
-        else:
-            rest[atom] = coef
-    c_whole = a.const // d
-    return _make(whole, c_whole), _make(rest, a.const - c_whole * d)
-
-
-def flatten(index: tuple[Affine, ...], shape: tuple[int, ...]) -> Affine:
-    """Row-major flat offset of a multi-index."""
-    flat = Affine()
-    stride = 1
-    for ix, size in zip(reversed(index), reversed(shape), strict=True):
-        flat = flat + ix * stride
-        stride *= size
-    return flat
-
-
-def unflatten(flat: Affine, shape: tuple[int, ...]) -> tuple[Affine, ...]:
-    """Row-major multi-index of a flat offset (div/mod simplified away where possible)."""
-    if 0 in shape:  # an empty tensor: no element is ever addressed
-        return tuple(const(0) for _ in shape)
-    out: list[Affine] = []
-    stride = 1
-    strides = []
-    for size in reversed(shape):
-        strides.append(stride)
-        stride *= size
-    for size, st in zip(shape, reversed(strides), strict=True):
-        out.append(mod(floordiv(flat, st), size) if size > 1 else const(0))
-    return tuple(out)
-
+__all__ = [
+    "Affine",
+    "Atom",
+    "DivMod",
+    "Var",
+    "const",
+    "flatten",
+    "floordiv",
+    "mod",
+    "substitute",
+    "unflatten",
+    "var",
+]
 
 # ---------------------------------------------------------------------------
 # Scalar expressions
@@ -312,23 +188,6 @@ def int_const(value: int) -> Const:
     return Const(int32, value)
 
 
-def walk_expr(e: Expr) -> Iterator[Expr]:
-    """``e`` and every sub-expression, pre-order."""
-    yield e
-    for child in _children(e):
-        yield from walk_expr(child)
-
-
-def _children(e: Expr) -> tuple[Expr, ...]:
-    if isinstance(e, Unary | Cast):
-        return (e.x,)
-    if isinstance(e, Binary):
-        return (e.a, e.b)
-    if isinstance(e, Select):
-        return (e.cond, e.a, e.b)
-    return ()
-
-
 # ---------------------------------------------------------------------------
 # Statements, kernels, programs
 # ---------------------------------------------------------------------------
@@ -342,7 +201,8 @@ class Stmt:
 @dataclass(frozen=True)
 class Loop(Stmt):
     """``for var in [0, var.extent)``; ``kind`` is ``"parallel"`` (iterations independent)
-    or ``"reduction"`` (iterations accumulate into the same location, run in order)."""
+    or ``"reduction"`` (iterations update the same locations through accumulating stores:
+    in order, unless every such store is ``commutative``)."""
 
     var: Var
     kind: str
@@ -351,12 +211,35 @@ class Loop(Stmt):
 
 @dataclass(frozen=True)
 class Store(Stmt):
-    """``buffer[index] = value``, or ``buffer[index] op= value`` when ``accumulate`` is set."""
+    """``buffer[index] = value``, or ``buffer[index] op= value`` when ``accumulate`` is set.
+
+    ``commutative``: the accumulation may be applied in any order, and concurrently by
+    iterations of enclosing loops if each update is atomic (scatter-add, row-form
+    reductions). Float results may then differ in rounding, never otherwise.
+    """
 
     buffer: str
     index: Affine
     value: Expr
     accumulate: str | None = None  # "add" | "max"
+    commutative: bool = False
+
+
+@dataclass(frozen=True)
+class Reduce(Stmt):
+    """``name = init; for vars (nested, row-major): name = op(name, value)``.
+
+    A reduction to one scalar per point of the enclosing loops; ``op`` ("add" or "max")
+    is associative and commutative, so a renderer may split ``vars`` and combine partial
+    results as a tree (a GPU block reduction) or in blocks (pairwise float sums). The
+    scalar is read afterwards as ``Ref(name)``.
+    """
+
+    name: str
+    op: str
+    init: Expr
+    vars: tuple[Var, ...]
+    value: Expr
 
 
 @dataclass(frozen=True)
@@ -367,23 +250,6 @@ class Local(Stmt):
     name: str
     dtype: DType
     size: int
-
-
-@dataclass(frozen=True)
-class Declare(Stmt):
-    """A scalar local initialised to ``init`` (the neutral element for an accumulator)."""
-
-    name: str
-    init: Expr
-
-
-@dataclass(frozen=True)
-class Accumulate(Stmt):
-    """``name = op(name, value)``; ``op`` is ``"add"`` or ``"max"``."""
-
-    name: str
-    op: str
-    value: Expr
 
 
 @dataclass(frozen=True)
@@ -400,7 +266,8 @@ class IndexLoad(Stmt):
 
 @dataclass(frozen=True)
 class CheckBounds(Stmt):
-    """Fail the program with ``code`` if any of ``buffer[0:size]`` is outside ``[-n, n)``."""
+    """If any of ``buffer[0:size]`` is outside ``[-n, n)``: record error ``code`` and skip the
+    rest of the program (the module docstring's error-flag contract)."""
 
     buffer: str
     size: int
@@ -441,6 +308,9 @@ class Contract(Stmt):
     # ``c = alpha * product + beta * c`` (beta 1: accumulate into c, e.g. an SGD update)
     alpha: float = 1.0
     beta: float = 0.0
+    # a run-time factor of alpha: ``alpha * alpha_buffer[alpha_index]`` (e.g. the trainer's lr)
+    alpha_buffer: str | None = None
+    alpha_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -449,13 +319,16 @@ class BatchFused(Stmt):
 
     For each index ``bi`` of the contract's batch (or summed) axis, every loop nest of
     ``producer`` runs with its outer variable fixed to ``bi`` and writes that operand
-    slice (``slice`` elements) into the calling thread's part of ``scratch`` (at
-    ``slice * tid``; ``tid`` is the variable ``sg_tid`` in store indices, below
-    ``slots``), and then the product for ``bi`` reads it there. The operand (e.g. a
-    convolution's im2col patches) is never materialized whole: each slice stays in cache.
-    ``operand`` names the contract operand fed this way ("a" or "b"), or is "c": then
-    the product for ``bi`` is written to the scratch slice and the nests of ``consumer``
+    slice (``slice`` elements) into ``scratch``, and then the product for ``bi`` reads it
+    there. The operand (e.g. a convolution's im2col patches) is never materialized whole.
+    ``operand`` names the contract operand fed this way ("a" or "b"), or is "c": then the
+    product for ``bi`` is written to the scratch slice and the nests of ``consumer``
     (outer variable fixed to ``bi``) read it there (e.g. a convolution's col2im).
+
+    ``scratch`` holds ``slots`` slices: a renderer running batch indices concurrently
+    gives each worker its own slice. Inside ``producer``/``consumer`` the scratch is
+    addressed relative to the current slice (indices in ``[0, slice)``); the renderer
+    adds the worker's slice offset.
     """
 
     producer: tuple[Loop, ...]
@@ -469,7 +342,8 @@ class BatchFused(Stmt):
 
 @dataclass
 class Kernel:
-    """One loop nest. ``work`` estimates scalar operations (renderers gate threading on it);
+    """One unit of work (a loop nest, or a few run back to back). ``work`` estimates its
+    scalar operations (a size hint for scheduling decisions, never a switch in itself);
     ``inlined`` names the graph nodes computed inside it rather than read from memory."""
 
     name: str
@@ -503,18 +377,42 @@ class BufferSpec:
 
 @dataclass
 class Program:
-    """A compiled function: buffers plus kernels run in order."""
+    """A compiled function: buffers, kernels run in order, and its calling convention.
+
+    Attributes:
+        name: shows in dumps and error messages.
+        buffers: every named buffer.
+        kernels: run in order.
+        inputs: buffer name per graph input (state inputs name their state buffer).
+        outputs: buffer name per graph output.
+        state_of_output: output index -> the input index whose buffer it updates in place.
+        constants: const buffer name -> its data.
+        errors: error code -> message (the error-flag contract; codes start at 1).
+        arena_bytes: size of the arena holding every temp (set by ``pack_arena``).
+        n_slots: entries of the I/O table (set by ``assign_slots``).
+    """
 
     name: str
     buffers: dict[str, BufferSpec]
     kernels: list[Kernel]
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    state_of_output: dict[int, int] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
     arena_bytes: int = 0
+    n_slots: int = 0
 
     def format(self) -> str:
         lines = [f"program {self.name}  # arena {self.arena_bytes} bytes"]
         for b in self.buffers.values():
             where = f"slot {b.slot}" if b.kind != "temp" else f"arena+{b.offset}"
             lines.append(f"  buffer {b.name}: {b.dtype.name}[{b.size}] {b.kind} ({where})")
+        if self.inputs:
+            lines.append(f"  inputs: {', '.join(self.inputs)}")
+            lines.append(f"  outputs: {', '.join(self.outputs)}")
+        for code, text in sorted(self.errors.items()):
+            lines.append(f"  error {code}: {text}")
         for k in self.kernels:
             lines.append(k.format())
         return "\n".join(lines)
@@ -529,13 +427,13 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.extend(_format_stmts(s.body, depth + 1))
         elif isinstance(s, Store):
             op = f"{s.accumulate}=" if s.accumulate else "="
-            out.append(f"{pad}{s.buffer}[{s.index}] {op} {s.value}")
-        elif isinstance(s, Declare):
-            out.append(f"{pad}{s.name} = {s.init}")
+            flag = "  # commutative" if s.commutative else ""
+            out.append(f"{pad}{s.buffer}[{s.index}] {op} {s.value}{flag}")
+        elif isinstance(s, Reduce):
+            over = ", ".join(f"{v.name} in 0..{v.extent}" for v in s.vars)
+            out.append(f"{pad}{s.name} = reduce_{s.op}({s.value}, init {s.init}) over {over}")
         elif isinstance(s, Local):
             out.append(f"{pad}local {s.name}: {s.dtype.name}[{s.size}]")
-        elif isinstance(s, Accumulate):
-            out.append(f"{pad}{s.name} {s.op}= {s.value}")
         elif isinstance(s, IndexLoad):
             out.append(f"{pad}{s.var.name} = wrap({s.buffer}[{s.index}], {s.var.extent})")
         elif isinstance(s, CheckBounds):
@@ -547,28 +445,175 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.extend(_format_stmts((c,), depth + 1))
             out.extend(_format_stmts(s.consumer, depth + 1))
         elif isinstance(s, Contract):
+            scaled = f"*{s.alpha_buffer}[{s.alpha_index}]" if s.alpha_buffer else ""
             out.append(
                 f"{pad}{s.c} = contract({s.a}{'^T' if s.trans_a else ''}, {s.b}{'^T' if s.trans_b else ''})"
                 f" m={s.m} n={s.n} k={s.k} batch={s.batch} sum={s.sum_batch}"
-                + (f" alpha={s.alpha} beta={s.beta}" if (s.alpha, s.beta) != (1.0, 0.0) else "")
+                + (
+                    f" alpha={s.alpha}{scaled} beta={s.beta}"
+                    if (s.alpha, s.beta) != (1.0, 0.0) or scaled
+                    else ""
+                )
             )
     return out
 
 
-def loads_in(body: tuple[Stmt, ...]) -> Iterator[Load]:
-    """Every Load in a statement list (including inside loops)."""
+# ---------------------------------------------------------------------------
+# The visitor: every traversal of the loop IR goes through these
+# ---------------------------------------------------------------------------
+
+
+def sub_statements(s: Stmt) -> tuple[Stmt, ...]:
+    """The statements directly inside ``s`` (in execution order)."""
+    if isinstance(s, Loop):
+        return s.body
+    if isinstance(s, BatchFused):
+        return (*s.producer, s.contract, *s.consumer)
+    return ()
+
+
+def walk(body: Iterable[Stmt]) -> Iterator[Stmt]:
+    """Every statement of ``body`` and inside it, pre-order."""
     for s in body:
-        exprs: list[Expr] = []
-        if isinstance(s, Loop):
-            yield from loads_in(s.body)
-        elif isinstance(s, BatchFused):
-            yield from loads_in(s.producer)
-            yield from loads_in(s.consumer)
-        elif isinstance(s, Store):
-            exprs = [s.value]
-        elif isinstance(s, Declare):
-            exprs = [s.init]
-        elif isinstance(s, Accumulate):
-            exprs = [s.value]
-        for e in exprs:
-            yield from (x for x in walk_expr(e) if isinstance(x, Load))
+        yield s
+        yield from walk(sub_statements(s))
+
+
+def expressions(s: Stmt) -> tuple[Expr, ...]:
+    """The scalar expressions ``s`` itself evaluates (not those of sub-statements)."""
+    if isinstance(s, Store):
+        return (s.value,)
+    if isinstance(s, Reduce):
+        return (s.init, s.value)
+    return ()
+
+
+def expr_children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Unary | Cast):
+        return (e.x,)
+    if isinstance(e, Binary):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    return ()
+
+
+def walk_expr(e: Expr) -> Iterator[Expr]:
+    """``e`` and every sub-expression, pre-order."""
+    yield e
+    for child in expr_children(e):
+        yield from walk_expr(child)
+
+
+def all_expressions(body: Iterable[Stmt]) -> Iterator[Expr]:
+    """Every expression evaluated anywhere in ``body`` (roots only; see :func:`walk_expr`)."""
+    for s in walk(body):
+        yield from expressions(s)
+
+
+def loads_in(body: Iterable[Stmt]) -> Iterator[Load]:
+    """Every element Load in a statement list (including inside loops and batch-fused parts)."""
+    for e in all_expressions(body):
+        yield from (x for x in walk_expr(e) if isinstance(x, Load))
+
+
+ExprFn = Callable[[Expr], Expr]
+StmtFn = Callable[[Stmt], Stmt]
+
+
+def map_expr(e: Expr, fn: ExprFn) -> Expr:
+    """Rebuild ``e`` bottom-up: children first, then ``fn`` on each (rebuilt) node."""
+    if isinstance(e, Unary | Cast):
+        e = replace(e, x=map_expr(e.x, fn))
+    elif isinstance(e, Binary):
+        e = replace(e, a=map_expr(e.a, fn), b=map_expr(e.b, fn))
+    elif isinstance(e, Select):
+        e = replace(e, cond=map_expr(e.cond, fn), a=map_expr(e.a, fn), b=map_expr(e.b, fn))
+    return fn(e)
+
+
+def map_stmt(s: Stmt, expr: ExprFn | None = None, stmt: StmtFn | None = None) -> Stmt:
+    """Rebuild ``s`` bottom-up: sub-statements first, then its expressions through ``expr``,
+    then ``stmt`` on the rebuilt statement."""
+    if isinstance(s, Loop):
+        s = replace(s, body=map_body(s.body, expr, stmt))
+    elif isinstance(s, BatchFused):
+        producer = tuple(_as_loop(map_stmt(x, expr, stmt)) for x in s.producer)
+        contract = map_stmt(s.contract, expr, stmt)
+        assert isinstance(contract, Contract)
+        consumer = tuple(_as_loop(map_stmt(x, expr, stmt)) for x in s.consumer)
+        s = replace(s, producer=producer, contract=contract, consumer=consumer)
+    if expr is not None:
+        if isinstance(s, Store):
+            s = replace(s, value=map_expr(s.value, expr))
+        elif isinstance(s, Reduce):
+            s = replace(s, init=map_expr(s.init, expr), value=map_expr(s.value, expr))
+    return stmt(s) if stmt is not None else s
+
+
+def map_body(
+    body: tuple[Stmt, ...], expr: ExprFn | None = None, stmt: StmtFn | None = None
+) -> tuple[Stmt, ...]:
+    """:func:`map_stmt` over a statement list."""
+    return tuple(map_stmt(s, expr, stmt) for s in body)
+
+
+def _as_loop(s: Stmt) -> Loop:
+    assert isinstance(s, Loop), "batch-fused parts stay loop nests"
+    return s
+
+
+def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[Stmt, ...]:
+    """``body`` with every buffer name ``n`` (loads, stores, indices, products, scratch)
+    replaced by ``fix(n)``."""
+
+    def expr(e: Expr) -> Expr:
+        return replace(e, buffer=fix(e.buffer)) if isinstance(e, Load) else e
+
+    def stmt(s: Stmt) -> Stmt:
+        if isinstance(s, Store | IndexLoad | CheckBounds):
+            return replace(s, buffer=fix(s.buffer))
+        if isinstance(s, Contract):
+            alpha = fix(s.alpha_buffer) if s.alpha_buffer else None
+            return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c), alpha_buffer=alpha)
+        if isinstance(s, BatchFused):
+            return replace(s, scratch=fix(s.scratch))
+        return s
+
+    return map_body(body, expr, stmt)
+
+
+def local_names(body: Iterable[Stmt]) -> set[str]:
+    """Names of the scratch arrays (:class:`Local`) declared in ``body``."""
+    return {s.name for s in walk(body) if isinstance(s, Local)}
+
+
+def reads(body: Iterable[Stmt]) -> set[str]:
+    """Buffers ``body`` reads: loads, index buffers, accumulated stores, product operands
+    (and the product's destination when it accumulates into it). Locals excluded."""
+    body = tuple(body)
+    names = {ld.buffer for ld in loads_in(body)}
+    for s in walk(body):
+        if isinstance(s, Contract):
+            names |= {s.a, s.b} | ({s.c} if s.beta else set())
+            names |= {s.alpha_buffer} if s.alpha_buffer else set()
+        elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
+            names.add(s.buffer)
+    return names - local_names(body)
+
+
+def writes(body: Iterable[Stmt]) -> set[str]:
+    """Buffers ``body`` writes (stores and product destinations). Locals excluded."""
+    body = tuple(body)
+    out: set[str] = set()
+    for s in walk(body):
+        if isinstance(s, Store):
+            out.add(s.buffer)
+        elif isinstance(s, Contract):
+            out.add(s.c)
+    return out - local_names(body)
+
+
+def stmt_types() -> tuple[type[Stmt], ...]:
+    """Every statement class (a renderer must have a rule for each)."""
+    return (Loop, Store, Reduce, Local, IndexLoad, CheckBounds, Contract, BatchFused)

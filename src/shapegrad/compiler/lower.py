@@ -1,23 +1,27 @@
-"""Lowering: an optimized Graph -> a loop-IR Program (kernels over named buffers).
+"""Building kernels: an optimized Graph + its FusionPlan -> a loop-IR Program.
 
-The steps, in order (each a named function):
+``build_kernels`` is the loop stage that turns the graph into loop IR (see
+``compiler/pipeline.py`` for the whole ordered list of stages):
 
-1. ``plan_fusion`` (compiler/fusion.py) picks the materialized nodes.
-2. ``assign_buffers`` names a buffer for each: graph inputs, persistent state
-   (inputs that an output updates, ``Graph.aliases``), outputs, constants, temps.
-3. ``build_kernels`` emits one kernel per materialized node. Inline nodes are
-   expanded by :class:`ExprBuilder` at the index their consumer needs; layout
-   ops (reshape, permute, broadcast, slice, pad, concat) become index maps.
-4. ``plan_memory`` (compiler/memory.py) schedules state updates in place and
-   packs temps into one arena by liveness.
+1. ``assign_buffers`` names a buffer for each materialized node: graph inputs,
+   persistent state (inputs that an output updates, ``Graph.aliases``), outputs,
+   constants, temps.
+2. :class:`KernelBuilder` emits one kernel per materialized node. Inline nodes are
+   expanded by :class:`ExprBuilder` at the index their consumer needs; layout ops
+   (reshape, permute, broadcast, slice, pad, concat) become index maps. Every choice
+   that depends on the machine (library products, row form, local rows) is read from
+   the :class:`~shapegrad.compiler.target.Target`.
 
-The result, :class:`Lowered`, is what every loop-IR renderer consumes.
+Reductions to a scalar per output point become ``Reduce`` statements; accumulating
+stores whose order does not matter (scatter-add, row-form rows) are marked
+``commutative``; every gather/scatter index buffer is checked by a ``CheckBounds``
+whose error code is described in ``Program.errors``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,73 +29,41 @@ import numpy as np
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
-from shapegrad.compiler.fusion import FusionPlan, plan_fusion
+from shapegrad.compiler.fusion import FusionPlan
+from shapegrad.compiler.target import Target
 from shapegrad.dtypes import DType, bool_
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import size_of
 
-# Contractions of at least this many multiply-adds become a Contract (BLAS) statement.
-# Measured (1 thread, per call incl. ~1 µs Python): a lone matmul is faster through BLAS
-# at every size tried (10x16x16: 1.3 vs 2.2 µs; 32x32x32: 1.8 vs 17.5 µs; 128^3: 47 vs
-# 1876 µs), but inside the moons step the tiny products (<= 2560 MACs at batch 10) are
-# better as loops that share kernels with their fused epilogues (0.85-0.9 µs/step vs
-# 1.3-1.5 µs with BLAS everywhere); at batch 256 (4096-65536 MACs) BLAS wins
-# (11.4 µs vs 12.5 µs with a 65536 threshold, 15.7-18.7 µs all-loops).
-CONTRACT_MIN_MACS = 4096
-# Largest output row accumulated in a local scratch array (elements).
-LOCAL_ROW_MAX = 4096
-TIE_ROW = False
-ROW_FORM = True
 
-
-@dataclass
-class Lowered:
-    """A Program plus the calling convention the executable needs.
-
-    Attributes:
-        program: buffers and kernels.
-        input_buffers: buffer name per graph input (state inputs name their state buffer).
-        output_buffers: buffer name per graph output.
-        state_of_output: output index -> input index it updates in place (its buffer).
-        constants: const buffer name -> data.
-    """
-
-    program: L.Program
-    input_buffers: list[str]
-    output_buffers: list[str]
-    state_of_output: dict[int, int]
-    constants: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
-
-
-def lower_to_loops(
-    graph: Graph, name: str = "fn", plan: FusionPlan | None = None, contract_min: int | None = None
-) -> Lowered:
-    """Lower ``graph`` to a loop-IR program.
+def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "fn") -> L.Program:
+    """Lower ``graph`` to a loop-IR program (buffers named, kernels in graph order).
 
     Args:
         graph: an optimized graph.
-        name: program name (shows in dumps).
-        plan: a precomputed fusion plan (default: ``plan_fusion(graph)``).
-        contract_min: smallest contraction (multiply-adds) sent to Contract.
+        plan: its fusion plan (``fusion.plan_fusion``).
+        target: the backend's lowering policy.
+        name: program name (shows in dumps and error messages).
     Returns:
-        a :class:`Lowered` program with its memory planned.
+        a :class:`~shapegrad.compiler.loops.Program` with its calling convention set;
+        memory is not planned yet (later loop stages do that).
     Example:
-        >>> print(lower_to_loops(graph).program.format())
+        >>> program = build_kernels(graph, plan_fusion(graph), C_TARGET)
     """
-    from shapegrad.compiler.batchfuse import fuse_batch_producers
-    from shapegrad.compiler.memory import plan_memory
-
-    plan = plan or plan_fusion(graph)
     buffers, names, state_of_output, constants, input_names = assign_buffers(graph, plan)
-    builder = KernelBuilder(graph, plan, names, buffers, contract_min)
+    builder = KernelBuilder(graph, plan, names, buffers, target)
     kernels = builder.build()
-    output_names = builder.output_names
-    program = L.Program(name, buffers, kernels)
-    lowered = Lowered(program, input_names, output_names, state_of_output, constants)
-    fuse_batch_producers(program)
-    plan_memory(lowered, graph)
-    return lowered
+    return L.Program(
+        name,
+        buffers,
+        kernels,
+        inputs=input_names,
+        outputs=builder.output_names,
+        state_of_output=state_of_output,
+        constants=constants,
+        errors=builder.errors,
+    )
 
 
 _LOCAL_IDS: dict[int, tuple[Graph, dict[int, int]]] = {}
@@ -159,7 +131,7 @@ def _neutral(op: str, dtype: DType) -> L.Const:
 
 
 class KernelBuilder:
-    """Emits the kernels of one graph (see :func:`lower_to_loops`)."""
+    """Emits the kernels of one graph (see :func:`build_kernels`)."""
 
     def __init__(
         self,
@@ -167,17 +139,17 @@ class KernelBuilder:
         plan: FusionPlan,
         names: dict[int, str],
         buffers: dict[str, L.BufferSpec],
-        contract_min: int | None,
+        target: Target,
     ) -> None:
         self.graph = graph
         self.plan = plan
         self.names = names
         self.buffers = buffers
+        self.target = target
         self.kernels: list[L.Kernel] = []
         self.output_names: list[str] = []
-        self.contract_min = CONTRACT_MIN_MACS if contract_min is None else contract_min
+        self.errors: dict[int, str] = {}
         self._var_count = 0
-        self._codes = 0
 
     # -- helpers ---------------------------------------------------------------------
     def fresh(self, extent: int, prefix: str = "i") -> L.Var:
@@ -296,17 +268,14 @@ class KernelBuilder:
         flat_out = L.flatten(out_index, root.shape)
         work = size_of(root.shape) * max(1, math.prod(v.extent for v in red_vars)) * 2
         final = epilogue if epilogue is not None else root
-        if out_vars and _prefers_row_accumulation(summand, out_vars[-1], red_vars):
+        if out_vars and _prefers_row_accumulation(summand, out_vars[-1], red_vars, self.target):
             body = self._row_form(root, final, dst, out_vars, red_vars, summand, op, ex)
         else:
             acc = f"acc{self._var_count}"
             ex.subst[root.id] = lambda ix: L.Ref(dtype, acc)
             result = ex.expand(final, out_index) if epilogue is not None else L.Ref(dtype, acc)
-            inner: tuple[L.Stmt, ...] = (
-                L.Declare(acc, _neutral(op, dtype)),
-                *_nest(red_vars, "reduction", (L.Accumulate(acc, op, summand),)),
-                L.Store(dst, flat_out, result),
-            )
+            reduce = L.Reduce(acc, op, _neutral(op, dtype), tuple(red_vars), summand)
+            inner: tuple[L.Stmt, ...] = (reduce, L.Store(dst, flat_out, result))
             body = _nest(out_vars, "parallel", inner)
         self.add(final, body, work, ex)
 
@@ -332,7 +301,7 @@ class KernelBuilder:
         flat = L.flatten(index, root.shape)
         row, row_ix = dst, flat
         stmts: list[L.Stmt] = []
-        use_local = final is not root and last.extent <= LOCAL_ROW_MAX
+        use_local = final is not root and last.extent <= self.target.local_row_max
         if use_local:
             row, row_ix = f"row{self._var_count}", L.var(last)
             stmts.append(L.Local(row, dtype, last.extent))
@@ -341,7 +310,7 @@ class KernelBuilder:
             _nest(
                 red_vars,
                 "reduction",
-                (L.Loop(last, "parallel", (L.Store(row, row_ix, summand, op),)),),
+                (L.Loop(last, "parallel", (L.Store(row, row_ix, summand, op, True),)),),
             )
         )
         if final is not root:
@@ -383,14 +352,10 @@ class KernelBuilder:
         return red_vars, product
 
     def _try_contract(self, root: Node, epilogue: Node | None, dst: str) -> bool:
-        if (
-            len(root.inputs) != 2
-            or not root.aval.dtype.is_float
-            or root.aval.dtype.name == "float16"
-        ):
+        if len(root.inputs) != 2 or root.aval.dtype.name not in self.target.contract_dtypes:
             return False
         match = match_contraction(
-            root, ExprBuilder(self.plan, self.names), self.contract_min, self._pack
+            root, ExprBuilder(self.plan, self.names), self.target.contract_min_macs, self._pack
         )
         if match is None:
             return False
@@ -436,26 +401,47 @@ class KernelBuilder:
         vars_ = [self.fresh(d) for d in root.shape]
         index = tuple(L.var(x) for x in vars_)
         flat = L.flatten(index, root.shape)
-        alpha = 1.0
+        alpha, alpha_buffer, alpha_index = 1.0, None, 0
         if scale is not None:
             value = ex.value(scale, index)
-            if not isinstance(value, L.Const) or scale is root:
+            if scale is root:
                 return None
-            alpha = float(value.value)
+            if isinstance(value, L.Const):
+                alpha = float(value.value)
+            elif (
+                self.target.runtime_alpha
+                and isinstance(value, L.Load)
+                and not value.index.terms  # one element, the same for every output
+                and value.dtype == root.aval.dtype
+            ):
+                alpha_buffer, alpha_index = value.buffer, value.index.const
+            else:
+                return None
         if epilogue.prim is Prim.SUB:
             alpha = -alpha
         old = ex.value(base, index)
         if not (isinstance(old, L.Load) and old.index == flat and old.dtype == root.aval.dtype):
             return None  # the updated value is not a plain same-shaped buffer
-        if old.buffer in (match.a.buffer, match.b.buffer) or dst in (
-            match.a.buffer,
-            match.b.buffer,
+        if (
+            alpha_buffer == dst
+            or old.buffer in (match.a.buffer, match.b.buffer)
+            or dst
+            in (
+                match.a.buffer,
+                match.b.buffer,
+            )
         ):
             return None
         ex.inlined[epilogue.id] = epilogue
         if scale is not None:
             ex.inlined[term.id] = term
-        call = replace(match.statement(dst, root.aval.dtype), alpha=alpha, beta=1.0)
+        call = replace(
+            match.statement(dst, root.aval.dtype),
+            alpha=alpha,
+            beta=1.0,
+            alpha_buffer=alpha_buffer,
+            alpha_index=alpha_index,
+        )
         copy = _nest(vars_, "parallel", (L.Store(dst, flat, old),))
         return (*copy, call)
 
@@ -478,9 +464,16 @@ class KernelBuilder:
         return View(dst, 0, strides)
 
     # -- indexing ----------------------------------------------------------------------------
-    def _check(self, idx: Node, n: int) -> L.CheckBounds:
-        self._codes += 1
-        return L.CheckBounds(self.names[idx.id], size_of(idx.shape), n, self._codes)
+    def _check(self, node: Node, idx: Node, n: int) -> L.CheckBounds:
+        """The bounds check of ``node``'s index operand, with its entry in the error table."""
+        code = len(self.errors) + 1
+        what = "gather" if node.prim is Prim.GATHER else "scatter_add"
+        self.errors[code] = (
+            f"{what} index out of range [{-n}, {n}) in kernel k{len(self.kernels)} "
+            f"({node.prim.value}%{local_id(self.graph, node)}, index buffer "
+            f"{self.names[idx.id]} of shape {list(idx.shape)})"
+        )
+        return L.CheckBounds(self.names[idx.id], size_of(idx.shape), n, code)
 
     def emit_gather(self, node: Node, dst: str) -> None:
         x, idx = node.inputs
@@ -500,7 +493,10 @@ class KernelBuilder:
         store = L.Store(
             dst, L.flatten(tuple(L.var(v) for v in out_vars), node.shape), ex.value(x, x_index)
         )
-        body = (self._check(idx, x.shape[axis]), *_nest(out_vars, "parallel", (load_idx, store)))
+        body = (
+            self._check(node, idx, x.shape[axis]),
+            *_nest(out_vars, "parallel", (load_idx, store)),
+        )
         self.add(node, body, size_of(node.shape), ex)
 
     def emit_scatter(self, node: Node, dst: str) -> None:
@@ -524,8 +520,8 @@ class KernelBuilder:
             j, self.names[idx.id], L.flatten(tuple(L.var(v) for v in idx_vars), idx.shape)
         )
         value = ex.value(updates, tuple(L.var(v) for v in up_vars))
-        store = L.Store(dst, L.flatten(out_index, node.shape), value, "add")
-        body = (self._check(idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
+        store = L.Store(dst, L.flatten(out_index, node.shape), value, "add", commutative=True)
+        body = (self._check(node, idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
         self.add(node, body, size_of(updates.shape), ex)
 
 
@@ -543,13 +539,15 @@ def _has_divmod(e: L.Expr) -> bool:
     return False
 
 
-def _prefers_row_accumulation(summand: L.Expr, last_out: L.Var, red_vars: list[L.Var]) -> bool:
+def _prefers_row_accumulation(
+    summand: L.Expr, last_out: L.Var, red_vars: list[L.Var], target: Target
+) -> bool:
     """True when loads are contiguous along the last output axis but not the last reduced one."""
-    if not red_vars or last_out.extent < 4 or not ROW_FORM:
+    if not red_vars or last_out.extent < 4 or not target.row_form:
         return False
     last_red = red_vars[-1]
     loads = [e for e in L.walk_expr(summand) if isinstance(e, L.Load)]
     out_unit = sum(1 for ld in loads if ld.index.coef(last_out) == 1)
     red_unit = sum(1 for ld in loads if ld.index.coef(last_red) == 1)
     # On a tie, a wide output row vectorizes better than a short dot product.
-    return out_unit > red_unit or (out_unit == red_unit and last_out.extent >= 8 and TIE_ROW)
+    return out_unit > red_unit or (out_unit == red_unit and last_out.extent >= 8 and target.tie_row)

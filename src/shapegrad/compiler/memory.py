@@ -1,6 +1,6 @@
 """Memory planning: in-place state updates and one arena for all intermediates.
 
-Two steps over a lowered program:
+Two loop stages (see ``compiler/pipeline.py``):
 
 * ``place_state_updates``: an output that is the new value of an input
   (``Graph.aliases``, e.g. a parameter or an optimizer moment) is written
@@ -10,97 +10,54 @@ Two steps over a lowered program:
   copy kernel at the end of the program moves it over.
 * ``pack_arena``: temps get byte offsets in one arena; two temps share bytes
   when their live ranges (first writer .. last reader, in kernel order) are
-  disjoint. First-fit by definition order, 64-byte aligned.
+  disjoint. First-fit by definition order, aligned to the target's ``alignment``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
 
 from shapegrad.compiler import loops as L
-from shapegrad.ir import Graph
-
-if TYPE_CHECKING:
-    from shapegrad.compiler.lower import Lowered
-
-ALIGN = 64
-
-
-def plan_memory(lowered: Lowered, graph: Graph) -> None:
-    """Run both planning steps on ``lowered`` in place."""
-    place_state_updates(lowered, graph)
-    pack_arena(lowered.program)
 
 
 def buffers_read(kernel: L.Kernel) -> set[str]:
-    """Buffers a kernel reads."""
-    names = {ld.buffer for ld in L.loads_in(kernel.body)}
-    for s in _walk(kernel.body):
-        if isinstance(s, L.Contract):
-            names |= {s.a, s.b} | ({s.c} if s.beta else set())
-        elif isinstance(s, L.IndexLoad | L.CheckBounds) or (
-            isinstance(s, L.Store) and s.accumulate
-        ):
-            names.add(s.buffer)
-    return names - _locals(kernel.body)
-
-
-def _locals(body: tuple[L.Stmt, ...]) -> set[str]:
-    return {s.name for s in _walk(body) if isinstance(s, L.Local)}
+    """Buffers a kernel reads (see ``loops.reads``)."""
+    return L.reads(kernel.body)
 
 
 def buffers_written(kernel: L.Kernel) -> set[str]:
-    """Buffers a kernel writes."""
-    out: set[str] = set()
-    for s in _walk(kernel.body):
-        if isinstance(s, L.Store):
-            out.add(s.buffer)
-        elif isinstance(s, L.Contract):
-            out.add(s.c)
-    return out - _locals(kernel.body)
+    """Buffers a kernel writes (see ``loops.writes``)."""
+    return L.writes(kernel.body)
 
 
-def _walk(body: tuple[L.Stmt, ...]) -> Iterator[L.Stmt]:
-    for s in body:
-        yield s
-        if isinstance(s, L.Loop):
-            yield from _walk(s.body)
-        elif isinstance(s, L.BatchFused):
-            yield from _walk(s.producer)
-            yield s.contract
-            yield from _walk(s.consumer)
-
-
-def place_state_updates(lowered: Lowered, graph: Graph) -> None:
+def place_state_updates(program: L.Program) -> L.Program:
     """Redirect aliased outputs into their state buffers (see module docstring)."""
-    program = lowered.program
-    sources = {lowered.output_buffers[k] for k in lowered.state_of_output}
+    sources = {program.outputs[k] for k in program.state_of_output}
     program.kernels = _sinks_last(program.kernels, sources)
     # Read/write sets once per kernel; renames below update them in place.
     access = [(buffers_read(k), buffers_written(k)) for k in program.kernels]
     claimed: set[str] = set()
     copies: list[L.Kernel] = []
-    for k, i in sorted(lowered.state_of_output.items()):
-        src, state = lowered.output_buffers[k], lowered.input_buffers[i]
-        lowered.output_buffers[k] = state
+    for k, i in sorted(program.state_of_output.items()):
+        src, state = program.outputs[k], program.inputs[i]
+        program.outputs[k] = state
         if src == state:
             continue
         if src not in claimed and _can_write_in_place(program, access, src, state):
-            _rename(program, src, state)
+            _rename(program, access, src, state)
             for sets in access:
                 for names in sets:
                     if src in names:
                         names.discard(src)
                         names.add(state)
             del program.buffers[src]
-            lowered.output_buffers = [state if b == src else b for b in lowered.output_buffers]
+            program.outputs = [state if b == src else b for b in program.outputs]
             claimed.add(state)
             continue
         claimed.add(src)
         copies.append(_copy_kernel(program, src, state, len(program.kernels) + len(copies)))
     program.kernels.extend(copies)
+    return program
 
 
 def _sinks_last(kernels: list[L.Kernel], sources: set[str]) -> list[L.Kernel]:
@@ -131,7 +88,7 @@ def _can_write_in_place(
     if any(state in read for read, _ in access[w + 1 :]):
         return False
     kernel = program.kernels[w]
-    statements = list(_walk(kernel.body))
+    statements = list(L.walk(kernel.body))
     stores = [s for s in statements if isinstance(s, L.Store) and s.buffer == src]
     # Exactly one plain store per element: the old value is read, then overwritten once.
     if len(stores) != 1 or stores[0].accumulate:
@@ -150,12 +107,19 @@ def _updates(s: L.Contract, src: str) -> bool:
     return s.c == src and s.beta != 0.0 and src not in (s.a, s.b)
 
 
-def _rename(program: L.Program, old: str, new: str) -> None:
+def _rename(
+    program: L.Program, access: list[tuple[set[str], set[str]]], old: str, new: str
+) -> None:
+    """Rename ``old`` to ``new`` in the kernels that use it (``access``: their read/write
+    sets, aligned with ``program.kernels``); the others are left untouched (no rebuild)."""
+
     def fix(name: str) -> str:
         return new if name == old else name
 
-    for kernel in program.kernels:
-        body = (_rename_stmt(s, fix) for s in kernel.body)
+    for kernel, (read, written) in zip(program.kernels, access, strict=True):
+        if old not in read and old not in written:
+            continue
+        body = L.rename_buffers(kernel.body, fix)
         kernel.body = tuple(s for s in body if not _is_self_copy(s))
 
 
@@ -172,46 +136,6 @@ def _is_self_copy(s: L.Stmt) -> bool:
     )
 
 
-def _rename_expr(e: L.Expr, fix: Callable[[str], str]) -> L.Expr:
-    if isinstance(e, L.Load):
-        return replace(e, buffer=fix(e.buffer))
-    if isinstance(e, L.Unary | L.Cast):
-        return replace(e, x=_rename_expr(e.x, fix))
-    if isinstance(e, L.Binary):
-        return replace(e, a=_rename_expr(e.a, fix), b=_rename_expr(e.b, fix))
-    if isinstance(e, L.Select):
-        return replace(
-            e,
-            cond=_rename_expr(e.cond, fix),
-            a=_rename_expr(e.a, fix),
-            b=_rename_expr(e.b, fix),
-        )
-    return e
-
-
-def _rename_stmt(s: L.Stmt, fix: Callable[[str], str]) -> L.Stmt:
-    if isinstance(s, L.Loop):
-        return replace(s, body=tuple(_rename_stmt(x, fix) for x in s.body))
-    if isinstance(s, L.Store):
-        return replace(s, buffer=fix(s.buffer), value=_rename_expr(s.value, fix))
-    if isinstance(s, L.Declare):
-        return replace(s, init=_rename_expr(s.init, fix))
-    if isinstance(s, L.Accumulate):
-        return replace(s, value=_rename_expr(s.value, fix))
-    if isinstance(s, L.IndexLoad | L.CheckBounds):
-        return replace(s, buffer=fix(s.buffer))
-    if isinstance(s, L.Contract):
-        return replace(s, a=fix(s.a), b=fix(s.b), c=fix(s.c))
-    if isinstance(s, L.BatchFused):
-        producer = tuple(cast(L.Loop, _rename_stmt(x, fix)) for x in s.producer)
-        contract = cast(L.Contract, _rename_stmt(s.contract, fix))
-        consumer = tuple(cast(L.Loop, _rename_stmt(x, fix)) for x in s.consumer)
-        return replace(
-            s, producer=producer, contract=contract, consumer=consumer, scratch=fix(s.scratch)
-        )
-    return s
-
-
 def _copy_kernel(program: L.Program, src: str, dst: str, number: int) -> L.Kernel:
     spec = program.buffers[src]
     v = L.Var(f"c{number}", spec.size)
@@ -219,7 +143,7 @@ def _copy_kernel(program: L.Program, src: str, dst: str, number: int) -> L.Kerne
     return L.Kernel(f"k{number}", (L.Loop(v, "parallel", (store,)),), spec.size, f"copy {src}")
 
 
-def pack_arena(program: L.Program) -> None:
+def pack_arena(program: L.Program, alignment: int = 64) -> L.Program:
     """Assign arena offsets to temps by liveness; sets ``program.arena_bytes``."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -232,18 +156,19 @@ def pack_arena(program: L.Program) -> None:
     temps = [b for b in program.buffers.values() if b.kind == "temp"]
     temps.sort(key=lambda b: (first.get(b.name, -1), b.name))
     for spec in temps:
-        nbytes = _round(spec.size * spec.dtype.numpy.itemsize)
+        nbytes = _round(spec.size * spec.dtype.numpy.itemsize, alignment)
         lo, hi = first.get(spec.name, 0), last.get(spec.name, 0)
         offset = 0
         for o, size, f, la in sorted(placed):
             overlaps_time = not (la < lo or hi < f)
             if overlaps_time and o < offset + nbytes and offset < o + size:
-                offset = _round(o + size)
+                offset = _round(o + size, alignment)
         placed.append((offset, nbytes, lo, hi))
         top = max(top, offset + nbytes)
         program.buffers[spec.name] = replace(spec, offset=offset)
     program.arena_bytes = top
+    return program
 
 
-def _round(n: int) -> int:
-    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+def _round(n: int, alignment: int) -> int:
+    return max(alignment, (n + alignment - 1) // alignment * alignment)

@@ -16,6 +16,9 @@ from shapegrad.compiler import loops as L
 
 # More segments than this are not worth the code size.
 MAX_SEGMENTS = 6
+# Loops this short whose variable appears in range tests together with other variables
+# (``3*kh + kw`` of a convolution's patch index) run as one copy per value instead.
+MAX_UNROLL = 8
 
 
 def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
@@ -23,7 +26,7 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     tests on ``loop.var`` inside ``loop``, or None when there are none (or too many)."""
     n = loop.var.extent
     points = {0, n}
-    for e in _exprs(loop.body):
+    for e in L.all_expressions(loop.body):
         for x in L.walk_expr(e):
             if isinstance(x, L.InRange) and x.index.terms == ((loop.var, 1),):
                 points |= {min(max(b - x.index.const, 0), n) for b in (x.lo, x.hi)}
@@ -33,39 +36,62 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     return list(itertools.pairwise(ordered))
 
 
-def specialize(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> tuple[L.Stmt, ...]:
-    """``body`` with every range test on ``var`` folded for ``lo <= var < hi``."""
-    return tuple(_stmt(s, var, lo, hi) for s in body)
+def unrolls(loop: L.Loop) -> bool:
+    """Whether ``loop`` should run as one copy of its body per value (see
+    :func:`substitute_var`): it is short and its variable meets another one in a range test,
+    which then becomes a test on that other variable alone (split by :func:`segments`)."""
+    if loop.var.extent > MAX_UNROLL or loop.var.extent < 2:
+        return False
+    for e in L.all_expressions(loop.body):
+        for x in L.walk_expr(e):
+            if isinstance(x, L.InRange) and x.index.coef(loop.var) and len(x.index.terms) > 1:
+                return True
+    return False
 
 
-def _exprs(body: tuple[L.Stmt, ...]) -> list[L.Expr]:
-    out: list[L.Expr] = []
-    for s in body:
-        if isinstance(s, L.Loop):
-            out.extend(_exprs(s.body))
-        elif isinstance(s, L.Store | L.Accumulate):
-            out.append(s.value)
-        elif isinstance(s, L.Declare):
-            out.append(s.init)
+def substitute_var(body: tuple[L.Stmt, ...], var: L.Var, value: int) -> tuple[L.Stmt, ...]:
+    """``body`` with ``var`` fixed to ``value`` in every index, and the range tests and
+    selects that become constant folded."""
+
+    def index(a: L.Affine) -> L.Affine:
+        return L.substitute(a, var, value) if any(t == var for t in _vars(a)) else a
+
+    def expr(e: L.Expr) -> L.Expr:
+        if isinstance(e, L.Load | L.IndexValue | L.InRange):
+            e = replace(e, index=index(e.index))
+        elif isinstance(e, L.Random):
+            e = replace(e, counter=index(e.counter))
+        return _fold(e, None, 0, 0)
+
+    def stmt(s: L.Stmt) -> L.Stmt:
+        if isinstance(s, L.Store | L.IndexLoad):
+            return replace(s, index=index(s.index))
+        return s
+
+    return L.map_body(body, expr, stmt)
+
+
+def _vars(a: L.Affine) -> list[L.Var]:
+    out: list[L.Var] = []
+    for atom in a.atoms():
+        out.extend([atom] if isinstance(atom, L.Var) else _vars(atom.inner))
     return out
 
 
-def _stmt(s: L.Stmt, var: L.Var, lo: int, hi: int) -> L.Stmt:
-    if isinstance(s, L.Loop):
-        return replace(s, body=specialize(s.body, var, lo, hi))
-    if isinstance(s, L.Store | L.Accumulate):
-        return replace(s, value=_expr(s.value, var, lo, hi))
-    if isinstance(s, L.Declare):
-        return replace(s, init=_expr(s.init, var, lo, hi))
-    return s
+def specialize(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> tuple[L.Stmt, ...]:
+    """``body`` with every range test on ``var`` folded for ``lo <= var < hi``."""
+    return L.map_body(body, lambda e: _fold(e, var, lo, hi))
 
 
 def _truth(e: L.Expr) -> bool | None:
     return bool(e.value) if isinstance(e, L.Const) and e.dtype.name == "bool" else None
 
 
-def _expr(e: L.Expr, var: L.Var, lo: int, hi: int) -> L.Expr:
-    if isinstance(e, L.InRange) and e.index.terms == ((var, 1),):
+def _fold(e: L.Expr, var: L.Var | None, lo: int, hi: int) -> L.Expr:
+    """One bottom-up folding step (children are already folded)."""
+    if isinstance(e, L.InRange) and not e.index.terms:
+        return L.bool_const(e.lo <= e.index.const < e.hi)
+    if var is not None and isinstance(e, L.InRange) and e.index.terms == ((var, 1),):
         first, last = lo + e.index.const, hi - 1 + e.index.const
         if e.lo <= first and last < e.hi:
             return L.bool_const(True)
@@ -73,22 +99,16 @@ def _expr(e: L.Expr, var: L.Var, lo: int, hi: int) -> L.Expr:
             return L.bool_const(False)
         return e
     if isinstance(e, L.Select):
-        cond = _expr(e.cond, var, lo, hi)
-        known = _truth(cond)
+        known = _truth(e.cond)
         if known is not None:
-            return _expr(e.a if known else e.b, var, lo, hi)
-        return replace(e, cond=cond, a=_expr(e.a, var, lo, hi), b=_expr(e.b, var, lo, hi))
-    if isinstance(e, L.Binary):
-        a, b = _expr(e.a, var, lo, hi), _expr(e.b, var, lo, hi)
-        if e.op == "and":
-            ta, tb = _truth(a), _truth(b)
-            if ta is False or tb is False:
-                return L.bool_const(False)
-            if ta is True:
-                return b
-            if tb is True:
-                return a
-        return replace(e, a=a, b=b)
-    if isinstance(e, L.Unary | L.Cast):
-        return replace(e, x=_expr(e.x, var, lo, hi))
+            return e.a if known else e.b
+        return e
+    if isinstance(e, L.Binary) and e.op == "and":
+        ta, tb = _truth(e.a), _truth(e.b)
+        if ta is False or tb is False:
+            return L.bool_const(False)
+        if ta is True:
+            return e.b
+        if tb is True:
+            return e.a
     return e

@@ -1,10 +1,11 @@
-"""A compiled training step bound to its persistent state (the C backend's fast path).
+"""A compiled training step bound to its persistent state (the bound strategy's engine).
 
 ``sg.compile(train_step, donate_argnums=...)`` marks parameters, optimizer
 state and loss-scale state as *aliased*: their updated values overwrite the
-inputs. A backend whose executable offers ``bind(state)`` (the C backend)
-then keeps that state in its own buffers, so each call passes only the batch
-(and the learning rate) and returns only the loss; ``run_steps`` runs K
+inputs. A backend whose executables keep state (``Backend.binds_state``,
+:class:`~shapegrad.backends.base.BoundExecutable`) then holds that state in
+its own buffers, so each call passes only the batch (and the learning rate)
+and returns only the loss and the learning rate used; ``run_steps`` runs K
 steps in one native call.
 
 While a :class:`LiveStep` is active, the executable's buffers are the truth;
@@ -15,51 +16,119 @@ replaces the parameters.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
+from shapegrad.backends.base import BoundExecutable, StateLayout
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 
+if TYPE_CHECKING:
+    from shapegrad.jit import Compiled
+
 Array = npt.NDArray[Any]
+Signature = tuple[tuple[tuple[int, ...], Any, bool], ...]
+
+
+def signature_of(inputs: Sequence[Any]) -> Signature:
+    """Shape, dtype and contiguity of each batch input: the key of a binding's fast path."""
+    return tuple(map(_sig, inputs))
+
+
+def _sig(x: Any) -> tuple[tuple[int, ...], Any, bool]:
+    if type(x) is np.ndarray:
+        return (x.shape, x.dtype, x.flags.c_contiguous)
+    if isinstance(x, Tensor):
+        return (x.shape, x.dtype, False)  # always converted: .numpy() then the graph dtype
+    array = np.asarray(x)
+    return (array.shape, array.dtype, False)  # lists and scalars: always converted
 
 
 class LiveStep:
-    """One bound training step. Build it with :func:`bind_step` (returns None when the
-    backend has no bound calling convention, so the caller keeps the plain path)."""
+    """One bound training step for one optimizer, learning-rate kind and batch signature.
+
+    Args:
+        opt_key: the optimizer's ``config_key()``.
+        scheduled: True when the step takes no learning rate (the schedule gives it).
+        signature: :func:`signature_of` the batch inputs it was bound for.
+        bound: the bound executable (its free outputs are the loss and the lr used).
+        state_def: the tree of ``(params, opt_state, scaler)`` its state flattens.
+        batch_dtypes: the graph's dtype of each batch input (after the lr when given).
+        rate_dtype: the learning rate's dtype (the master dtype).
+    """
 
     def __init__(
-        self, key: Any, bound: Any, state_def: tree.TreeDef, batch_dtypes: Sequence[np.dtype[Any]]
+        self,
+        opt_key: Any,
+        scheduled: bool,
+        signature: Signature,
+        bound: BoundExecutable,
+        state_def: tree.TreeDef,
+        batch_dtypes: Sequence[np.dtype[Any]],
+        rate_dtype: np.dtype[Any],
     ) -> None:
-        self.key = key
+        self.opt_key = opt_key
+        self.scheduled = scheduled
+        self.signature = signature
         self.bound = bound
         self.state_def = state_def
-        self.batch_dtypes = list(batch_dtypes)
+        self._run = bound.step
+        data_dtypes = list(batch_dtypes) if scheduled else list(batch_dtypes)[1:]
+        self.data_dtypes = data_dtypes
+        # Inputs that are not already a C-contiguous array of the graph's dtype: converted.
+        self._convert = [
+            (k, d)
+            for k, ((_, dtype, contiguous), d) in enumerate(
+                zip(signature, data_dtypes, strict=True)
+            )
+            if not (contiguous and dtype == d)
+        ]
+        self._rate = np.zeros((), rate_dtype)  # refilled in place: the step sees one array
         self.dirty = False  # True when the buffers hold steps the trainer has not read back
         self.last_lr = float("nan")  # the learning rate the latest step used
 
-    def _arrays(self, batch: Sequence[Any]) -> list[Array]:
-        out = []
-        for x, d in zip(batch, self.batch_dtypes, strict=True):
-            # Not np.ascontiguousarray: it turns a 0-d learning rate into shape [1].
-            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=d)
-            out.append(a if a.flags.c_contiguous else a.copy(order="C"))
-        return out
+    def accepts(self, opt_key: Any, scheduled: bool, inputs: Sequence[Any]) -> bool:
+        """Whether this binding runs a step of ``opt_key`` with this lr kind on ``inputs``."""
+        return (
+            scheduled is self.scheduled
+            and opt_key == self.opt_key
+            and signature_of(inputs) == self.signature
+        )
 
-    def step(self, batch: Sequence[Any]) -> float:
-        """Run one step on the non-state inputs; returns the loss (``last_lr`` is updated)."""
-        loss, lr = self.bound(*self._arrays(batch))
-        self.dirty = True
-        self.last_lr = float(lr)
+    def _batch(self, inputs: Sequence[Any]) -> list[Any]:
+        batch = list(inputs)
+        for k, dtype in self._convert:
+            x = batch[k]
+            # Not np.ascontiguousarray: it turns a 0-d input into shape [1].
+            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=dtype)
+            batch[k] = a if a.flags.c_contiguous else a.copy(order="C")
+        return batch
+
+    def step(self, inputs: Sequence[Any], lr: float | None) -> float:
+        """Run one step; returns the loss (``last_lr`` is updated)."""
+        batch = self._batch(inputs) if self._convert else inputs
+        self.dirty = True  # before the call: a failing step may have changed the state
+        if lr is None:
+            loss, rate = self._run(*batch)
+        else:
+            self._rate[()] = lr
+            loss, rate = self._run(self._rate, *batch)
+        self.last_lr = float(rate)
         return float(loss)
 
-    def run_steps(self, stacked: Sequence[Any]) -> Array:
+    def run_steps(self, stacked: Sequence[Any], lr: float | None) -> Array:
         """Run ``K`` steps on inputs stacked ``[K, ...]``; returns the K losses (a copy)."""
-        losses, lrs = self.bound.run_steps(*self._arrays(stacked))
-        self.dirty = True
+        arrays = []
+        for x, dtype in zip(stacked, self.data_dtypes, strict=True):
+            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=dtype)
+            arrays.append(a if a.flags.c_contiguous else a.copy(order="C"))
+        count = arrays[0].shape[0]
+        rates = [] if lr is None else [np.full(count, lr, self._rate.dtype)]
+        self.dirty = True  # before the call: the steps before a failing one are applied
+        losses, lrs = self.bound.run_steps(*rates, *arrays)
         if len(lrs):
             self.last_lr = float(lrs[-1])
         return np.array(losses, copy=True)
@@ -73,24 +142,37 @@ class LiveStep:
         return np.array(self.bound.state[index], copy=True)
 
 
-def bind_step(compiled: Any, key: Any, args: tuple[Any, ...], n_state_args: int) -> LiveStep | None:
+def bind_step(
+    compiled: Compiled,
+    args: tuple[Any, ...],
+    n_state_args: int,
+    opt_key: Any,
+    signature: Signature,
+) -> LiveStep:
     """Bind ``compiled`` (called with ``args``; the first ``n_state_args`` are donated state).
 
-    Returns None when the executable cannot be bound (e.g. the NumPy backend) or the
-    lowering did not alias every state leaf, in which case plain calls are used.
+    Raises:
+        RuntimeError: the backend returned no binding, or the lowered step does not have
+            the layout of a training step (every state leaf aliased; loss and lr out).
     """
     lowered = compiled.lower(*args)
-    exe = lowered.executable
-    if not hasattr(exe, "bind"):
-        return None
+    layout = StateLayout.of(lowered.graph)
     state_leaves, state_def = tree.flatten(tuple(args[:n_state_args]))
-    if list(getattr(exe, "state_inputs", [])) != list(range(len(state_leaves))):
-        return None
-    if len(getattr(exe, "free_outputs", ())) != 2:  # only the loss and the lr come back
-        return None
+    if layout.state_inputs != tuple(range(len(state_leaves))) or len(layout.free_outputs) != 2:
+        raise RuntimeError(
+            f"ScalarTrainer: the compiled step has state inputs {layout.state_inputs} and "
+            f"free outputs {layout.free_outputs}; expected the {len(state_leaves)} state "
+            "leaves first and exactly the loss and the learning rate out"
+        )
     arrays = [np.asarray(x.numpy() if isinstance(x, Tensor) else x) for x in state_leaves]
-    batch_dtypes = [lowered.graph.inputs[i].aval.dtype.numpy for i in exe.batch_inputs]
-    return LiveStep(key, exe.bind(arrays), state_def, batch_dtypes)
+    bound = lowered.executable.bind(arrays)
+    if bound is None:
+        raise RuntimeError(f"backend {compiled.backend!r} says it binds state but bind() gave None")
+    inputs = lowered.graph.inputs
+    batch_dtypes = [inputs[i].aval.dtype.numpy for i in layout.batch_inputs]
+    scheduled = args[n_state_args] is None
+    rate_dtype = batch_dtypes[0] if not scheduled else np.dtype(np.float32)
+    return LiveStep(opt_key, scheduled, signature, bound, state_def, batch_dtypes, rate_dtype)
 
 
-__all__ = ["LiveStep", "bind_step"]
+__all__ = ["LiveStep", "Signature", "bind_step", "signature_of"]

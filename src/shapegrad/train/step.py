@@ -36,7 +36,7 @@ class StepPlan:
     compute: DType
     clip_norm: float | None
     schedule: Schedule | None
-    scale_window: int
+    scaling: mp.LossScalePolicy  # float16 only: the dynamic loss-scale rule
 
     @property
     def trainable(self) -> list[int]:
@@ -125,8 +125,8 @@ def train_step(
     )
     if scaler is None:
         return loss, new_params, new_state, None, rate
-    loss, new_params, new_state, new_scaler = mp.apply_or_skip(
-        grads, (params, opt_state), (new_params, new_state), scaler, loss, plan.scale_window
+    loss, new_params, new_state, new_scaler = plan.scaling.apply_or_skip(
+        grads, (params, opt_state), (new_params, new_state), scaler, loss
     )
     return loss, new_params, new_state, new_scaler, rate
 

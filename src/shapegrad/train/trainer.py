@@ -6,6 +6,11 @@ update, mixed-precision loss scaling) is ONE pure function of
 it directly; compiled mode hands the very same function to ``sg.compile``, so
 both modes run identical code and give the same numbers.
 
+How a step executes is decided once, at construction: the trainer holds one
+:class:`~shapegrad.train.strategies.StepStrategy` (eager, compiled, bound to a
+stateful executable, or the Neural Engine's host update; ``trainer.strategy``)
+and every method delegates to it.
+
 Example:
     >>> trainer = ScalarTrainer(loss, params, mode="compiled", backend="c",
     ...                         optimizer=sg.optim.Adam(lr=1e-2))
@@ -25,24 +30,22 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
-from shapegrad.dtypes import DType, as_dtype, float16, float32, int32
+from shapegrad.dtypes import DType, as_dtype, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
-from shapegrad.train.ane import AneStep, check_ane_settings
 from shapegrad.train.fit import History, StepInfo, run_fit
-from shapegrad.train.live import LiveStep, bind_step
 from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState
 from shapegrad.train.optim import trainable_flags as _flags
 from shapegrad.train.schedules import Schedule
-from shapegrad.train.step import (
-    LossFn,
-    StepPlan,
-    full_grads,
-    loss_and_grads,
-    loss_value,
-    train_step,
+from shapegrad.train.step import LossFn, StepPlan
+from shapegrad.train.strategies import (
+    BoundStrategy,
+    CompiledStrategy,
+    EagerStrategy,
+    StepStrategy,
+    strategy_kind,
 )
 
 if TYPE_CHECKING:
@@ -61,7 +64,10 @@ class ScalarTrainer:
             of float tensors; the trainer keeps the master copy.
         mode: ``"eager"`` (NumPy + tape) or ``"compiled"`` (one ``sg.compile``d step).
         backend: compiled-mode backend; ``"c"`` falls back to ``"numpy"`` with a message
-            when no C compiler / C backend is available.
+            when no C compiler / C backend is available; any other backend that cannot run
+            here (``"cuda"`` without a GPU) raises ``BackendUnavailable`` unless ``fallback``
+            names one to use instead.
+        fallback: backend to train on when ``backend`` is not usable here (printed).
         optimizer: an :mod:`shapegrad.train.optim` optimizer (default ``SGD(lr=0.01)``).
         schedule: optional learning-rate schedule (``step -> lr``), used when ``step`` is
             called without ``lr``; it overrides the optimizer's constant ``lr``.
@@ -79,15 +85,16 @@ class ScalarTrainer:
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
 
     ``mode="compiled", backend="ane"`` follows the Neural Engine training design
-    (:mod:`shapegrad.train.ane`, :class:`shapegrad.backends.ane.training.AneTrainer`):
+    (:mod:`shapegrad.train.ane`, :class:`shapegrad.train.ane.AneTrainer`):
     parameters are program inputs, forward + backward (fp16) compile once per batch
     signature, fp32 master weights and the optimizer stay on the host (or in the program,
     in fp32, with ``device_optimizer=True``), and the dynamic loss scale skips steps
     whose gradients overflow (``skipped_steps``, ``loss_scale``). ``forward``, ``step``,
-    ``fit``, ``get_params``/``set_params`` work as documented; on Linux the program is
-    built and saved but ``step``/``forward`` raise ``AneExecutionUnavailable`` (Core ML
-    execution needs macOS; never a silent fallback). ``clip_norm``, frozen parameters,
-    ``backward``, ``step_many``, side optimizers and checkpoints are not supported there.
+    ``step_many`` (K single steps), ``fit``, ``get_params``/``set_params`` and checkpoints
+    work as documented; on Linux the program is built and saved but ``step``/``forward``
+    raise ``AneExecutionUnavailable`` (Core ML execution needs macOS; never a silent
+    fallback). ``clip_norm``, frozen parameters and side optimizers (``adam_step``...) are
+    not supported there; ``backward`` compiles its own program for the ane backend.
     Example:
         >>> t = ScalarTrainer(loss, params, optimizer=sg.optim.SGD(lr=0.1, momentum=0.9))
         >>> t.step(x, y)
@@ -108,6 +115,7 @@ class ScalarTrainer:
         loss_scale: float = 2.0**15,
         loss_scale_window: int = 2000,
         *,
+        fallback: str | None = None,
         example_inputs: Sequence[Any] | None = None,
         device_optimizer: bool = False,
         ane_runner: Callable[[Any], Any] | None = None,
@@ -125,64 +133,89 @@ class ScalarTrainer:
         self.loss_fn = loss_fn
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
-        self._plan = StepPlan(
-            loss_fn, treedef, flags, master, compute, clip_norm, schedule, loss_scale_window
-        )
-        self._params = tree.unflatten(treedef, leaves)
-        self._initial_scale = float(loss_scale)
-        self.backend = _resolve_backend(backend) if mode == "compiled" else backend
-        self._ane: AneStep | None = None
-        if mode == "compiled" and backend == "ane":
+        scaling = mp.LossScalePolicy(loss_scale_window)
+        plan = StepPlan(loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling)
+        self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
+        kind = strategy_kind(mode, self.backend)
+        if kind != "ane" and (example_inputs is not None or device_optimizer or ane_runner):
+            raise TypeError(
+                "ScalarTrainer: example_inputs, device_optimizer and ane_runner are for "
+                "mode='compiled', backend='ane'"
+            )
+        params_tree = tree.unflatten(treedef, leaves)
+        scaler = mp.init_state(float(loss_scale)) if plan.fp16 else None
+        self._strategy: StepStrategy
+        if kind == "eager":
+            self._strategy = EagerStrategy(plan, params_tree, scaler)
+        elif kind == "compiled":
+            self._strategy = CompiledStrategy(plan, params_tree, scaler, self.backend)
+        elif kind == "bound":
+            self._strategy = BoundStrategy(plan, params_tree, scaler, self.backend)
+        else:
+            from shapegrad.train.ane import AneStrategy, check_ane_settings
+
             check_ane_settings(flags, clip_norm, dtype, leaves)
-            self._ane = AneStep(
-                loss_fn, leaves, treedef, self.optimizer, loss_scale, loss_scale_window,
-                device_optimizer, ane_runner,
-            )  # fmt: skip
+            ane = AneStrategy(
+                plan, self.optimizer, leaves, loss_scale, device_optimizer, ane_runner
+            )
             if example_inputs is not None:
-                self._ane.build(example_inputs)
-        self._opt_states: dict[Any, OptState] = {}
-        self._compiled: dict[Any, Callable[..., Any]] = {}
-        self._scaler = mp.init_state(self._initial_scale) if self._plan.fp16 else None
-        self.global_step = 0  # calls of step(), skipped ones included
-        self._live: LiveStep | None = None  # compiled step bound to its state (C backend)
-        self.last_lr = float("nan")  # the learning rate the latest step used
+                ane.build(example_inputs)
+            self._strategy = ane
+
+    # --- the strategy ------------------------------------------------------------------
+
+    @property
+    def strategy(self) -> StepStrategy:
+        """How this trainer executes its steps, chosen at construction (``.kind``:
+        ``"eager"``, ``"compiled"``, ``"bound"`` or ``"ane"``)."""
+        return self._strategy
+
+    @property
+    def global_step(self) -> int:
+        """Calls of ``step()`` so far (K per ``step_many``), skipped ones included."""
+        return self._strategy.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self._strategy.global_step = int(value)
+
+    @property
+    def last_lr(self) -> float:
+        """The learning rate the latest step used (NaN before the first)."""
+        return self._strategy.last_lr
 
     # --- parameters and state ----------------------------------------------------------
 
     @property
     def requires_grad(self) -> tuple[bool, ...]:
         """One flag per parameter leaf."""
-        return self._plan.flags
+        return self._strategy.plan.flags
 
     @property
     def schedule(self) -> Schedule | None:
         """The learning-rate schedule (assigning one rebuilds the compiled steps)."""
-        return self._plan.schedule
+        return self._strategy.plan.schedule
 
     @schedule.setter
     def schedule(self, value: Schedule | None) -> None:
-        self._flush()
-        self._plan = dataclasses.replace(self._plan, schedule=value)
-        self._compiled.clear()
+        self._strategy.set_plan(dataclasses.replace(self._strategy.plan, schedule=value))
 
     @property
     def dtype(self) -> DType:
         """The compute dtype."""
-        return self._plan.compute
+        return self._strategy.plan.compute
 
     def get_params(self) -> Any:
         """The current (master) parameters, in the structure given to the constructor."""
-        self._sync()
-        return self._params
+        return self._strategy.params()
 
     def set_params(self, params: Any) -> None:
         """Replace the parameters; structure, shapes and dtypes must match the current ones.
 
         The trainer keeps its own ``requires_grad`` flags and optimizer state.
         """
-        self._flush()
         leaves, _ = tree.flatten(params)
-        current, _ = tree.flatten(self._params)
+        current, _ = tree.flatten(self._strategy.params())
         if len(leaves) != len(current):
             raise ValueError(f"set_params: got {len(leaves)} tensors, expected {len(current)}")
         fresh = []
@@ -191,67 +224,47 @@ class ScalarTrainer:
             if value.shape != old.shape or value.dtype != old.dtype:
                 raise ValueError(f"set_params: parameter {k} is {value.aval}, expected {old.aval}")
             fresh.append(value)
-        self._params = tree.unflatten(self._plan.treedef, fresh)
-        if self._ane is not None:
-            self._ane.set_params(fresh)
+        self._strategy.set_params(tree.unflatten(self._strategy.plan.treedef, fresh))
 
     def optimizer_state(self, optimizer: Optimizer | None = None) -> OptState:
         """The state of ``optimizer`` (default: the trainer's), created on first use."""
-        self._sync()
-        opt = optimizer if optimizer is not None else self.optimizer
-        key = opt.config_key()
-        if key not in self._opt_states:
-            self._opt_states[key] = opt.init(self._params)
-        return self._opt_states[key]
+        return self._strategy.optimizer_state(
+            optimizer if optimizer is not None else self.optimizer
+        )
 
     def set_optimizer_state(self, state: OptState, optimizer: Optimizer | None = None) -> None:
         """Install a saved optimizer state (e.g. from a checkpoint)."""
-        self._flush()
         opt = optimizer if optimizer is not None else self.optimizer
-        self._opt_states[opt.config_key()] = state
+        self._strategy.set_optimizer_state(state, opt)
 
     def reset_optimizer_state(self) -> None:
         """Forget every optimizer state (momentum, Adam moments, step counters)."""
-        self._flush()
-        self._opt_states.clear()
+        self._strategy.reset_optimizer_state()
 
     @property
     def loss_scale(self) -> float:
         """The current dynamic loss scale (1.0 unless ``dtype="float16"`` or ``backend="ane"``)."""
-        if self._ane is not None:
-            return self._ane.loss_scale
-        self._sync()
-        return float(self._scaler["scale"]) if self._scaler is not None else 1.0
+        return self._strategy.loss_scale
 
     @property
     def skipped_steps(self) -> int:
         """Steps skipped because their gradients were not finite (float16 / ane only)."""
-        if self._ane is not None:
-            return self._ane.skipped_steps
-        self._sync()
-        return int(self._scaler["skipped"]) if self._scaler is not None else 0
+        return self._strategy.skipped_steps
 
     def scaler_state(self) -> dict[str, Tensor] | None:
         """The mixed-precision state (``scale``, ``good``, ``skipped``), or None."""
-        self._sync()
-        return self._scaler
+        return self._strategy.scaler_state()
 
     def set_scaler_state(self, state: dict[str, Tensor] | None) -> None:
         """Install a saved mixed-precision state."""
-        self._flush()
-        self._scaler = state
+        self._strategy.set_scaler_state(state)
 
     def current_lr(self, optimizer: Optimizer | None = None) -> float:
         """The learning rate the next ``step()`` without ``lr`` will use."""
         opt = optimizer if optimizer is not None else self.optimizer
         if self.schedule is None:
             return float(opt.lr)
-        live = self._live
-        if live is not None and live.key[0] == opt.config_key():
-            # Only the step counter, not a full read-back: it follows the params in the state.
-            count = int(live.read_leaf(len(tree.flatten(self._params)[0])))
-        else:
-            count = int(self.optimizer_state(opt)["step"])
+        count = self._strategy.step_count(opt)
         return float(self.schedule(tensor(np.int32(count)), "float64"))
 
     # --- checkpoints ------------------------------------------------------------------
@@ -269,11 +282,16 @@ class ScalarTrainer:
             "optimizer_config": repr(self.optimizer),
             "schedule": repr(self.schedule),
             "schedule_step": int(state["step"]),
-            "dtype": self._plan.compute.name,
+            "dtype": self.dtype.name,
             **(metadata or {}),
         }
         return save_checkpoint(
-            path, self._params, state, step=self.global_step, extra=self._scaler, metadata=notes
+            path,
+            self.get_params(),
+            state,
+            step=self.global_step,
+            extra=self.scaler_state(),
+            metadata=notes,
         )
 
     def load_checkpoint(self, path: str | Path) -> Checkpoint:
@@ -285,8 +303,7 @@ class ScalarTrainer:
         """
         from shapegrad.io import CheckpointError, load_checkpoint
 
-        self._flush()
-        ckpt = load_checkpoint(path, self._params, self.optimizer_state(), self._scaler)
+        ckpt = load_checkpoint(path, self.get_params(), self.optimizer_state(), self.scaler_state())
         saved = ckpt.metadata.get("user", {}).get("optimizer")
         if saved is not None and saved != type(self.optimizer).__name__:
             raise CheckpointError(
@@ -295,7 +312,7 @@ class ScalarTrainer:
             )
         self.set_params(ckpt.params)
         self.set_optimizer_state(ckpt.optimizer_state)
-        self._scaler = ckpt.extra
+        self.set_scaler_state(ckpt.extra)
         self.global_step = ckpt.step
         return ckpt
 
@@ -303,11 +320,7 @@ class ScalarTrainer:
 
     def forward(self, *inputs: Any) -> float:
         """The loss at the current parameters."""
-        if self._ane is not None:
-            return self._ane.forward(inputs)
-        run = self._function("forward", lambda params, xs: loss_value(self._plan, params, xs))
-        self._sync()
-        return float(run(self._params, self._inputs(inputs)))
+        return self._strategy.forward(inputs)
 
     def backward(self, *inputs: Any) -> Any:
         """Gradients of the loss, shaped like the parameters (zeros for frozen ones).
@@ -315,15 +328,7 @@ class ScalarTrainer:
         With ``dtype="float16"`` the backward pass uses the current loss scale and the
         gradients are unscaled (they may be non-finite if that scale overflows).
         """
-        plan = self._plan
-
-        def grads_of(params: Any, xs: tuple[Any, ...], scale: Tensor | None) -> Any:
-            _, grads = loss_and_grads(plan, params, xs, scale)
-            return full_grads(plan, params, grads)
-
-        self._sync()
-        scale = self._scaler["scale"] if self._scaler is not None else None
-        return self._function("backward", grads_of)(self._params, self._inputs(inputs), scale)
+        return self._strategy.backward(inputs)
 
     def step(self, *inputs: Any, lr: float | None = None) -> float:
         """Forward + backward + update with the trainer's optimizer; returns the loss.
@@ -332,7 +337,7 @@ class ScalarTrainer:
             *inputs: the loss function's arguments after ``params`` (arrays or tensors).
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
-        return self._step_with(self.optimizer, inputs, lr)
+        return self._strategy.step(self.optimizer, inputs, lr)
 
     def adam_step(
         self,
@@ -343,7 +348,7 @@ class ScalarTrainer:
         eps: float = 1e-8,
     ) -> float:
         """One Adam step (its own moment state, kept across calls); returns the loss."""
-        return self._step_with(Adam(lr, beta1, beta2, eps), inputs, lr)
+        return self._strategy.step(Adam(lr, beta1, beta2, eps), inputs, lr)
 
     def adamw_step(
         self,
@@ -355,7 +360,17 @@ class ScalarTrainer:
         weight_decay: float = 0.01,
     ) -> float:
         """One AdamW step (decoupled weight decay); returns the loss."""
-        return self._step_with(AdamW(lr, beta1, beta2, eps, weight_decay), inputs, lr)
+        return self._strategy.step(AdamW(lr, beta1, beta2, eps, weight_decay), inputs, lr)
+
+    def step_many(self, *stacked: Any, lr: float | None = None) -> npt.NDArray[Any]:
+        """``K`` steps on inputs stacked along a new first axis ``[K, ...]``; returns K losses.
+
+        With a backend that keeps state (C) the K steps run in ONE native call (the loop
+        is in C); otherwise this is exactly K calls of :meth:`step`.
+        """
+        if not stacked or any(np.ndim(x) == 0 for x in stacked):
+            raise ValueError("step_many: give each input stacked along a first axis of size K")
+        return self._strategy.step_many(self.optimizer, stacked, lr)
 
     def fit(
         self,
@@ -377,159 +392,6 @@ class ScalarTrainer:
             A :class:`History` of per-step losses and learning rates and per-epoch mean losses.
         """
         return run_fit(self, batches, epochs, callbacks, progress)
-
-    # --- internals ---------------------------------------------------------------------
-
-    def _step_with(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
-        if lr is None and self.schedule is None:
-            lr = optimizer.lr
-        if self._ane is not None:
-            return self._ane_step(optimizer, inputs, lr)
-        live = self._ensure_live(optimizer, lr, inputs)
-        if live is not None:
-            loss = live.step(self._batch(lr, inputs))
-            self.last_lr = live.last_lr
-            self.global_step += 1
-            return loss
-        rate = None if lr is None else self._scalar(lr)
-        state = self.optimizer_state(optimizer)
-        run = self._step_function(optimizer)
-        loss_t, params, new_state, scaler, used = run(
-            self._params, state, self._scaler, rate, self._inputs(inputs)
-        )
-        self._params = tree.unflatten(self._plan.treedef, tree.flatten(params)[0])
-        self._opt_states[optimizer.config_key()] = new_state
-        self._scaler = scaler
-        self.last_lr = float(used)
-        self.global_step += 1
-        return float(loss_t)
-
-    def _ane_step(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
-        assert self._ane is not None
-        if optimizer is not self.optimizer:
-            raise NotImplementedError("ScalarTrainer(backend='ane'): only the trainer's optimizer")
-        if lr is None:  # the schedule, at the host's step count (skipped steps included)
-            assert self.schedule is not None
-            lr = float(self.schedule(tensor(np.int32(self.global_step)), "float64"))
-        rate = float(lr)
-        loss = self._ane.step(inputs, rate)
-        self.last_lr = rate
-        self.global_step += 1
-        return loss
-
-    def step_many(self, *stacked: Any, lr: float | None = None) -> npt.NDArray[Any]:
-        """``K`` steps on inputs stacked along a new first axis ``[K, ...]``; returns K losses.
-
-        With the C backend the K steps run in ONE native call (the loop is in C);
-        otherwise this is exactly K calls of :meth:`step`.
-        """
-        if not stacked or any(np.ndim(x) == 0 for x in stacked):
-            raise ValueError("step_many: give each input stacked along a first axis of size K")
-        count = int(np.shape(stacked[0])[0])
-        if lr is None and self.schedule is None:
-            lr = self.optimizer.lr
-        first = tuple(np.asarray(x)[0] for x in stacked)
-        live = self._ensure_live(self.optimizer, lr, first) if count else None
-        if live is None:
-            rows = [tuple(np.asarray(x)[k] for x in stacked) for k in range(count)]
-            return np.array([self.step(*row, lr=lr) for row in rows])
-        rates = [] if lr is None else [np.full(count, lr, self._plan.master.numpy)]
-        losses = live.run_steps([*rates, *stacked])
-        self.last_lr = live.last_lr
-        self.global_step += count
-        return losses
-
-    def _step_function(self, optimizer: Optimizer) -> Callable[..., Any]:
-        plan = self._plan
-
-        def step_fn(params: Any, opt_state: OptState, scaler: Any, lr: Any, xs: Any) -> Any:
-            return train_step(plan, optimizer, params, opt_state, scaler, lr, xs)
-
-        donate = (0, 1, 2) if plan.fp16 else (0, 1)
-        return self._function(("step", optimizer.config_key()), step_fn, donate)
-
-    def _ensure_live(
-        self, optimizer: Optimizer, lr: float | None, inputs: tuple[Any, ...]
-    ) -> LiveStep | None:
-        """The bound step for this optimizer/signature (binding it if possible), else None."""
-        if (
-            self.mode != "compiled"
-            or self._ane is not None
-            or not all(isinstance(x, np.ndarray) for x in inputs)
-        ):
-            return None
-        key = (optimizer.config_key(), lr is None, tuple((x.shape, x.dtype) for x in inputs))
-        if self._live is not None and self._live.key == key:
-            return self._live
-        self._flush()
-        rate = None if lr is None else self._scalar(lr)
-        args = (
-            self._params,
-            self.optimizer_state(optimizer),
-            self._scaler,
-            rate,
-            self._inputs(inputs),
-        )
-        self._live = bind_step(self._step_function(optimizer), key, args, 3)
-        return self._live
-
-    def _batch(self, lr: float | None, inputs: tuple[Any, ...]) -> list[Any]:
-        rates = [] if lr is None else [np.asarray(lr, self._plan.master.numpy)]
-        return [*rates, *inputs]
-
-    def _sync(self) -> None:
-        """Copy the bound executable's live state back into the trainer's trees."""
-        if self._ane is not None:  # the adapter holds the master weights
-            self._params = tree.unflatten(self._plan.treedef, self._ane.get_leaves())
-            return
-        live = self._live
-        if live is None or not live.dirty:
-            return
-        params, state, scaler = live.read()
-        self._params = params
-        self._opt_states[live.key[0]] = state
-        self._scaler = scaler
-        live.dirty = False
-
-    def _flush(self) -> None:
-        """Read the live state back and unbind (before the state is replaced or re-bound)."""
-        self._sync()
-        self._live = None
-
-    def _function(
-        self, key: Any, fn: Callable[..., Any], donate: tuple[int, ...] = ()
-    ) -> Callable[..., Any]:
-        """``fn`` itself in eager mode; a cached ``sg.compile(fn)`` in compiled mode."""
-        if self.mode == "eager":
-            return fn
-        if key not in self._compiled:
-            from shapegrad.jit import compile as sg_compile
-
-            label = key if isinstance(key, str) else key[0]
-            self._compiled[key] = sg_compile(
-                fn, backend=self.backend, name=f"trainer_{label}", donate_argnums=donate
-            )
-        return self._compiled[key]
-
-    def _scalar(self, value: float) -> Tensor:
-        return tensor(np.asarray(value, dtype=self._plan.master.numpy))
-
-    def _inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Float data in the compute dtype, integer data as int32 tensors."""
-        return tuple(_convert_input(x, self._plan.compute) for x in inputs)
-
-
-def _convert_input(x: Any, compute: DType) -> Any:
-    if isinstance(x, Tensor):
-        return p.cast(x, compute) if x.dtype.is_float and not x.is_traced else x
-    if isinstance(x, np.ndarray | list):
-        array = np.asarray(x)
-        if array.dtype.kind == "f":
-            return tensor(array, compute)
-        if array.dtype.kind in "iu":
-            return tensor(array, int32)
-        return tensor(array)
-    return x
 
 
 def _check_params(leaves: Sequence[Tensor], flags: tuple[bool, ...]) -> None:
@@ -568,21 +430,29 @@ def _pick_dtypes(
     return own, compute
 
 
-def _resolve_backend(name: str) -> str:
-    """``name`` when usable here, else ``"numpy"`` with a printed explanation."""
-    from shapegrad.backends.base import available_backends, get_backend
+def _resolve_backend(name: str, fallback: str | None) -> str:
+    """``name`` when usable here; else ``fallback`` (or ``"numpy"`` for ``"c"``) with a
+    printed explanation; else BackendUnavailable naming what is missing."""
+    from shapegrad.backends.base import BackendUnavailable, available_backends, get_backend
 
-    if name not in available_backends():
-        raise ValueError(f"unknown backend {name!r}; choose one of {available_backends()}")
+    for candidate in (name, fallback):
+        if candidate is not None and candidate not in available_backends():
+            raise ValueError(f"unknown backend {candidate!r}; choose one of {available_backends()}")
     if name == "ane":
         return name  # no fallback: building or running the program raises its own clear error
     try:
         get_backend(name)
     except (ImportError, RuntimeError, ValueError) as exc:  # BackendUnavailable is a RuntimeError
-        if name == "numpy":
-            raise
-        print(f"shapegrad: backend {name!r} is not usable here ({exc}); falling back to 'numpy'")
-        return "numpy"
+        instead = fallback or ("numpy" if name == "c" else None)
+        if instead is None or instead == name:
+            raise BackendUnavailable(
+                f"ScalarTrainer: backend {name!r} cannot run here ({exc}); pass "
+                "fallback='numpy' (or another backend) to train elsewhere"
+            ) from exc
+        print(
+            f"shapegrad: backend {name!r} is not usable here ({exc}); falling back to {instead!r}"
+        )
+        return _resolve_backend(instead, None)
     return name
 
 

@@ -75,6 +75,7 @@ class AneBackend:
     """Backend ``"ane"``: available wherever coremltools imports (execution needs macOS)."""
 
     name = "ane"
+    binds_state = False
 
     def compile(self, graph: Graph, options: CompileOptions) -> AneExecutable:
         return compile_graph(

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.backends.base import Array
+from shapegrad.backends.base import Array, Executable
 from shapegrad.ir import Graph
 from shapegrad.ops.protocol import AVal
 
@@ -95,8 +95,11 @@ def coreml_runner(package: Path) -> MilRunner:
     return run
 
 
-class AneExecutable:
+class AneExecutable(Executable):
     """A graph compiled to a saved ``.mlpackage``; calling it runs Core ML prediction.
+
+    Core ML keeps no state between predictions: ``bind`` returns None
+    (``AneBackend.binds_state``); training feeds the weights every step.
 
     Attributes:
         graph: the implemented graph.

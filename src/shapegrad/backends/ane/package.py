@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shapegrad._version import __version__
+
 from ._mil import coremltools, target
 from .lowering import MilProgram
 
@@ -56,12 +58,10 @@ def canonical_ops(mil: MilProgram) -> list[str]:
 
 def content_hash(mil: MilProgram) -> str:
     """A hex digest of everything that determines the compiled package."""
-    import shapegrad
-
     ct = coremltools()
     digest = hashlib.sha256()
     parts = [*canonical_ops(mil), *mil.input_names, *mil.output_names, mil.precision]
-    parts += [DEPLOYMENT, "CPU_AND_NE", ct.__version__, shapegrad.__version__]
+    parts += [DEPLOYMENT, "CPU_AND_NE", ct.__version__, __version__]
     for part in parts:
         digest.update(part.encode() + b"\n")
     for op in mil.operations():

@@ -1,21 +1,23 @@
 """Backend ``"c"``: loop IR rendered to C, compiled by the system compiler, loaded with cffi.
 
-Pipeline: ``lower_to_loops`` (fusion, memory plan) -> ``render_c`` -> compile
-into the disk cache (``toolchain``) -> ``dlopen`` -> :class:`CExecutable`.
-``SHAPEGRAD_DEBUG=<dir>`` (via ``CompileOptions.debug_dir``) receives
-``<name>.loops.txt`` and ``<name>.c``.
+Pipeline: ``compiler.pipeline.lower_program`` with :data:`C_TARGET` (the loop
+stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
+``dlopen`` -> :class:`CExecutable`. ``SHAPEGRAD_DEBUG=<dir>`` (via
+``CompileOptions.debug_dir``) receives the program after every loop stage
+(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt`` and ``<name>.c``.
 
-Backend options (``CompileOptions.extra``): ``contract_min`` (smallest
-matrix product, in multiply-adds, sent to BLAS), ``fuse_epilogues`` (bool),
-``profile`` (bool: per-kernel wall time, read with ``CExecutable.profile()``).
+Backend options (``CompileOptions.extra``): ``target`` (a
+:class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
+``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
+``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
+default: where libmvec exists), ``profile``
+(bool: per-kernel wall time, read with ``CExecutable.profile()``).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-from dataclasses import replace
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
 from shapegrad.backends.c.executable import BoundStep, CExecutable, NativeError, load_library
@@ -26,13 +28,14 @@ from shapegrad.backends.c.toolchain import (
     build_library,
     compiler,
     full_source,
+    has_vector_math,
     library_for,
     make_spec,
     missing_compiler_message,
 )
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.fusion import plan_fusion
-from shapegrad.compiler.lower import Lowered, lower_to_loops
+from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
+from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph
 
 __all__ = [
@@ -46,37 +49,36 @@ __all__ = [
 ]
 
 
-def assign_slots(lowered: Lowered) -> int:
-    """Number the I/O table: inputs (graph order), then outputs, then constants."""
-    buffers = lowered.program.buffers
-    slot = 0
-    order = list(dict.fromkeys(lowered.input_buffers))
-    order += [b.name for b in buffers.values() if b.kind == "output"]
-    order += [b.name for b in buffers.values() if b.kind == "const"]
-    for name in order:
-        buffers[name] = replace(buffers[name], slot=slot)
-        slot += 1
-    return slot
+def c_target(options: CompileOptions) -> Target:
+    """The target for one compilation: ``C_TARGET`` with the options' overrides."""
+    target = options.get("target", C_TARGET)
+    if not isinstance(target, Target):
+        raise TypeError(f"backend option 'target' must be a Target, got {type(target).__name__}")
+    if options.get("contract_min") is not None:
+        target = target.replace(contract_min_macs=int(options.get("contract_min")))
+    if options.get("fuse_epilogues") is not None:
+        target = target.replace(fuse_epilogues=bool(options.get("fuse_epilogues")))
+    return target
 
 
-def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[Lowered, str]:
-    """Lower and render ``graph``; returns (lowered program, C source).
+def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Program, str]:
+    """Run the loop pipeline and render ``graph``; returns (program, C source).
 
     Example:
-        >>> lowered, source = generate(graph); print(source)
+        >>> program, source = generate(graph); print(source)
     """
     options = options or CompileOptions()
-    plan = plan_fusion(graph, fuse_epilogues=bool(options.get("fuse_epilogues", True)))
-    lowered = lower_to_loops(graph, options.name, plan, options.get("contract_min"))
-    n_slots = assign_slots(lowered)
-    profile = bool(options.get("profile", False))
-    return lowered, render_c(lowered.program, n_slots, profile)
+    hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
+    program, _stats = lower_program(graph, c_target(options), options.name, hook)
+    vector_math = bool(options.get("vector_math", has_vector_math()))
+    return program, render_c(program, bool(options.get("profile", False)), vector_math)
 
 
 class CBackend:
     """Compiles graphs to native code; see the module docstring."""
 
     name = "c"
+    binds_state = True  # CExecutable.bind: state kept in the executable
 
     def is_available(self) -> tuple[bool, str]:
         cc = compiler()
@@ -85,9 +87,9 @@ class CBackend:
         return True, ""
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
-        lowered, source = generate(graph, options)
+        program, source = generate(graph, options)
         try:
-            spec = make_spec(source, uses_blas(lowered.program))
+            spec = make_spec(source, uses_blas(program), "omp declare simd" in source)
             path, _cached = library_for(spec)
             try:
                 lib = load_library(path, spec.key)
@@ -97,18 +99,8 @@ class CBackend:
         except CompilerNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            _dump(options.debug_dir, options.name, lowered.program, full_source(spec))
-        return CExecutable(graph, lowered, lib, path)
-
-
-def _dump(folder: str, name: str, program: L.Program, source: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    for suffix, text in ((".loops.txt", program.format() + "\n"), (".c", source)):
-        path = os.path.join(folder, name + suffix)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
+            dump_program(options.debug_dir, options.name, program, full_source(spec), ".c")
+        return CExecutable(graph, program, lib, path)
 
 
 register_backend("c", CBackend)

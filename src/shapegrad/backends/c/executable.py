@@ -10,13 +10,15 @@ Two ways to call:
 * ``exe(inputs)`` — the :class:`~shapegrad.backends.base.Executable` protocol:
   copies state inputs into the owned state buffers, runs once, returns fresh
   arrays (state outputs are copies). Never mutates the caller's arrays.
-* ``step = exe.bind(state)`` — the fast path for training loops (one live binding
-  per executable: a new ``bind`` copies new state in and takes over): the state is
-  copied in once; ``step(*batch)`` passes only the non-state inputs (pointer
-  updates, no allocation) and returns the non-state outputs in **reused**
-  arrays that the next call overwrites; ``step.run_steps(*stacked)`` runs
-  ``K`` steps in one native call on inputs stacked ``[K, ...]`` and returns
-  outputs stacked ``[K, ...]``; ``step.state`` are the live state arrays.
+* ``bound = exe.bind(state)`` — the
+  :class:`~shapegrad.backends.base.BoundExecutable` protocol, the fast path for
+  training loops (one live binding per executable: a new ``bind`` copies new
+  state in and takes over): the state is copied in once; ``bound.step(*batch)``
+  (or ``bound(*batch)``) passes only the non-state inputs (pointer updates, no
+  allocation) and returns the non-state outputs in **reused** arrays that the
+  next call overwrites; ``bound.run_steps(*stacked)`` runs ``K`` steps in one
+  native call (``sg_run_steps``) on inputs stacked ``[K, ...]`` and returns
+  outputs stacked ``[K, ...]``; ``bound.state`` are the live state arrays.
 
 An executable is not re-entrant (one arena): do not call it from two threads.
 """
@@ -30,15 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.backends.base import Array, validate_inputs
-from shapegrad.compiler.lower import Lowered
+from shapegrad.backends.base import Array, StateLayout, validate_inputs
+from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
 
 _CDEF = """
 int sg_run(void **io, char *arena);
-int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step);
+int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done);
 extern const char sg_key[];
 void sg_set_threads(int n);
 extern double sg_profile[];
@@ -64,6 +66,7 @@ def load_library(path: str, key: str) -> Any:
     """``dlopen`` ``path`` and check its embedded key; returns the cffi library."""
     if key in _LIBS:
         return _LIBS[key]
+    configure_openmp_waiting()
     lib = ffi().dlopen(path)
     found = ffi().string(lib.sg_key).decode()
     if found != key:
@@ -74,25 +77,44 @@ def load_library(path: str, key: str) -> Any:
 
 
 def num_threads() -> int:
-    """Threads for OpenMP loops and split BLAS products: ``$SHAPEGRAD_NUM_THREADS``,
-    default the CPUs this process may run on.
+    """Threads for OpenMP loops and split BLAS products: ``$SHAPEGRAD_NUM_THREADS``, else
+    ``$OMP_NUM_THREADS`` (its first entry), else the CPUs this process may run on.
 
     OpenBLAS itself always runs single-threaded: large products are split into row
     blocks by the generated code, one block per OpenMP thread. Measured on the shared
     2-core box: OpenBLAS's own 2-thread pool made the 784-512-512-10 step 5-6x *slower*
     under load (threads spin at barriers while descheduled); the split keeps 2 threads
-    at 1.3-1.8x faster than 1 on the CNN and MLP steps when the machine is quiet, and
-    no worse than ~1.3x slower under heavy load. ``SHAPEGRAD_NUM_THREADS=1`` turns
-    threading off.
+    at 1.3-1.8x faster than 1 on the CNN and MLP steps when the machine is quiet.
+    ``SHAPEGRAD_NUM_THREADS=1`` (or ``OMP_NUM_THREADS=1``) turns threading off.
     """
     try:
         default = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         default = os.cpu_count() or 1
-    try:
-        return max(1, int(os.environ.get("SHAPEGRAD_NUM_THREADS", str(default))))
-    except ValueError:
-        return default
+    for variable in ("SHAPEGRAD_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").split(",")[0].strip()
+        if value:
+            try:
+                return max(1, int(value))
+            except ValueError:
+                continue
+    return default
+
+
+def configure_openmp_waiting() -> None:
+    """Make idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) unless
+    the user chose a policy (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set).
+
+    libgomp reads the policy once, when it is first loaded, so this runs before the first
+    compiled library is opened; it applies to the whole process (other libraries using
+    libgomp too). Why: a spinning thread that the OS deschedules stalls every parallel
+    region. Measured on the 2-core box with other processes running (load average 5-6):
+    the MLP 784-512-512-10 b128 step took 128-172 ms with libgomp's default spinning,
+    19-24 ms on one thread and 3.5-15 ms with passive waiting (benchmarks/train_step.py
+    --cell "C 1-step" mlp, interleaved runs).
+    """
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 class NativeError(RuntimeError):
@@ -112,36 +134,34 @@ def _aligned_empty(nbytes: int) -> Array:
 class CExecutable:
     """A compiled graph; see the module docstring for the calling conventions."""
 
-    def __init__(self, graph: Graph, lowered: Lowered, lib: Any, source_path: str) -> None:
+    def __init__(self, graph: Graph, program: L.Program, lib: Any, source_path: str) -> None:
         self.graph = graph
-        self.lowered = lowered
+        self.program = program
         self.lib = lib
         self.source_path = source_path
         f = ffi()
-        program = lowered.program
-        self.n_slots = max((b.slot for b in program.buffers.values()), default=-1) + 1
+        self.n_slots = program.n_slots
         self._io = f.new("void *[]", max(self.n_slots, 1))
         self._keep: list[Any] = []
         self.arena = _aligned_empty(max(program.arena_bytes, 64))
         self._arena_ptr = f.cast("char *", self.arena.ctypes.data)
-        self.state_inputs = sorted(set(lowered.state_of_output.values()))
+        self.layout = StateLayout.of(graph)
+        if dict(self.layout.state_updates) != program.state_of_output:  # one source of truth
+            raise AssertionError(f"{program.name}: lowering changed the state aliases")
+        self.state_inputs = list(self.layout.state_inputs)
         self.state: dict[int, Array] = {}
         for i in self.state_inputs:
             node = graph.inputs[i]
             self.state[i] = np.zeros(node.shape, node.aval.dtype.numpy)
             self._set(i, self.state[i])
-        for name, value in lowered.constants.items():
+        for name, value in program.constants.items():
             array = np.ascontiguousarray(value)
             self._keep.append(array)
             self._set(program.buffers[name].slot, array)
-        self.batch_inputs = [i for i in range(len(graph.inputs)) if i not in self.state]
+        self.batch_inputs = list(self.layout.batch_inputs)
         self._bound: BoundStep | None = None  # the latest bind(); it owns the output slots
-        self.free_outputs = [
-            k for k in range(len(graph.outputs)) if k not in lowered.state_of_output
-        ]
-        self._out_slot = {
-            k: program.buffers[lowered.output_buffers[k]].slot for k in self.free_outputs
-        }
+        self.free_outputs = list(self.layout.free_outputs)
+        self._out_slot = {k: program.buffers[program.outputs[k]].slot for k in self.free_outputs}
         # run_validated's hot-path data: pinned buffers by slot, last input objects by index.
         self._pin = f.from_buffer
         self._in_keep: list[Any] = [None] * max(self.n_slots, 1)
@@ -154,23 +174,34 @@ class CExecutable:
     def _set(self, slot: int, array: Array) -> None:
         self._io[slot] = ffi().cast("void *", array.ctypes.data)
 
-    def _check(self, rc: int) -> None:
-        if rc:
-            text = self._error_text(rc)
-            raise NativeIndexError(text) if "out of range" in text else NativeError(text)
+    def _check(self, rc: int, step: int | None = None, steps: int = 1) -> None:
+        """Raise the error the program recorded (the error-flag contract), if any.
 
-    def _error_text(self, rc: int) -> str:
-        from shapegrad.compiler import loops as L
-        from shapegrad.compiler.memory import _walk
+        In a ``K``-step run, ``step`` is the failing step: steps before it are complete
+        (state updated, outputs written); it and later steps did not happen when the bad
+        index is a program input (checked before any kernel), see ``Program.errors``.
+        """
+        if not rc:
+            return
+        name = self.program.name
+        known = self.program.errors.get(rc)
+        text = f"compiled {name}: {known}" if known else f"compiled {name}: native error code {rc}"
+        if step is not None:
+            done = f"steps 0..{step - 1} were applied" if step else "no step was applied"
+            text += f"; at step {step} of {steps} ({done}"
+            if self._checked_first(rc):
+                text += f", step {step} changed nothing)"
+            else:
+                text += f", step {step} may have updated part of the state)"
+        raise NativeIndexError(text) if known else NativeError(text)
 
-        for kernel in self.lowered.program.kernels:
-            for s in _walk(kernel.body):
-                if isinstance(s, L.CheckBounds) and s.code == rc:
-                    return (
-                        f"compiled {self.lowered.program.name}: gather/scatter index out of range "
-                        f"[{-s.n}, {s.n}) in kernel {kernel.name} ({kernel.root})"
-                    )
-        return f"compiled {self.lowered.program.name}: native error code {rc}"
+    def _checked_first(self, code: int) -> bool:
+        """Whether check ``code`` runs before any kernel (an input index, hoisted)."""
+        kernels = self.program.kernels
+        first = kernels[0] if kernels and kernels[0].name == "k_checks" else None
+        return first is not None and any(
+            isinstance(s, L.CheckBounds) and s.code == code for s in first.body
+        )
 
     def __call__(self, inputs: Sequence[Array]) -> list[Array]:
         validate_inputs(self.graph, inputs)
@@ -204,7 +235,7 @@ class CExecutable:
         if self._bound is not None:
             self._bound._reattach()  # the I/O table now points at this call's arrays
         self._check(rc)
-        for k, i in self.lowered.state_of_output.items():
+        for k, i in self.program.state_of_output.items():
             np.copyto(outs[k], self.state[i])
         return outs
 
@@ -215,7 +246,7 @@ class CExecutable:
             >>> exe = sg.compile(step, backend="c", profile=True).lower(*args).executable
             >>> for name, root, seconds in exe.profile(): print(name, root, seconds)
         """
-        kernels = self.lowered.program.kernels
+        kernels = self.program.kernels
         try:
             times = self.lib.sg_profile
             return [(k.name, k.root, float(times[i])) for i, k in enumerate(kernels)]
@@ -226,29 +257,23 @@ class CExecutable:
         """The fast calling path; ``state`` holds one array per state input (in input order).
 
         Example:
-            >>> step = exe.bind([w, b]); loss, = step(x, y); w_new = step.state[0]
+            >>> bound = exe.bind([w, b]); loss, = bound.step(x, y); w_new = bound.state[0]
         """
         self._bound = BoundStep(self, state)
         return self._bound
 
 
 class BoundStep:
-    """Calls a :class:`CExecutable` with owned state; outputs are reused between calls."""
+    """A :class:`CExecutable` bound to its state (the ``BoundExecutable`` protocol).
+
+    Outputs are reused between calls: what ``step``/``run_steps`` return is valid
+    until the next call of either, of ``bind`` or of the executable.
+    """
 
     def __init__(self, exe: CExecutable, state: Sequence[Array] | None) -> None:
         self.exe = exe
         if state is not None:
-            if len(state) != len(exe.state_inputs):
-                raise TypeError(f"expected {len(exe.state_inputs)} state arrays, got {len(state)}")
-            for i, value in zip(exe.state_inputs, state, strict=True):
-                node = exe.graph.inputs[i]
-                array = np.asarray(value)
-                if array.shape != node.shape:
-                    raise ShapeError(
-                        "bind",
-                        f"state {i} has shape {fmt(array.shape)}, expected {fmt(node.shape)}",
-                    )
-                np.copyto(exe.state[i], array, casting="same_kind")
+            self.write_state(state)
         graph = exe.graph
         self._specs = [
             (
@@ -275,13 +300,45 @@ class BoundStep:
         self._call = self._make_call()
         self._stacked: dict[int, list[Array]] = {}
         self._steps = ffi().new("int64_t[]", max(exe.n_slots, 1))
+        self._done = ffi().new("int64_t *")
+
+    @property
+    def layout(self) -> StateLayout:
+        """State/batch inputs and free outputs of the bound graph."""
+        return self.exe.layout
+
+    def write_state(self, state: Sequence[Array]) -> None:
+        """Copy one array per state input into the live state (shapes checked, dtypes cast)."""
+        exe = self.exe
+        if len(state) != len(exe.state_inputs):
+            raise TypeError(f"expected {len(exe.state_inputs)} state arrays, got {len(state)}")
+        arrays = []
+        for i, value in zip(exe.state_inputs, state, strict=True):
+            array = np.asarray(value)
+            if array.shape != exe.graph.inputs[i].shape:
+                raise ShapeError(
+                    "bind",
+                    f"state {i} has shape {fmt(array.shape)}, expected "
+                    f"{fmt(exe.graph.inputs[i].shape)}",
+                )
+            if not np.can_cast(array.dtype, exe.state[i].dtype, "same_kind"):
+                raise DTypeError(
+                    f"bind: state {i} has dtype {array.dtype}, expected {exe.state[i].dtype}"
+                )
+            arrays.append(array)
+        for i, array in zip(exe.state_inputs, arrays, strict=True):  # all checked: no half write
+            np.copyto(exe.state[i], array, casting="same_kind")
+
+    def read_state(self) -> list[Array]:
+        """Copies of the live state arrays, in state-input order."""
+        return [np.array(a, copy=True) for a in self.state]
 
     @property
     def state(self) -> list[Array]:
         """The live state arrays, in state-input order (updated in place by every call)."""
         return [self.exe.state[i] for i in self.exe.state_inputs]
 
-    def __call__(self, *batch: Array) -> list[Array]:
+    def step(self, *batch: Array) -> list[Array]:
         """One step on the non-state inputs; returns the reused non-state output arrays.
 
         Passing the *same* array objects again (refilled in place) skips even the pointer
@@ -289,6 +346,8 @@ class BoundStep:
         """
         result: list[Array] = self._call(*batch)
         return result
+
+    __call__ = step
 
     def _reattach(self) -> None:
         """Point the output slots back at our arrays and forget cached input pointers."""
@@ -350,7 +409,8 @@ class BoundStep:
     def run_steps(self, *stacked: Array) -> list[Array]:
         """``K`` steps in one native call; inputs and returned outputs are stacked ``[K, ...]``.
 
-        The returned arrays are reused by the next ``run_steps`` call with the same ``K``.
+        The returned arrays are reused by the next ``run_steps`` call with the same ``K``
+        (the protocol promises them only until the next call of any kind).
         """
         if len(stacked) != len(self._specs) or not stacked:
             raise TypeError(f"expected {len(self._specs)} stacked inputs, got {len(stacked)}")
@@ -379,12 +439,12 @@ class BoundStep:
         for j, out in zip(exe.free_outputs, outs, strict=True):
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
             steps[exe._out_slot[j]] = out.nbytes // max(k, 1)
-        rc = exe.lib.sg_run_steps(io, self._arena, k, steps)
+        rc = exe.lib.sg_run_steps(io, self._arena, k, steps, self._done)
         for n in range(len(self._last)):
             self._last[n] = None  # input slots now point at the stacked arrays
         for j, out in zip(exe.free_outputs, self.outputs, strict=True):
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
-        exe._check(rc)
+        exe._check(rc, int(self._done[0]), k)
         return outs
 
 

@@ -40,11 +40,13 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shapegrad._version import __version__
+
 DEFAULT_CFLAGS = (
     "-O2 -ftree-vectorize -fpeel-loops -march=native -fopenmp -fno-math-errno -fno-trapping-math "
     "-fno-signed-zeros -fassociative-math -fno-semantic-interposition"
 )
-_VERSION = "0.1.0"
+_VERSION = __version__
 
 # Counts compiler runs in this process (tests check cache hits with it).
 compile_count = 0
@@ -171,12 +173,24 @@ class BuildSpec:
         return h.hexdigest()[:32]
 
 
-def make_spec(source: str, blas: bool) -> BuildSpec:
+def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     link: tuple[str, ...] = ()
     if blas:
         libdir, libname = blas_paths()
         link = (f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}")
+    if vector_math:
+        link += ("-lmvec",)
     return BuildSpec(source, compiler(), tuple(cflags()), link)
+
+
+@lru_cache(maxsize=1)
+def has_vector_math() -> bool:
+    """Whether glibc's vector math library can be linked (Linux x86-64 with glibc >= 2.22)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    import ctypes.util
+
+    return ctypes.util.find_library("mvec") is not None
 
 
 def _digest(path: str) -> str:

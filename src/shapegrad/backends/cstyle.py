@@ -1,0 +1,295 @@
+"""The shared C-family renderer: loop IR -> C-like source text, one small rule per node.
+
+:class:`CStyleRenderer` holds what C and CUDA C spell the same way: element type
+names (per language, a table), constants, index and scalar expressions (op ->
+template tables), and the statements that need no scheduling decision (stores,
+scalar reductions, scratch arrays, data-dependent indices, bounds checks). A
+language renderer subclasses it and supplies what differs: the type table, how a
+loop is scheduled (OpenMP pragmas in C, the grid on a GPU), how a failed bounds
+check stops the program (the error-flag contract of ``compiler/loops.py``), and
+library products (``Contract``, ``BatchFused``).
+
+Every statement class of the loop IR has a rule here or in the subclass
+(``loops.stmt_types()``; a test checks it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from shapegrad.compiler import loops as L
+from shapegrad.compiler.segments import segments, specialize, substitute_var, unrolls
+from shapegrad.dtypes import DType
+
+# C spellings shared by C and CUDA; a subclass may override entries (CUDA: float16 -> __half).
+C_TYPES = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "_Float16",
+    "int32": "int32_t",
+    "bool": "uint8_t",
+}
+
+# Scalar helpers both languages need (NaN-propagating max/min, NumPy integer division and
+# power, the counter-based generator shared with ``ops.reference.random_uniform``);
+# ``{q}`` is the function qualifier (``static inline`` in C, ``__device__`` added on GPUs).
+HELPERS = r"""
+{q} float sg_maxf(float a, float b) {{ return (a > b || a != a) ? a : b; }}
+{q} float sg_minf(float a, float b) {{ return (a < b || a != a) ? a : b; }}
+{q} double sg_maxd(double a, double b) {{ return (a > b || a != a) ? a : b; }}
+{q} double sg_mind(double a, double b) {{ return (a < b || a != a) ? a : b; }}
+{q} int32_t sg_maxi(int32_t a, int32_t b) {{ return a > b ? a : b; }}
+{q} int32_t sg_mini(int32_t a, int32_t b) {{ return a < b ? a : b; }}
+{q} int32_t sg_idiv(int32_t a, int32_t b) {{
+    /* NumPy reference: x / 0 -> x; INT_MIN / -1 wraps (never UB). */
+    if (b == 0) return a;
+    if (b == -1) return (int32_t)(0u - (uint32_t)a);
+    return a / b;
+}}
+{q} int32_t sg_ipow(int32_t a, int32_t b) {{
+    uint32_t r = 1u, base = (uint32_t)a;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    while (b) {{ if (b & 1) r *= base; base *= base; b >>= 1; }}
+    return (int32_t)r;
+}}
+{q} double sg_rand(uint32_t counter, uint32_t seed_mix) {{
+    uint32_t x = counter + seed_mix;
+    x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
+    return (double)(x >> 8) * (1.0 / 16777216.0);
+}}
+"""
+
+FLOAT_FUNCTIONS = {
+    "exp": "exp",
+    "log": "log",
+    "sin": "sin",
+    "cos": "cos",
+    "sqrt": "sqrt",
+    "tanh": "tanh",
+    "abs": "fabs",
+}
+ARITH = {"add": "+", "sub": "-", "mul": "*"}
+COMPARE = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i"}
+
+
+class CStyleRenderer:
+    """Renders statements and expressions of one program; subclasses add scheduling.
+
+    Attributes:
+        program: the program being rendered.
+        lines: the output so far.
+    """
+
+    types = C_TYPES
+    indent = "    "
+
+    def __init__(self, program: L.Program) -> None:
+        self.program = program
+        self.lines: list[str] = []
+
+    # -- types, constants, indices ---------------------------------------------------------
+    def type_name(self, dtype: DType) -> str:
+        """This language's spelling of an element type."""
+        return self.types[dtype.name]
+
+    def const(self, c: L.Const) -> str:
+        v, dtype = c.value, c.dtype
+        if dtype.is_float:
+            f = float(v)
+            if math.isnan(f):
+                text = "NAN"
+            elif math.isinf(f):
+                text = "INFINITY" if f > 0 else "(-INFINITY)"
+            else:
+                text = repr(f) + ("f" if dtype.name == "float32" else "")
+            if dtype.name == "float16":
+                return f"(({self.type_name(dtype)}){text})"
+            return text if text[0] != "-" else f"({text})"
+        if dtype.name == "bool":
+            return "1" if v else "0"
+        iv = int(v)
+        if iv == -(2**31):
+            return "(-2147483647 - 1)"
+        return str(iv) if iv >= 0 else f"({iv})"
+
+    def affine(self, a: L.Affine) -> str:
+        parts = []
+        for atom, coef in a.terms:
+            text = atom.name if isinstance(atom, L.Var) else self._divmod(atom)
+            parts.append(text if coef == 1 else f"{coef} * {text}")
+        if a.const or not parts:
+            parts.append(str(a.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def _divmod(self, atom: L.DivMod) -> str:
+        return f"(({self.affine(atom.inner)}) {'%' if atom.is_mod else '/'} {atom.divisor})"
+
+    # -- scalar expressions ------------------------------------------------------------------
+    def expr(self, e: L.Expr) -> str:
+        """Expression text for a scalar loop-IR expression."""
+        if isinstance(e, L.Const):
+            return self.const(e)
+        if isinstance(e, L.Load):
+            return f"{e.buffer}[{self.affine(e.index)}]"
+        if isinstance(e, L.Ref):
+            return e.name
+        if isinstance(e, L.Unary):
+            return self.unary(e.op, e.dtype, self.expr(e.x))
+        if isinstance(e, L.Binary):
+            return self.binary(e.op, e.dtype, self.expr(e.a), self.expr(e.b))
+        if isinstance(e, L.Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, L.Cast):
+            if e.dtype.name == "bool":
+                return f"(uint8_t)({self.expr(e.x)} != 0)"
+            return f"({self.type_name(e.dtype)})({self.expr(e.x)})"
+        if isinstance(e, L.IndexValue):
+            return f"(int32_t)({self.affine(e.index)})"
+        if isinstance(e, L.InRange):
+            x = self.affine(e.index)
+            return f"({e.lo} <= ({x}) && ({x}) < {e.hi})"
+        if isinstance(e, L.Random):
+            mix = (e.seed * 0x9E3779B9) & 0xFFFFFFFF
+            counter = self.affine(e.counter)
+            return f"({self.type_name(e.dtype)})sg_rand((uint32_t)({counter}), {mix}u)"
+        raise NotImplementedError(f"{type(self).__name__}: no rule for {type(e).__name__}")
+
+    def unary(self, op: str, dtype: DType, x: str) -> str:
+        if op == "neg":
+            return f"(-({x}))"
+        if not dtype.is_float:
+            return f"({x} < 0 ? -{x} : {x})" if op == "abs" else x
+        suffix = "f" if dtype.name in ("float32", "float16") else ""
+        fn = FLOAT_FUNCTIONS[op] + suffix
+        if dtype.name == "float16":
+            return f"(({self.type_name(dtype)}){fn}((float){x}))"
+        return f"{fn}({x})"
+
+    def binary(self, op: str, dtype: DType, a: str, b: str) -> str:
+        if op in COMPARE:
+            return f"(uint8_t)({a} {COMPARE[op]} {b})"
+        if op == "and":
+            return f"({a} && {b})"
+        if op == "add" and dtype.name == "bool":
+            return f"(uint8_t)({a} | {b})"
+        if op in ARITH:
+            if dtype.name == "int32":  # wrap like NumPy instead of signed-overflow UB
+                return f"(int32_t)((uint32_t){a} {ARITH[op]} (uint32_t){b})"
+            return f"({a} {ARITH[op]} {b})"
+        if op == "div":
+            return f"({a} / {b})" if dtype.is_float else f"sg_idiv({a}, {b})"
+        if op == "pow":
+            if not dtype.is_float:
+                return f"sg_ipow({a}, {b})"
+            if dtype.name == "float16":
+                return f"(({self.type_name(dtype)})powf((float){a}, (float){b}))"
+            return f"pow{'f' if dtype.name == 'float32' else ''}({a}, {b})"
+        if op in ("max", "min"):
+            if dtype.name == "bool":
+                return f"({a} {'|' if op == 'max' else '&'} {b})"
+            kind = MINMAX_SUFFIX.get(dtype.name)
+            if kind is None:
+                return f"(({self.type_name(dtype)})sg_{op}f((float){a}, (float){b}))"
+            return f"sg_{op}{kind}({a}, {b})"
+        raise NotImplementedError(f"{type(self).__name__}: binary {op}")
+
+    # -- statements ---------------------------------------------------------------------------
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append(self.indent * depth + text)
+
+    def stmts(self, body: tuple[L.Stmt, ...], depth: int, parallel_ok: bool) -> None:
+        for s in body:
+            self.stmt(s, depth, parallel_ok)
+
+    def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
+        """One statement; ``parallel_ok`` says whether the renderer may still split a loop."""
+        if isinstance(s, L.Loop):
+            self.loop(s, depth, parallel_ok)
+        elif isinstance(s, L.Store):
+            self.emit(depth, self.store(s))
+        elif isinstance(s, L.Reduce):
+            self.reduce(s, depth)
+        elif isinstance(s, L.Local):
+            self.emit(depth, f"{self.type_name(s.dtype)} {s.name}[{s.size}];")
+        elif isinstance(s, L.IndexLoad):
+            v = s.var.name
+            self.emit(depth, f"int64_t {v} = {s.buffer}[{self.affine(s.index)}];")
+            self.emit(depth, f"if ({v} < 0) {v} += {s.var.extent};")
+        elif isinstance(s, L.CheckBounds):
+            self.check_bounds(s, depth)
+        elif isinstance(s, L.Contract):
+            self.contract(s, depth)
+        elif isinstance(s, L.BatchFused):
+            self.batch_fused(s, depth)
+        else:
+            raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
+
+    def loop(self, s: L.Loop, depth: int, parallel_ok: bool) -> None:
+        """A serial loop; split into segments when its range tests allow (no per-element
+        branches inside: pads, col2im)."""
+        v = s.var.name
+        if unrolls(s):  # one copy per value: tests on several variables become one-variable tests
+            for value in range(s.var.extent):
+                self.emit(depth, f"{{ /* {v} = {value} */")
+                self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
+                self.emit(depth, "}")
+            return
+        segs = segments(s)
+        if segs is None:
+            self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
+            self.stmts(s.body, depth + 1, parallel_ok)
+            self.emit(depth, "}")
+            return
+        for lo, hi in segs:
+            self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
+            self.stmts(specialize(s.body, s.var, lo, hi), depth + 1, parallel_ok)
+            self.emit(depth, "}")
+
+    def store(self, s: L.Store) -> str:
+        target = f"{s.buffer}[{self.affine(s.index)}]"
+        value = self.expr(s.value)
+        if s.accumulate is None:
+            return f"{target} = {value};"
+        dtype = s.value.dtype
+        return f"{target} = {self.binary(s.accumulate, dtype, target, value)};"
+
+    def reduce(self, s: L.Reduce, depth: int) -> None:
+        """In order, one thread: ``acc = init; for ...: acc = op(acc, value)``."""
+        self.emit(depth, f"{self.type_name(s.init.dtype)} {s.name} = {self.expr(s.init)};")
+        for d, v in enumerate(s.vars):
+            self.emit(depth + d, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
+        step = self.binary(s.op, s.value.dtype, s.name, self.expr(s.value))
+        self.emit(depth + len(s.vars), f"{s.name} = {step};")
+
+    def check_bounds(self, s: L.CheckBounds, depth: int) -> None:
+        self.emit(depth, f"for (int64_t q = 0; q < {s.size}; ++q)")
+        self.emit(depth + 1, f"if ({s.buffer}[q] < -{s.n} || {s.buffer}[q] >= {s.n}) {{")
+        self.emit(depth + 2, self.fail(s.code))
+        self.emit(depth + 1, "}")
+
+    # -- what each language supplies ------------------------------------------------------------
+    def fail(self, code: int) -> str:
+        """The statement that records error ``code`` and skips the rest of the program."""
+        raise NotImplementedError(f"{type(self).__name__}: no error-flag rule")
+
+    def contract(self, s: L.Contract, depth: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: no rule for library products")
+
+    def batch_fused(self, s: L.BatchFused, depth: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: no rule for batch-fused products")
+
+
+def estimate_work(s: L.Stmt) -> int:
+    """Scalar operations of a statement, as renderers count them to decide whether splitting
+    a loop across threads pays: one per element stored, two per element reduced
+    (load + combine), ``2mnk`` per product."""
+    if isinstance(s, L.Loop):
+        return s.var.extent * max(1, sum(estimate_work(x) for x in s.body))
+    if isinstance(s, L.Reduce):
+        return 2 * math.prod(v.extent for v in s.vars)
+    if isinstance(s, L.Contract):
+        return 2 * s.m * s.n * s.k * s.batch * s.sum_batch
+    if isinstance(s, L.CheckBounds):
+        return s.size
+    return 1 if isinstance(s, L.Store) else 0

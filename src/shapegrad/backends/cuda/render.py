@@ -1,0 +1,463 @@
+"""The CUDA renderer: loop IR -> one CUDA C++ translation unit (a ``CStyleRenderer``).
+
+The same loop IR as the C backend (lowered for ``CUDA_TARGET``: no row form, no
+batch fusion), scheduled for a GPU:
+
+* **Grid mapping.** Each top-level loop nest of a kernel becomes one
+  ``__global__`` function. Its outer chain of loops that may run concurrently
+  (``parallel`` loops, and ``reduction`` loops whose only writes are commutative
+  accumulations, which then become atomics) is flattened into one thread index,
+  the *innermost* variable fastest, so consecutive threads touch consecutive
+  elements (coalesced). The rest of the nest runs in the thread.
+* **Reductions.** A ``Reduce`` whose output points are few and whose reduced extent
+  is long runs as a block tree: one block per output point, threads stride over the
+  reduced elements, partials combine by warp shuffles and one shared-memory pass
+  (:data:`TREE_MIN_REDUCED`, :data:`TREE_MAX_OUTPUTS`). A full reduction to a scalar
+  therefore never runs on one thread. Float16 reductions accumulate in float.
+* **Products.** ``Contract`` statements are ``cublasGemmStridedBatchedEx`` calls
+  (row-major operands passed as their column-major transposes: ``C^T = B^T A^T``),
+  float16 on tensor cores with float accumulation.
+* **Errors.** A failed ``CheckBounds`` records its code and step in ``sg_err``
+  (first failure wins, ``atomicCAS``); every kernel starts with ``if (*sg_err)
+  return;``, so the rest of the program, and later steps, are skipped.
+* **Host launcher.** ``sg_enqueue_steps`` launches every kernel and library call
+  of ``k`` steps on one stream (stacked inputs advance by ``step[slot]`` bytes);
+  ``sg_graph_build`` captures that into a CUDA graph and ``sg_graph_launch``
+  replays it: one host call per step, or per ``k`` steps. Launch configurations
+  are written next to each launch.
+
+Compile-only use (no GPU needed): ``nvcc -cubin -arch=sm_90`` on the source.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shapegrad.backends.cstyle import C_TYPES, HELPERS, CStyleRenderer
+from shapegrad.compiler import loops as L
+from shapegrad.dtypes import DType
+
+BLOCK = 256
+# A Reduce runs as a block tree when it reduces at least this many elements into at most
+# this many output points; otherwise each thread reduces one output point by itself.
+TREE_MIN_REDUCED = 256
+TREE_MAX_OUTPUTS = 1 << 16
+ATOMIC_DTYPES = frozenset({"float32", "float64", "float16", "int32"})
+
+INCLUDES = r"""#include <stdint.h>
+#include <math.h>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+"""
+
+# Block-wide reduction: warp shuffles, then one shared-memory pass over the warps' partials.
+BLOCK_REDUCE = r"""
+static __device__ __forceinline__ uint8_t sg_shfl_down(uint8_t v, int o) { return (uint8_t)__shfl_down_sync(0xffffffffu, (int)v, o); }
+static __device__ __forceinline__ int32_t sg_shfl_down(int32_t v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ float sg_shfl_down(float v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ double sg_shfl_down(double v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+template <typename T, typename Op>
+static __device__ __forceinline__ T sg_block_reduce(T v, T neutral, Op op) {
+    __shared__ T partial[32];
+    for (int o = 16; o > 0; o >>= 1) v = op(v, sg_shfl_down(v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    v = threadIdx.x < warps ? partial[threadIdx.x] : neutral;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v = op(v, sg_shfl_down(v, o));
+    return v;
+}
+"""
+
+# The cuBLAS entry points we call (declared here: the toolkit may ship no cuBLAS headers;
+# the library comes from NVIDIA's cuBLAS wheel). Enum values are cuBLAS's.
+CUBLAS_DECL = r"""
+#define SG_USES_CUBLAS 1
+extern "C" int cublasCreate_v2(void **handle);
+extern "C" int cublasSetStream_v2(void *handle, cudaStream_t stream);
+extern "C" int cublasGemmStridedBatchedEx(void *handle, int transa, int transb, int m, int n,
+    int k, const void *alpha, const void *A, int Atype, int lda, long long strideA,
+    const void *B, int Btype, int ldb, long long strideB, const void *beta, void *C, int Ctype,
+    int ldc, long long strideC, int batchCount, int computeType, int algo);
+"""
+CUDA_R = {"float32": 0, "float64": 1, "float16": 2}
+COMPUTE = {"float32": 68, "float64": 70, "float16": 68}  # CUBLAS_COMPUTE_32F / _64F
+
+CUDA_TYPES = {**C_TYPES, "float16": "__half"}
+
+
+@dataclass
+class Launch:
+    """One ``__global__`` function and how the host launches it."""
+
+    name: str
+    params: list[str]  # buffer names, in parameter order
+    grid: int
+    block: int
+    comment: str
+    checks: bool = False  # a bounds-check kernel: takes the step index
+
+
+class CudaRenderer(CStyleRenderer):
+    """Renders device functions into ``self.lines`` and records the host launch sequence."""
+
+    types = CUDA_TYPES
+
+    def __init__(self, program: L.Program) -> None:
+        super().__init__(program)
+        self.launches: list[tuple[str, Launch | L.Contract]] = []  # (kernel name, what)
+        self._atomic: set[str] = set()
+        self._float_acc: set[str] = set()
+        self._counter = 0
+
+    # -- expressions that differ from C ----------------------------------------------------
+    def expr(self, e: L.Expr) -> str:
+        if isinstance(e, L.Ref) and e.name in self._float_acc:
+            return f"((__half){e.name})"
+        return super().expr(e)
+
+    def store(self, s: L.Store) -> str:
+        if s.accumulate and s.buffer in self._atomic:
+            assert s.accumulate == "add" and s.commutative
+            return f"atomicAdd(&{s.buffer}[{self.affine(s.index)}], {self.expr(s.value)});"
+        return super().store(s)
+
+    def fail(self, code: int) -> str:
+        return f"if (atomicCAS(&sg_err[0], 0, {code}) == 0) sg_err[1] = (int)sg_step;"
+
+    def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
+        if isinstance(s, _ThreadCheck):  # one element of a CheckBounds per thread
+            x = f"{s.buffer}[{s.var.name}]"
+            self.emit(depth, f"if ({x} < -{s.n} || {x} >= {s.n}) {{")
+            self.emit(depth + 1, self.fail(s.code))
+            self.emit(depth, "}")
+            return
+        super().stmt(s, depth, parallel_ok)
+
+    def contract(self, s: L.Contract, depth: int) -> None:
+        raise NotImplementedError("CUDA: library products are host calls, not device code")
+
+    def batch_fused(self, s: L.BatchFused, depth: int) -> None:
+        raise NotImplementedError(
+            "CUDA: batch-fused products are not rendered; lower with CUDA_TARGET "
+            "(batch_fusion=False)"
+        )
+
+    # -- kernels ----------------------------------------------------------------------------
+    def kernel(self, k: L.Kernel) -> None:
+        """Every top-level statement group of ``k`` becomes a launch (or a library call)."""
+        for part in _parts(k.body):
+            if len(part) == 1 and isinstance(part[0], L.Contract):
+                self.launches.append((k.name, part[0]))
+            elif len(part) == 1 and isinstance(part[0], L.BatchFused):
+                self.batch_fused(part[0], 0)
+            else:
+                self.launches.append((k.name, self.device_function(k, part)))
+
+    def device_function(self, k: L.Kernel, part: tuple[L.Stmt, ...]) -> Launch:
+        name = f"sg_{k.name}_{self._counter}"
+        self._counter += 1
+        chain, body = _grid_chain(part, self._atomic_ok(part))
+        outputs = math.prod(v.var.extent for v in chain)
+        tree = _tree_reduce(body, outputs)
+        self._atomic = {
+            s.buffer
+            for loop in chain
+            if loop.kind == "reduction"
+            for s in L.walk(loop.body)
+            if isinstance(s, L.Store) and s.accumulate
+        }
+        params = sorted(L.reads(part) | L.writes(part))
+        checks = any(isinstance(s, L.CheckBounds) for s in L.walk(part))
+        signature = [self._param(p) for p in params] + ["int *sg_err", "int64_t sg_step"]
+        grid, block = (outputs, BLOCK) if tree is not None else (-(-outputs // BLOCK), BLOCK)
+        if outputs == 0:
+            grid = 0
+        comment = f"{k.root}; grid {grid} x block {block}" + (
+            f"; block-tree reduction over {math.prod(v.extent for v in tree.vars)} elements"
+            if tree is not None
+            else ""
+        )
+        self.emit(0, f"/* {k.name}: {comment} */")
+        self.emit(
+            0, f"__global__ void __launch_bounds__({BLOCK}) {name}({', '.join(signature)}) {{"
+        )
+        self.emit(1, "if (sg_err[0]) return;  /* an earlier check failed: skip the rest */")
+        self.emit(1, "(void)sg_step;")
+        if tree is not None:
+            self.emit(1, "const int64_t sg_gid = blockIdx.x;")
+        else:
+            self.emit(1, "const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;")
+            self.emit(1, f"if (sg_gid >= {outputs}) return;")
+        self._decompose("sg_gid", [loop.var for loop in chain], 1)
+        if tree is not None:
+            self._tree(tree, body[1:], 1)
+        else:
+            self.stmts(body, 1, parallel_ok=False)
+        self.emit(0, "}")
+        self.emit(0, "")
+        self._atomic = set()
+        return Launch(name, params, grid, block, comment, checks)
+
+    def _param(self, name: str) -> str:
+        spec = self.program.buffers[name]
+        t = self.type_name(spec.dtype)
+        const = "const " if spec.kind in ("input", "const") else ""
+        return f"{const}{t} *__restrict__ {name}"
+
+    def _atomic_ok(self, part: tuple[L.Stmt, ...]) -> bool:
+        stores = [s for s in L.walk(part) if isinstance(s, L.Store) and s.accumulate]
+        return all(
+            s.commutative and s.accumulate == "add" and s.value.dtype.name in ATOMIC_DTYPES
+            for s in stores
+        )
+
+    def _decompose(self, flat: str, variables: list[L.Var], depth: int) -> None:
+        """Loop variables from a flat index, the last (innermost) fastest."""
+        stride = 1
+        for v in reversed(variables):
+            self.emit(depth, f"const int64_t {v.name} = ({flat} / {stride}) % {v.extent};")
+            stride *= v.extent
+
+    def _tree(self, r: L.Reduce, rest: tuple[L.Stmt, ...], depth: int) -> None:
+        """One block per output point: strided partials, then ``sg_block_reduce``."""
+        dtype = r.init.dtype
+        acc_t = "float" if dtype.name == "float16" else self.type_name(dtype)
+        total = math.prod(v.extent for v in r.vars)
+        if dtype.name == "float16":
+            self._float_acc.add(r.name)
+        init = f"({acc_t})({self.expr(r.init)})"
+        self.emit(depth, f"{acc_t} {r.name} = {init};")
+        self.emit(depth, f"for (int64_t sg_r = threadIdx.x; sg_r < {total}; sg_r += blockDim.x) {{")
+        self._decompose("sg_r", list(r.vars), depth + 1)
+        value = self.expr(r.value)
+        if dtype.name == "float16":
+            value = f"(float)({value})"
+        step = self.binary(r.op, _acc_dtype(dtype), r.name, value)
+        self.emit(depth + 1, f"{r.name} = {step};")
+        self.emit(depth, "}")
+        op = self.binary(r.op, _acc_dtype(dtype), "a", "b")
+        self.emit(
+            depth, f"auto sg_op = [](const {acc_t} a, const {acc_t} b) {{ return ({acc_t}){op}; }};"
+        )
+        self.emit(depth, f"{r.name} = sg_block_reduce<{acc_t}>({r.name}, {init}, sg_op);")
+        self.emit(depth, "if (threadIdx.x != 0) return;")
+        self.stmts(rest, depth, parallel_ok=False)
+
+    def reduce(self, s: L.Reduce, depth: int) -> None:
+        """A per-thread reduction; float16 accumulates in float."""
+        if s.init.dtype.name != "float16":
+            super().reduce(s, depth)
+            return
+        self._float_acc.add(s.name)
+        self.emit(depth, f"float {s.name} = (float)({self.expr(s.init)});")
+        for d, v in enumerate(s.vars):
+            self.emit(depth + d, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
+        step = self.binary(s.op, _acc_dtype(s.init.dtype), s.name, f"(float)({self.expr(s.value)})")
+        self.emit(depth + len(s.vars), f"{s.name} = {step};")
+
+    # -- the host side ----------------------------------------------------------------------
+    def host(self) -> list[str]:
+        """``sg_enqueue_steps``, graph capture and replay, the cuBLAS handle."""
+        out = [
+            'extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,',
+            "                                void *blas, int64_t k, const int64_t *step) {",
+            "    cudaStream_t stream = (cudaStream_t)stream_;",
+            "    void *local[SG_NSLOTS + 1];",
+            "    (void)blas; (void)local;",
+            "    cudaMemsetAsync(sg_err, 0, 2 * sizeof(int), stream);",
+            "    for (int64_t t = 0; t < k; ++t) {",
+            "        for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];",
+        ]
+        for kernel_name, what in self.launches:
+            if isinstance(what, L.Contract):
+                out.extend(f"        {line}" for line in self._gemm(kernel_name, what))
+                continue
+            if what.grid == 0:
+                continue  # an empty index space: nothing to launch
+            args = ", ".join(f"({self._cast(p)}){self._address(p)}" for p in what.params)
+            sep = ", " if args else ""
+            out.append(f"        /* {kernel_name}: {what.comment} */")
+            out.append(
+                f"        {what.name}<<<{what.grid}, {what.block}, 0, stream>>>({args}{sep}sg_err, t);"
+            )
+        out += [
+            "    }",
+            "    return (int)cudaGetLastError();",
+            "}",
+            "",
+            'extern "C" int sg_graph_build(void **io, char *arena, int *sg_err, void *stream_,',
+            "                              void *blas, int64_t k, const int64_t *step, void **exec) {",
+            "    cudaStream_t stream = (cudaStream_t)stream_;",
+            "    cudaGraph_t graph;",
+            "    int rc = (int)cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);",
+            "    if (rc) return rc;",
+            "    rc = sg_enqueue_steps(io, arena, sg_err, stream_, blas, k, step);",
+            "    int end = (int)cudaStreamEndCapture(stream, &graph);",
+            "    if (rc) return rc;",
+            "    if (end) return end;",
+            "    rc = (int)cudaGraphInstantiate((cudaGraphExec_t *)exec, graph, 0ULL);",
+            "    cudaGraphDestroy(graph);",
+            "    return rc;",
+            "}",
+            "",
+            'extern "C" int sg_graph_launch(void *exec, void *stream) {',
+            "    return (int)cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);",
+            "}",
+            "",
+            'extern "C" void sg_graph_free(void *exec) { cudaGraphExecDestroy((cudaGraphExec_t)exec); }',
+            "",
+            'extern "C" int sg_blas_create(void **handle) {',
+            "#ifdef SG_USES_CUBLAS",
+            "    return cublasCreate_v2(handle);",
+            "#else",
+            "    *handle = 0;",
+            "    return 0;",
+            "#endif",
+            "}",
+        ]
+        return out
+
+    def _cast(self, name: str) -> str:
+        spec = self.program.buffers[name]
+        const = "const " if spec.kind in ("input", "const") else ""
+        return f"{const}{self.type_name(spec.dtype)} *"
+
+    def _address(self, name: str) -> str:
+        spec = self.program.buffers[name]
+        return f"(arena + {spec.offset})" if spec.kind == "temp" else f"local[{spec.slot}]"
+
+    def _gemm(self, kernel_name: str, s: L.Contract) -> list[str]:
+        """``C = alpha * op(A) op(B) + beta * C`` per batch, as ``C^T = op(B)^T op(A)^T``."""
+        if s.alpha_buffer is not None:
+            raise NotImplementedError("CUDA: a run-time product scale needs runtime_alpha=False")
+        t = self.type_name(s.dtype)
+        scalar = "double" if s.dtype.name == "float64" else "float"
+        dt, ct = CUDA_R[s.dtype.name], COMPUTE[s.dtype.name]
+        a = f"(const {t} *){self._address(s.a)} + {s.offset_a}"
+        b = f"(const {t} *){self._address(s.b)} + {s.offset_b}"
+        c = f"({t} *){self._address(s.c)}"
+        lines = [
+            f"/* {kernel_name}: cuBLAS {s.m}x{s.n}x{s.k}, batch {s.batch}, summed {s.sum_batch} */",
+            "{",
+            "    cublasSetStream_v2(blas, stream);",
+            f"    const {scalar} sg_alpha = ({scalar}){s.alpha!r}, sg_one = 1, sg_beta = ({scalar}){s.beta!r};",
+            f"    for (int64_t si = 0; si < {s.sum_batch}; ++si) {{",
+            "        int rc = cublasGemmStridedBatchedEx(blas, "
+            f"{1 if s.trans_b else 0}, {1 if s.trans_a else 0}, {s.n}, {s.m}, {s.k}, &sg_alpha, "
+            f"{b} + si * {s.sum_stride_b}, {dt}, {s.ldb}, {s.stride_b}, "
+            f"{a} + si * {s.sum_stride_a}, {dt}, {s.lda}, {s.stride_a}, "
+            f"si ? &sg_one : &sg_beta, {c}, {dt}, {s.n}, {s.stride_c}, {s.batch}, {ct}, -1);",
+            "        if (rc) return 1000 + rc;",
+            "    }",
+            "}",
+        ]
+        return lines
+
+
+def _acc_dtype(dtype: DType) -> DType:
+    from shapegrad.dtypes import float32
+
+    return float32 if dtype.name == "float16" else dtype
+
+
+def _parts(body: tuple[L.Stmt, ...]) -> list[tuple[L.Stmt, ...]]:
+    """Top-level statements grouped into launches: each loop nest, product or check on its
+    own; consecutive scalar statements (a full reduction and its store) together."""
+    parts: list[tuple[L.Stmt, ...]] = []
+    run: list[L.Stmt] = []
+    for s in body:
+        if isinstance(s, L.Loop | L.Contract | L.BatchFused | L.CheckBounds):
+            if run:
+                parts.append(tuple(run))
+                run = []
+            parts.append((s,))
+        else:
+            run.append(s)
+    if run:
+        parts.append(tuple(run))
+    return parts
+
+
+def _grid_chain(
+    part: tuple[L.Stmt, ...], atomic_ok: bool
+) -> tuple[list[L.Loop], tuple[L.Stmt, ...]]:
+    """The outer loops mapped to threads, and the statements each thread runs."""
+    chain: list[L.Loop] = []
+    body = part
+    while len(body) == 1 and isinstance(body[0], L.Loop):
+        loop = body[0]
+        if loop.kind != "parallel" and not (atomic_ok and loop.kind == "reduction"):
+            break
+        chain.append(loop)
+        body = loop.body
+    if len(part) == 1 and isinstance(part[0], L.CheckBounds):
+        check = part[0]
+        q = L.Var("sg_q", check.size)
+        store = L.Loop(q, "parallel", (check,))
+        return [store], (_ThreadCheck(check.buffer, check.n, check.code, q),)
+    return chain, body
+
+
+@dataclass(frozen=True)
+class _ThreadCheck(L.Stmt):
+    """One thread's share of a CheckBounds (element ``var``)."""
+
+    buffer: str
+    n: int
+    code: int
+    var: L.Var
+
+
+def _tree_reduce(body: tuple[L.Stmt, ...], outputs: int) -> L.Reduce | None:
+    """The Reduce to run as a block tree, when the thread body is ``Reduce; stores``."""
+    if not body or not isinstance(body[0], L.Reduce):
+        return None
+    r = body[0]
+    reduced = math.prod(v.extent for v in r.vars)
+    if reduced < TREE_MIN_REDUCED or outputs > TREE_MAX_OUTPUTS:
+        return None
+    if any(isinstance(s, L.Reduce) for s in L.walk(body[1:])):
+        return None
+    return r
+
+
+def render_cuda_unit(program: L.Program, namespace: str | None = None) -> str:
+    """Device functions and the host launcher of ``program`` (no includes).
+
+    With ``namespace``, everything lives in that C++ namespace and the entry points are
+    not ``extern "C"``: many programs can then share one translation unit (the
+    compile-only tests build all op-table programs in a few ``nvcc`` runs).
+    """
+    r = CudaRenderer(program)
+    head = [f"/* shapegrad generated (CUDA): program {_comment_safe(program.name)} */"]
+    head.append(HELPERS.format(q="static __device__ __forceinline__"))
+    head.append(BLOCK_REDUCE)
+    if any(isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body)):
+        head.append(CUBLAS_DECL)
+    head.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
+    for k in program.kernels:
+        r.kernel(k)
+    text = "\n".join([*head, "", *r.lines, *r.host()]) + "\n"
+    if namespace is not None:
+        text = text.replace('extern "C" int sg_', "int sg_").replace(
+            'extern "C" void sg_', "void sg_"
+        )
+        text = text.replace("#define SG_USES_CUBLAS 1\n", "").replace(
+            f"#define SG_NSLOTS {max(program.n_slots, 1)}",
+            f"#undef SG_NSLOTS\n#define SG_NSLOTS {max(program.n_slots, 1)}",
+        )
+        text = f"namespace {namespace} {{\n{text}}}  // namespace {namespace}\n"
+    return text
+
+
+def render_cuda(program: L.Program) -> str:
+    """The full CUDA source of ``program`` (its I/O table numbered)."""
+    return INCLUDES + render_cuda_unit(program)
+
+
+def _comment_safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_.-<> " else "_" for ch in text)

@@ -1,0 +1,256 @@
+"""The loop pipeline: an optimized Graph -> a memory-planned loop-IR Program, stage by stage.
+
+``LOOP_PIPELINE`` is the ordered, visible list of loop stages, the loop-level
+twin of the graph ``PIPELINE`` in ``compiler/passes.py``. Every backend that
+renders loop IR calls :func:`lower_program` with its
+:class:`~shapegrad.compiler.target.Target`; nothing else lowers a graph.
+
+=====================  ============================================================
+stage                  what it does
+=====================  ============================================================
+plan_fusion            which values get a buffer, which are recomputed inline, which
+                       reductions take their elementwise consumer as an epilogue
+build_kernels          one kernel of loop IR per materialized value (``lower.py``)
+fuse_batch_producers   large batched products build their operand one batch slice at
+                       a time (``batchfuse.py``; optional: ``Target.batch_fusion``)
+hoist_bounds_checks    index checks of program inputs run before any kernel, so a
+                       failing step changes nothing (optional)
+place_state_updates    updated state written in place where safe (``memory.py``)
+pack_arena             temps packed into one arena by liveness (``memory.py``)
+assign_slots           the I/O table: inputs, then outputs, then constants
+=====================  ============================================================
+
+Each stage is a function ``(LoopUnit) -> LoopUnit``; optional stages are skipped
+when the target says so (``Target.runs``). After every stage the program (or the
+fusion plan) is handed to ``on_stage``, which ``SHAPEGRAD_DEBUG`` uses to write
+``loopNN_<stage>.txt`` next to the graph dumps, and a :class:`LoopStageStat`
+records its time and the program's size.
+
+Example:
+    >>> program, stats = lower_program(graph, C_TARGET, name="step")
+    >>> print(program.format())
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from shapegrad.compiler import loops as L
+from shapegrad.compiler.batchfuse import fuse_batch_producers
+from shapegrad.compiler.debug import write_dump
+from shapegrad.compiler.fusion import FusionPlan, plan_fusion
+from shapegrad.compiler.lower import build_kernels, local_id
+from shapegrad.compiler.memory import pack_arena, place_state_updates
+from shapegrad.compiler.target import Target
+from shapegrad.ir import Graph
+
+
+@dataclass
+class LoopUnit:
+    """What flows through the loop stages: the graph, the target and what is built so far."""
+
+    graph: Graph
+    target: Target
+    name: str
+    plan: FusionPlan | None = None
+    program: L.Program | None = None
+
+    def built(self) -> L.Program:
+        """The program (stages after ``build_kernels`` only)."""
+        assert self.program is not None, "this stage runs after build_kernels"
+        return self.program
+
+
+@dataclass(frozen=True)
+class LoopStage:
+    """A named stage; ``optional`` stages may be skipped by a target."""
+
+    name: str
+    run: Callable[[LoopUnit], LoopUnit]
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class LoopStageStat:
+    """One stage application: wall time and the program's size after it."""
+
+    stage: str
+    seconds: float
+    skipped: bool
+    kernels: int
+    buffers: int
+    arena_bytes: int
+
+
+# --- the stages -----------------------------------------------------------------------
+
+
+def stage_plan_fusion(unit: LoopUnit) -> LoopUnit:
+    return replace(unit, plan=plan_fusion(unit.graph, unit.target))
+
+
+def stage_build_kernels(unit: LoopUnit) -> LoopUnit:
+    assert unit.plan is not None, "build_kernels runs after plan_fusion"
+    return replace(unit, program=build_kernels(unit.graph, unit.plan, unit.target, unit.name))
+
+
+def stage_fuse_batch_producers(unit: LoopUnit) -> LoopUnit:
+    fuse_batch_producers(unit.built(), unit.target)
+    return unit
+
+
+def stage_hoist_bounds_checks(unit: LoopUnit) -> LoopUnit:
+    hoist_bounds_checks(unit.built())
+    return unit
+
+
+def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
+    place_state_updates(unit.built())
+    return unit
+
+
+def stage_pack_arena(unit: LoopUnit) -> LoopUnit:
+    pack_arena(unit.built(), unit.target.alignment)
+    return unit
+
+
+def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
+    assign_slots(unit.built())
+    return unit
+
+
+LOOP_PIPELINE: list[LoopStage] = [
+    LoopStage("plan_fusion", stage_plan_fusion),
+    LoopStage("build_kernels", stage_build_kernels),
+    LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
+    LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
+    LoopStage("place_state_updates", stage_place_state_updates),
+    LoopStage("pack_arena", stage_pack_arena),
+    LoopStage("assign_slots", stage_assign_slots),
+]
+
+
+# --- stage bodies that live nowhere else ------------------------------------------------
+
+
+def hoist_bounds_checks(program: L.Program) -> L.Program:
+    """Move every top-level ``CheckBounds`` of an index buffer the program never writes
+    (an input or a constant) into a first kernel, so a bad index fails the step before
+    any kernel runs (state untouched). Checks of computed indices stay where they are."""
+    written = set().union(*(L.writes(k.body) for k in program.kernels))
+    hoisted: list[L.Stmt] = []
+    for kernel in program.kernels:
+        keep: list[L.Stmt] = []
+        for s in kernel.body:
+            movable = isinstance(s, L.CheckBounds) and s.buffer not in written
+            (hoisted if movable else keep).append(s)
+        kernel.body = tuple(keep)
+    if hoisted:
+        size = sum(s.size for s in hoisted if isinstance(s, L.CheckBounds))
+        checks = L.Kernel("k_checks", tuple(hoisted), size, "bounds checks of input indices")
+        program.kernels = [checks, *(k for k in program.kernels if k.body)]
+    return program
+
+
+def assign_slots(program: L.Program) -> L.Program:
+    """Number the I/O table: inputs (graph order), then outputs, then constants."""
+    buffers = program.buffers
+    order = list(dict.fromkeys(program.inputs))
+    order += [b.name for b in buffers.values() if b.kind == "output"]
+    order += [b.name for b in buffers.values() if b.kind == "const"]
+    for slot, name in enumerate(order):
+        buffers[name] = replace(buffers[name], slot=slot)
+    program.n_slots = len(order)
+    return program
+
+
+# --- the driver ---------------------------------------------------------------------------
+
+StageHook = Callable[[str, str], None]
+
+
+def lower_program(
+    graph: Graph,
+    target: Target,
+    name: str = "fn",
+    on_stage: StageHook | None = None,
+    pipeline: list[LoopStage] | None = None,
+) -> tuple[L.Program, list[LoopStageStat]]:
+    """Run the loop pipeline on ``graph`` for ``target``.
+
+    Args:
+        graph: an optimized graph (``compiler.passes.optimize``).
+        target: the backend's lowering policy.
+        name: the program's name.
+        on_stage: called as ``on_stage(stage_name, text)`` after every stage that ran, with
+            the printed fusion plan or program (see :func:`stage_dumper`).
+        pipeline: the stage list (default ``LOOP_PIPELINE``).
+    Returns:
+        (the finished program, one :class:`LoopStageStat` per stage).
+    """
+    unit = LoopUnit(graph, target, name)
+    stats: list[LoopStageStat] = []
+    for stage in pipeline if pipeline is not None else LOOP_PIPELINE:
+        skipped = stage.optional and not target.runs(stage.name)
+        t0 = time.perf_counter()
+        if not skipped:
+            unit = stage.run(unit)
+        seconds = time.perf_counter() - t0
+        program = unit.program
+        stats.append(
+            LoopStageStat(
+                stage.name,
+                seconds,
+                skipped,
+                len(program.kernels) if program else 0,
+                len(program.buffers) if program else 0,
+                program.arena_bytes if program else 0,
+            )
+        )
+        if on_stage is not None and not skipped:
+            on_stage(stage.name, _describe(unit))
+    return unit.built(), stats
+
+
+def _describe(unit: LoopUnit) -> str:
+    if unit.program is not None:
+        return unit.program.format()
+    assert unit.plan is not None
+    return format_plan(unit.graph, unit.plan)
+
+
+def format_plan(graph: Graph, plan: FusionPlan) -> str:
+    """The fusion plan as text: each node's fate (buffer, inline, or epilogue of a root)."""
+    lines = [f"fusion plan  # {len(plan.materialized)} materialized of {len(graph.nodes())} nodes"]
+    for node in graph.nodes():
+        nid = f"{node.prim.value}%{local_id(graph, node)}"
+        if node.id in plan.fused_roots:
+            root = plan.fused_roots[node.id]
+            fate = f"buffer, epilogue of {root.prim.value}%{local_id(graph, root)}"
+        elif node.id in plan.epilogue_of:
+            fate = "computed inside its epilogue's kernel"
+        elif node.id in plan.materialized:
+            fate = "buffer"
+        else:
+            fate = f"inline (cost {plan.cost.get(node.id, 0)})"
+        lines.append(f"  {nid}: {fate}")
+    return "\n".join(lines)
+
+
+def stage_dumper(folder: str, name: str) -> StageHook:
+    """An ``on_stage`` hook writing ``<folder>/<name>.loopNN_<stage>.txt`` atomically."""
+    counter = [0]
+
+    def dump(stage: str, text: str) -> None:
+        write_dump(folder, f"{name}.loop{counter[0]:02d}_{stage}.txt", text + "\n")
+        counter[0] += 1
+
+    return dump
+
+
+def dump_program(folder: str, name: str, program: L.Program, source: str, suffix: str) -> None:
+    """The final program (``<name>.loops.txt``) and its generated source (``<name><suffix>``)."""
+    write_dump(folder, name + ".loops.txt", program.format() + "\n")
+    write_dump(folder, name + suffix, source)

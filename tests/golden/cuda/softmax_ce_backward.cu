@@ -1,0 +1,163 @@
+#include <stdint.h>
+#include <math.h>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+/* shapegrad generated (CUDA): program fn */
+
+static __device__ __forceinline__ float sg_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
+static __device__ __forceinline__ float sg_minf(float a, float b) { return (a < b || a != a) ? a : b; }
+static __device__ __forceinline__ double sg_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
+static __device__ __forceinline__ double sg_mind(double a, double b) { return (a < b || a != a) ? a : b; }
+static __device__ __forceinline__ int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+static __device__ __forceinline__ int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+static __device__ __forceinline__ int32_t sg_idiv(int32_t a, int32_t b) {
+    /* NumPy reference: x / 0 -> x; INT_MIN / -1 wraps (never UB). */
+    if (b == 0) return a;
+    if (b == -1) return (int32_t)(0u - (uint32_t)a);
+    return a / b;
+}
+static __device__ __forceinline__ int32_t sg_ipow(int32_t a, int32_t b) {
+    uint32_t r = 1u, base = (uint32_t)a;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    while (b) { if (b & 1) r *= base; base *= base; b >>= 1; }
+    return (int32_t)r;
+}
+static __device__ __forceinline__ double sg_rand(uint32_t counter, uint32_t seed_mix) {
+    uint32_t x = counter + seed_mix;
+    x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
+    return (double)(x >> 8) * (1.0 / 16777216.0);
+}
+
+
+static __device__ __forceinline__ uint8_t sg_shfl_down(uint8_t v, int o) { return (uint8_t)__shfl_down_sync(0xffffffffu, (int)v, o); }
+static __device__ __forceinline__ int32_t sg_shfl_down(int32_t v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ float sg_shfl_down(float v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ double sg_shfl_down(double v, int o) { return __shfl_down_sync(0xffffffffu, v, o); }
+template <typename T, typename Op>
+static __device__ __forceinline__ T sg_block_reduce(T v, T neutral, Op op) {
+    __shared__ T partial[32];
+    for (int o = 16; o > 0; o >>= 1) v = op(v, sg_shfl_down(v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    v = threadIdx.x < warps ? partial[threadIdx.x] : neutral;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v = op(v, sg_shfl_down(v, o));
+    return v;
+}
+
+#define SG_NSLOTS 3
+
+/* k0: reduce_sum%7; grid 1 x block 256 */
+__global__ void __launch_bounds__(256) sg_k0_0(const float *__restrict__ c0, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
+    if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
+    (void)sg_step;
+    const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (sg_gid >= 4) return;
+    const int64_t i1 = (sg_gid / 1) % 4;
+    float acc2 = 0.0f;
+    for (int64_t r2 = 0; r2 < 5; ++r2)
+        acc2 = (acc2 + (c0[5 * i1 + r2] * 0.25f));
+    t7[i1] = acc2;
+}
+
+/* k1: reduce_max%10; grid 1 x block 256 */
+__global__ void __launch_bounds__(256) sg_k1_1(const float *__restrict__ in0, float *__restrict__ t10, int *sg_err, int64_t sg_step) {
+    if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
+    (void)sg_step;
+    const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (sg_gid >= 4) return;
+    const int64_t i3 = (sg_gid / 1) % 4;
+    float acc4 = (-INFINITY);
+    for (int64_t r4 = 0; r4 < 5; ++r4)
+        acc4 = sg_maxf(acc4, in0[5 * i3 + r4]);
+    t10[i3] = acc4;
+}
+
+/* k2: exp%14; grid 1 x block 256 */
+__global__ void __launch_bounds__(256) sg_k2_2(const float *__restrict__ in0, float *__restrict__ t10, float *__restrict__ t14, int *sg_err, int64_t sg_step) {
+    if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
+    (void)sg_step;
+    const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (sg_gid >= 20) return;
+    const int64_t i7 = (sg_gid / 1) % 5;
+    const int64_t i6 = (sg_gid / 5) % 4;
+    t14[5 * i6 + i7] = expf((in0[5 * i6 + i7] - t10[i6]));
+}
+
+/* k3: reduce_sum%15; grid 1 x block 256 */
+__global__ void __launch_bounds__(256) sg_k3_3(float *__restrict__ t14, float *__restrict__ t15, int *sg_err, int64_t sg_step) {
+    if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
+    (void)sg_step;
+    const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (sg_gid >= 4) return;
+    const int64_t i8 = (sg_gid / 1) % 4;
+    float acc9 = 0.0f;
+    for (int64_t r9 = 0; r9 < 5; ++r9)
+        acc9 = (acc9 + t14[5 * i8 + r9]);
+    t15[i8] = acc9;
+}
+
+/* k4: add%21; grid 1 x block 256 */
+__global__ void __launch_bounds__(256) sg_k4_4(const float *__restrict__ c0, float *__restrict__ t14, float *__restrict__ t15, float *__restrict__ t21, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
+    if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
+    (void)sg_step;
+    const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (sg_gid >= 20) return;
+    const int64_t i12 = (sg_gid / 1) % 5;
+    const int64_t i11 = (sg_gid / 5) % 4;
+    t21[5 * i11 + i12] = (((-0.25f) * c0[5 * i11 + i12]) + ((t7[i11] / t15[i11]) * t14[5 * i11 + i12]));
+}
+
+extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,
+                                void *blas, int64_t k, const int64_t *step) {
+    cudaStream_t stream = (cudaStream_t)stream_;
+    void *local[SG_NSLOTS + 1];
+    (void)blas; (void)local;
+    cudaMemsetAsync(sg_err, 0, 2 * sizeof(int), stream);
+    for (int64_t t = 0; t < k; ++t) {
+        for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
+        /* k0: reduce_sum%7; grid 1 x block 256 */
+        sg_k0_0<<<1, 256, 0, stream>>>((const float *)local[2], (float *)(arena + 0), sg_err, t);
+        /* k1: reduce_max%10; grid 1 x block 256 */
+        sg_k1_1<<<1, 256, 0, stream>>>((const float *)local[0], (float *)(arena + 256), sg_err, t);
+        /* k2: exp%14; grid 1 x block 256 */
+        sg_k2_2<<<1, 256, 0, stream>>>((const float *)local[0], (float *)(arena + 256), (float *)(arena + 512), sg_err, t);
+        /* k3: reduce_sum%15; grid 1 x block 256 */
+        sg_k3_3<<<1, 256, 0, stream>>>((float *)(arena + 512), (float *)(arena + 256), sg_err, t);
+        /* k4: add%21; grid 1 x block 256 */
+        sg_k4_4<<<1, 256, 0, stream>>>((const float *)local[2], (float *)(arena + 512), (float *)(arena + 256), (float *)local[1], (float *)(arena + 0), sg_err, t);
+    }
+    return (int)cudaGetLastError();
+}
+
+extern "C" int sg_graph_build(void **io, char *arena, int *sg_err, void *stream_,
+                              void *blas, int64_t k, const int64_t *step, void **exec) {
+    cudaStream_t stream = (cudaStream_t)stream_;
+    cudaGraph_t graph;
+    int rc = (int)cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (rc) return rc;
+    rc = sg_enqueue_steps(io, arena, sg_err, stream_, blas, k, step);
+    int end = (int)cudaStreamEndCapture(stream, &graph);
+    if (rc) return rc;
+    if (end) return end;
+    rc = (int)cudaGraphInstantiate((cudaGraphExec_t *)exec, graph, 0ULL);
+    cudaGraphDestroy(graph);
+    return rc;
+}
+
+extern "C" int sg_graph_launch(void *exec, void *stream) {
+    return (int)cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+}
+
+extern "C" void sg_graph_free(void *exec) { cudaGraphExecDestroy((cudaGraphExec_t)exec); }
+
+extern "C" int sg_blas_create(void **handle) {
+#ifdef SG_USES_CUBLAS
+    return cublasCreate_v2(handle);
+#else
+    *handle = 0;
+    return 0;
+#endif
+}

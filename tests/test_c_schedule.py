@@ -1,0 +1,138 @@
+"""C backend scheduling and code-generation choices of issue 12, checked on the generated
+code and against the NumPy reference: no OpenMP region inside a serial loop, row reductions
+split across threads with unchanged summation order, the runtime learning rate fused into
+the product, im2col patch tests split per kernel position, vectorized transcendentals."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+from shapegrad.backends.c import generate
+from shapegrad.backends.c.toolchain import has_vector_math
+from shapegrad.compiler import loops as L
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+
+
+def _graph(fn, *args):  # type: ignore[no-untyped-def]
+    return sg.compile(fn, backend="numpy").graph(*args)
+
+
+def _f32(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _no_region_inside_a_serial_loop(source: str) -> bool:
+    """True when every ``#pragma omp parallel`` sits outside any open ``for`` loop."""
+    depth_of_loops: list[int] = []
+    depth = 0
+    for line in source.splitlines():
+        text = line.strip()
+        if text.startswith("#pragma omp parallel") and depth_of_loops:
+            return False
+        if text.startswith("for (") and text.endswith("{"):
+            depth_of_loops.append(depth)
+        depth += text.count("{") - text.count("}")
+        while depth_of_loops and depth <= depth_of_loops[-1]:
+            depth_of_loops.pop()
+    return True
+
+
+def test_bias_gradient_splits_the_row_not_the_batch_loop() -> None:
+    x = _f32(2048, 128)
+    f = lambda x: (x * 2.0).sum(axis=0)  # noqa: E731  (a bias gradient's shape)
+    _, source = generate(_graph(f, x))
+    assert "j0 = part * 128 / sg_threads" in source
+    assert _no_region_inside_a_serial_loop(source)
+    got = sg.compile(f, backend="c")(sg.tensor(x)).numpy()
+    serial = np.zeros(128, np.float32)
+    for r in range(2048):  # the serial order the split keeps per element
+        serial += x[r] * np.float32(2.0)
+    np.testing.assert_array_equal(got, serial)
+
+
+def test_layer_norm_gradient_has_no_region_inside_a_serial_loop() -> None:
+    def loss(x: sg.Tensor, g: sg.Tensor, b: sg.Tensor) -> sg.Tensor:
+        return (sg.layer_norm(x, g, b) ** 2).sum()
+
+    args = (_f32(2048, 128), _f32(128, seed=1), _f32(128, seed=2))
+    _, source = generate(_graph(sg.grad(loss, argnums=(0, 1, 2)), *args))
+    assert _no_region_inside_a_serial_loop(source)
+
+
+def test_runtime_learning_rate_update_is_one_product() -> None:
+    def step(w: sg.Tensor, x: sg.Tensor, lr: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        loss, g = sg.value_and_grad(lambda w: ((x @ w) ** 2).mean())(w)
+        return w - lr * g, loss
+
+    w, x, lr = _f32(256, 128), _f32(64, 256, seed=1), np.array(0.01, np.float32)
+    fn = sg.compile(step, backend="c", donate_argnums=0)
+    exe = fn.lower(w, x, lr).executable
+    updates = [
+        s
+        for k in exe.program.kernels
+        for s in L.walk(k.body)
+        if isinstance(s, L.Contract) and s.alpha_buffer is not None
+    ]
+    assert len(updates) == 1 and updates[0].alpha == -1.0 and updates[0].beta == 1.0
+    ref = sg.compile(step, backend="numpy")(sg.tensor(w), sg.tensor(x), sg.tensor(lr))
+    got = fn(sg.tensor(w), sg.tensor(x), sg.tensor(lr))
+    np.testing.assert_allclose(got[0].numpy(), ref[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_conv_patch_tests_split_per_kernel_position() -> None:
+    def conv(w: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        return sg.relu(sg.conv2d(x, w, padding=1)).mean()
+
+    args = (_f32(8, 4, 3, 3), _f32(16, 4, 12, 12, seed=1))
+    _, source = generate(_graph(sg.value_and_grad(conv, argnums=(0, 1)), *args))
+    chains = max(line.count("?") for line in source.splitlines() if "sg_" not in line)
+    assert chains <= 3  # was a 9-way nested select on 3*kh + kw per element
+    got = sg.compile(sg.value_and_grad(conv, argnums=(0, 1)), backend="c")(*map(sg.tensor, args))
+    ref = sg.compile(sg.value_and_grad(conv, argnums=(0, 1)), backend="numpy")(
+        *map(sg.tensor, args)
+    )
+    for a, b in zip(got[1], ref[1], strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not has_vector_math(), reason="no glibc libmvec (not Linux x86-64)")
+def test_transcendentals_use_vector_math_within_tolerance() -> None:
+    x = np.linspace(-6, 6, 1 << 16, dtype=np.float32)
+    f = lambda x: sg.tanh(x) + sg.exp(x * 0.5) * sg.log(sg.abs(x) + 1.0)  # noqa: E731
+    _, source = generate(_graph(f, x))
+    assert re.search(r"omp declare simd notinbranch\nfloat tanhf", source)
+    got = sg.compile(f, backend="c")(sg.tensor(x)).numpy()
+    x64 = x.astype(np.float64)
+    want = np.tanh(x64) + np.exp(x64 * 0.5) * np.log(np.abs(x64) + 1.0)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_thread_count_follows_shapegrad_then_openmp_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shapegrad.backends.c.executable import num_threads
+
+    monkeypatch.delenv("SHAPEGRAD_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3,2")
+    assert num_threads() == 3
+    monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", "1")
+    assert num_threads() == 1
+
+
+def test_openmp_waits_passively_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shapegrad.backends.c.executable import configure_openmp_waiting
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    configure_openmp_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    configure_openmp_waiting()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -1,0 +1,278 @@
+"""The CUDA backend without a GPU: generated source for every op-table case and the training
+steps compiles with ``nvcc -cubin -arch=sm_90``; golden sources for a few kernels; the
+host launcher builds and loads; without pycuda/a GPU the backend says what is missing.
+
+What needs a GPU (values vs eager, training parity, K-step runs, IndexError on the
+device) is in tests/test_cuda_gpu.py, skipped here with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+from harness import Case
+from op_table import CASES
+from shapegrad.backends.base import BackendUnavailable, get_backend
+from shapegrad.backends.cuda import generate
+from shapegrad.backends.cuda.render import INCLUDES, render_cuda_unit
+from shapegrad.backends.cuda.toolchain import compile_check, nvcc
+from shapegrad.compiler import loops as L
+
+needs_nvcc = pytest.mark.skipif(nvcc() is None, reason="nvcc not found (no CUDA toolkit)")
+GOLDEN = Path(__file__).parent / "golden" / "cuda"
+
+
+def _graph(fn: Any, *args: Any) -> Any:
+    return sg.compile(fn, backend="numpy").graph(*args)
+
+
+def _program(fn: Any, *args: Any) -> L.Program:
+    return generate(_graph(fn, *args))[0]
+
+
+def _compile_together(programs: list[L.Program]) -> None:
+    """All programs in one translation unit (one namespace each): one nvcc run."""
+    units = [render_cuda_unit(p, namespace=f"p{n}") for n, p in enumerate(programs)]
+    compile_check(INCLUDES + "\n".join(units))
+
+
+def _case_programs(cases: list[Case]) -> list[L.Program]:
+    programs = []
+    for case in cases:
+        arrays = case.arrays()
+        f32 = [a.astype(np.float32) if a.dtype.kind == "f" else a for a in arrays]
+        programs.append(_program(case.fn, *f32))
+        if case.grad:
+            positions = case.diff_positions(arrays)
+            ct_shape = np.shape(case.ref(*arrays))
+            ct = np.random.default_rng(0).standard_normal(ct_shape)
+
+            def loss(*xs: Any, fn: Any = case.fn) -> Any:
+                *args, cot = xs
+                return (fn(*args) * cot).sum()
+
+            grad = sg.grad(loss, argnums=positions) if positions else None
+            if grad is not None:
+                programs.append(_program(grad, *arrays, ct))
+    return programs
+
+
+@needs_nvcc
+@pytest.mark.parametrize("chunk", range(4))
+def test_every_op_table_case_compiles_with_nvcc(chunk: int) -> None:
+    cases = CASES[chunk::4]
+    _compile_together(_case_programs(cases))
+
+
+# --- whole training steps -----------------------------------------------------------------
+
+
+def _sgd(loss: Any) -> Any:
+    def step(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> Any:
+        value, grads = sg.value_and_grad(loss)(params, x, y)
+        return [p - 0.05 * g for p, g in zip(params, grads, strict=True)], value
+
+    return step
+
+
+def _init(shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in shapes]
+
+
+def _mlp(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    h = x
+    for i in range(0, len(params) - 2, 2):
+        h = sg.relu(h @ params[i] + params[i + 1])
+    logits = h @ params[-2] + params[-1]
+    return sg.cross_entropy(logits, y) if y.dtype == sg.int32 else sg.hinge(logits.reshape(-1), y)
+
+
+def _cnn(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    w1, b1, w2, b2, w3, b3 = params
+    h = sg.relu(sg.conv2d(x, w1, padding=1) + b1.reshape((1, -1, 1, 1)))
+    h = sg.max_pool2d(h, 2)
+    h = sg.relu(sg.conv2d(h, w2, padding=1) + b2.reshape((1, -1, 1, 1)))
+    return sg.cross_entropy(h.mean(axis=(2, 3)) @ w3 + b3, y)
+
+
+def _embedding_ce(params: list[sg.Tensor], tokens: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+    table, w, b = params
+    h = sg.embedding(table, tokens).mean(axis=1)
+    return sg.cross_entropy(h @ w + b, y)
+
+
+def _training_steps() -> dict[str, L.Program]:
+    rng = np.random.default_rng(1)
+    moons = _init([(2, 16), (16,), (16, 16), (16,), (16, 1), (1,)])
+    mlp = _init([(784, 512), (512,), (512, 512), (512,), (512, 10), (10,)])
+    cnn = _init([(16, 1, 3, 3), (16,), (32, 16, 3, 3), (32,), (32, 10), (10,)])
+    emb = _init([(65, 32), (32, 65), (65,)])
+    return {
+        "moons": generate(
+            _graph(
+                _sgd(_mlp), moons, rng.random((10, 2), dtype=np.float32), np.ones(10, np.float32)
+            )
+        )[0],
+        "mlp": generate(
+            _graph(
+                _sgd(_mlp),
+                mlp,
+                rng.random((128, 784), dtype=np.float32),
+                rng.integers(0, 10, 128).astype(np.int32),
+            )
+        )[0],
+        "cnn": generate(
+            _graph(
+                _sgd(_cnn),
+                cnn,
+                rng.random((64, 1, 28, 28), dtype=np.float32),
+                rng.integers(0, 10, 64).astype(np.int32),
+            )
+        )[0],
+        "embedding": generate(
+            _graph(
+                _sgd(_embedding_ce),
+                emb,
+                rng.integers(0, 65, (32, 16)).astype(np.int32),
+                rng.integers(0, 65, 32).astype(np.int32),
+            )
+        )[0],
+    }
+
+
+@needs_nvcc
+def test_training_steps_compile_with_nvcc() -> None:
+    programs = _training_steps()
+    # the big products go to cuBLAS, the moons step's tiny ones stay fused loops
+    assert any(isinstance(s, L.Contract) for k in programs["mlp"].kernels for s in L.walk(k.body))
+    assert not any(
+        isinstance(s, L.Contract) for k in programs["moons"].kernels for s in L.walk(k.body)
+    )
+    _compile_together(list(programs.values()))
+
+
+@needs_nvcc
+def test_host_launcher_builds_and_loads_without_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shapegrad.backends.cuda.launcher import load_launcher
+    from shapegrad.backends.cuda.toolchain import LauncherSpec, build_launcher, nvcc_version
+
+    program = _training_steps()["moons"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    spec = LauncherSpec(render_source(program), str(nvcc()), "sm_90", ())
+    assert "release" in nvcc_version(str(nvcc()))
+    path = build_launcher(spec)
+    assert build_launcher(spec) == path  # the second call is a verified cache hit
+    lib = load_launcher(path, spec.key)  # static CUDA runtime: loads without a driver
+    assert lib.sg_enqueue_steps and lib.sg_graph_build and lib.sg_graph_launch
+
+
+def render_source(program: L.Program) -> str:
+    from shapegrad.backends.cuda.render import render_cuda
+
+    return render_cuda(program)
+
+
+# --- golden sources -------------------------------------------------------------------------
+
+
+def _golden_programs() -> dict[str, L.Program]:
+    rng = np.random.default_rng(2)
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    labels = np.array([1, 0, 3, 2], np.int32)
+    return {
+        "matmul_bias_relu": _program(
+            lambda x, w, b: sg.relu(x @ w + b), f32(4, 8), f32(8, 6), f32(6)
+        ),
+        "softmax_ce_backward": _program(
+            lambda z: sg.grad(lambda z: sg.cross_entropy(z, labels))(z), f32(4, 5)
+        ),
+        "full_reduction": _program(lambda x: (x * x).mean(), f32(4096)),
+        "scatter_add": _program(
+            lambda t: sg.grad(lambda t: (sg.take(t, labels, axis=0) ** 2).sum())(t), f32(4, 3)
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_golden_programs()))
+def test_generated_source_matches_golden(name: str) -> None:
+    from shapegrad.backends.cuda.render import render_cuda
+
+    source = render_cuda(_golden_programs()[name])
+    path = GOLDEN / f"{name}.cu"
+    if os.environ.get("SHAPEGRAD_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source, encoding="utf-8")
+    assert source == path.read_text(encoding="utf-8"), (
+        f"{path} differs from the generated source; if the change is intended, "
+        "rerun with SHAPEGRAD_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+def test_golden_sources_show_the_gpu_schedule() -> None:
+    from shapegrad.backends.cuda.render import render_cuda
+
+    programs = _golden_programs()
+    fused = render_cuda(programs["matmul_bias_relu"])
+    assert fused.count("__global__") == 1  # product, bias and ReLU in one kernel
+    assert "sg_maxf" in fused and "threadIdx.x" in fused
+    full = render_cuda(programs["full_reduction"])
+    assert "sg_block_reduce" in full and "grid 1 x block 256" in full  # a tree, not one thread
+    scatter = render_cuda(programs["scatter_add"])
+    assert "atomicAdd(" in scatter
+    assert "atomicCAS(&sg_err[0], 0," in scatter  # the error-flag contract
+
+
+# --- without a GPU ----------------------------------------------------------------------
+
+
+def _has_gpu() -> bool:
+    from shapegrad.backends.cuda.driver import availability
+
+    return availability()[0]
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: nothing is unavailable here")
+def test_without_a_gpu_the_backend_says_what_is_missing() -> None:
+    with pytest.raises(BackendUnavailable, match="cuda"):
+        get_backend("cuda")
+    fn = sg.compile(lambda x: x * 2.0, backend="cuda")
+    with pytest.raises(BackendUnavailable, match=r"pycuda|driver|GPU"):
+        fn(sg.tensor(np.ones(3, np.float32)))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_reports_a_clear_error_for_bad_source() -> None:
+    from shapegrad.backends.cuda.toolchain import NvccError
+
+    with pytest.raises(NvccError, match="nvcc -cubin -arch=sm_90 failed"):
+        compile_check("__global__ void broken( {")
+    assert subprocess.run(["nvcc", "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: nothing is unavailable here")
+def test_trainer_on_cuda_raises_without_a_gpu_unless_asked_to_fall_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shapegrad.models import MoonsMLP
+
+    params = MoonsMLP.init(sg.nn.init.kaiming, seed=0, h=4)
+
+    def loss(p: Any, x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+        return sg.hinge(sg.nn.mlp(p, x).reshape((x.shape[0],)), y)
+
+    with pytest.raises(BackendUnavailable, match="backend 'cuda' cannot run here"):
+        sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda")
+    trainer = sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda", fallback="numpy")
+    assert trainer.backend == "numpy"
+    assert "falling back to 'numpy'" in capsys.readouterr().out
