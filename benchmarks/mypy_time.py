@@ -146,26 +146,37 @@ def measure(
     work: Path, name: str, targets: list[Path], repeat: int, cold_repeat: int
 ) -> dict[bool, dict[str, Timing]]:
     """Cold, warm and edit timings, with and without the plugin, runs interleaved."""
-    configs, caches = {}, {}
+    configs, caches, copies = {}, {}, {}
     for plugin in (False, True):
         configs[plugin] = work / f"{name}-{plugin}.ini"
         configs[plugin].write_text(
             CONFIG.format(plugins="plugins = shapegrad_mypy" if plugin else "")
         )
         caches[plugin] = work / f"cache-{name}-{plugin}"
+        # Each configuration checks its own copy: an edit made for one must not leave
+        # the other's cache stale.
+        copies[plugin] = []
+        for t in targets:
+            dest = work / f"{name}-{plugin}" / t.name
+            dest.parent.mkdir(exist_ok=True)
+            if t.is_dir():
+                shutil.copytree(t, dest)
+            else:
+                shutil.copy(t, dest)
+            copies[plugin].append(dest)
     runs: dict[bool, dict[str, list[Timing]]] = {
         p: {"cold": [], "warm": [], "edit": []} for p in (False, True)
     }
     for _ in range(cold_repeat):
         for plugin in (False, True):
             shutil.rmtree(caches[plugin], ignore_errors=True)
-            runs[plugin]["cold"].append(run_mypy(configs[plugin], caches[plugin], targets))
+            runs[plugin]["cold"].append(run_mypy(configs[plugin], caches[plugin], copies[plugin]))
     for k in range(repeat):
         for plugin in (False, True):
-            runs[plugin]["warm"].append(run_mypy(configs[plugin], caches[plugin], targets))
+            runs[plugin]["warm"].append(run_mypy(configs[plugin], caches[plugin], copies[plugin]))
         for plugin in (False, True):
-            _edit(targets, 2 * k + plugin)
-            runs[plugin]["edit"].append(run_mypy(configs[plugin], caches[plugin], targets))
+            _edit(copies[plugin], k)
+            runs[plugin]["edit"].append(run_mypy(configs[plugin], caches[plugin], copies[plugin]))
     return {
         p: {
             kind: (
