@@ -24,7 +24,16 @@ from shapegrad.mypy_plugin.algebra import Mismatch, Operand
 from shapegrad.mypy_plugin.literals import UNKNOWN
 from shapegrad.mypy_plugin.optable import OP_FULLNAMES
 from shapegrad.mypy_plugin.rules import FUNCTION_RULES
-from shapegrad.mypy_plugin.spec import Expr, Item, Sym, TShape, decode, encode, parse_spec, show_item
+from shapegrad.mypy_plugin.spec import (
+    Expr,
+    Item,
+    Sym,
+    TShape,
+    decode,
+    encode,
+    parse_spec,
+    show_item,
+)
 
 RNG = np.random.default_rng(7)
 B, T, C = Sym("b", "f"), Sym("t", "f"), Sym("c", "f")
