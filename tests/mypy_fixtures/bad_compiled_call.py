@@ -13,7 +13,7 @@ fast_logits = sg.compile(logits)
 
 
 def evaluate(w: Float[Tensor, "10 784"], batch: Float[Tensor, "b 1 32 32"]) -> Int[Tensor, " b"]:
-    # E: logits: argument batch has shape [b, 1, 32, 32], expected [b, 1, 28, 28] (dimension 2: 32 != 28)
+    # E: logits: argument batch for parameter images has shape [b, 1, 32, 32], expected [b, 1, 28, 28] (dimension 2: 32 != 28)
     scores = fast_logits(w, batch)
     return sg.argmax(scores, axis=1)
 

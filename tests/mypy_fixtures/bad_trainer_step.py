@@ -21,7 +21,7 @@ def fit(params: Model, xs: Float[Tensor, "n 2"], ys: Float[Tensor, " n"]) -> flo
     trainer = ScalarTrainer(loss, params, mode="eager")
     total = 0.0
     for _ in range(2):
-        # E: loss: argument ys has shape [n], expected [b, 2] (rank 1 != 2)
+        # E: loss: argument ys for parameter x has shape [n], expected [b, 2] (rank 1 != 2)
         total += trainer.step(ys, xs)
     return total
 

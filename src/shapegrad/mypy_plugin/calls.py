@@ -102,7 +102,8 @@ def check_call(
             for path, shape in want.items():
                 actual = got.get(path)
                 if actual is not None:
-                    binder.match(base + path, actual, shape)
+                    formal = callee.arg_names[i]
+                    binder.match(base + path, actual, shape, formal and formal + path)
         for i in sized:
             formal = callee.arg_names[i]
             if args[i] and formal is not None:

@@ -71,10 +71,15 @@ class Binder:
         self.dims: dict[str, tuple[Item, str]] = {}
         self.runs: dict[str, tuple[tuple[Item, ...], str]] = {}
 
-    def match(self, label: str, got: TShape, want: TShape) -> None:
-        """Match one argument; raises :class:`Mismatch` naming the argument and the dim."""
+    def match(self, label: str, got: TShape, want: TShape, parameter: str | None = None) -> None:
+        """Match one argument; raises :class:`Mismatch` naming the argument and the dim.
+
+        ``parameter`` is the callee's name for it when the argument is called otherwise
+        (``loss: argument ys for parameter x ...``: swapped arguments read plainly).
+        """
         pairs = _pairs(got.dims, want.dims)
-        head = f"{self.callee}: argument {label} has shape {show(got.dims)}, expected {show(want.dims)}"
+        shown = label if parameter in (None, label) else f"{label} for parameter {parameter}"
+        head = f"{self.callee}: argument {shown} has shape {show(got.dims)}, expected {show(want.dims)}"
         if isinstance(pairs, str):
             raise Mismatch(f"{head} ({pairs})")
         for pos, a, b in pairs:
