@@ -358,6 +358,42 @@ def constructor_cases() -> list[Case]:
     ]
 
 
+def _batch_norm_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    axes = (0, 2, 3)
+    mu = x.mean(axis=axes, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * w.reshape(1, -1, 1, 1) + b.reshape(1, -1, 1, 1)
+
+
+def _group_norm_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
+    g = x.reshape(x.shape[0], groups, -1)
+    mu = g.mean(axis=-1, keepdims=True)
+    var = ((g - mu) ** 2).mean(axis=-1, keepdims=True)
+    y = ((g - mu) / np.sqrt(var + 1e-5)).reshape(x.shape)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return y * w.reshape(shape) + b.reshape(shape)
+
+
+def parity_cases() -> list[Case]:
+    """NumPy/PyTorch-parity ops and norms (issue 14): aliases, squeeze/expand, indexing forms."""
+    return [
+        Case("batch_norm[train]", lambda x, w, b: sg.batch_norm(x, w, b, P.zeros_like(w), P.ones_like(w), training=True)[0], [normal(4, 3, 2, 2), normal(3), normal(3)], _batch_norm_ref, ("batch_norm",)),
+        Case("batch_norm[stats]", lambda x, m, v: sg.batch_norm(x, None, None, m, v, training=True, momentum=0.25)[2], [normal(5, 2, 3), uniform(0.5, 2.0, 2), uniform(0.5, 2.0, 2)], lambda x, m, v: 0.75 * v + 0.25 * x.var(axis=(0, 2), ddof=1), ("batch_norm",), grad=False),
+        Case("batch_norm[eval]", lambda x, m, v: sg.batch_norm(x, None, None, m, v, training=False)[0], [normal(3, 2, 4), normal(2), uniform(0.5, 2.0, 2)], lambda x, m, v: (x - m.reshape(1, 2, 1)) / np.sqrt(v.reshape(1, 2, 1) + 1e-5), ("batch_norm",)),
+        Case("group_norm", lambda x, w, b: sg.group_norm(x, 2, w, b), [normal(2, 4, 3), normal(4), normal(4)], lambda x, w, b: _group_norm_ref(x, w, b, 2), ("group_norm",)),
+        Case("clip", lambda x: sg.clip(x, -0.5, 0.7), [normal(3, 4)], lambda x: np.clip(x, -0.5, 0.7), ("clip", "maximum", "minimum")),
+        Case("squeeze", lambda x: sg.squeeze(x, (0, 2)), [normal(1, 3, 1, 2)], lambda x: np.squeeze(x, (0, 2)), ("squeeze",)),
+        Case("expand_dims", lambda x: sg.expand_dims(x, (0, -1)), [normal(3, 2)], lambda x: np.expand_dims(x, (0, -1)), ("expand_dims",)),
+        Case("unsqueeze", lambda x: sg.unsqueeze(x, 1), [normal(3, 2)], lambda x: np.expand_dims(x, 1), ("unsqueeze",)),
+        Case("cat", lambda a, b: sg.cat([a, b], 1), [normal(2, 3), normal(2, 1)], lambda a, b: np.concatenate([a, b], 1), ("cat", "concatenate")),
+        Case("index[ellipsis]", lambda x: x[..., 1], [normal(2, 3, 4)], lambda x: x[..., 1], ("slice",)),
+        Case("index[None,neg step]", lambda x: x[None, ::-2, 1:], [normal(5, 3)], lambda x: x[None, ::-2, 1:], ("slice", "gather")),
+        Case("index[arrays]", lambda x: x[[0, 2, 2], :, [1, -1, 0]], [normal(3, 2, 4)], lambda x: x[[0, 2, 2], :, [1, -1, 0]], ("gather",)),
+        Case("index[adjacent arrays]", lambda x: x[:, [[1], [0]], [0, 2]], [normal(2, 3, 4)], lambda x: x[:, [[1], [0]], [0, 2]], ("gather",)),
+        Case("dropout[key]", lambda x: sg.dropout(x, 0.3, sg.random.key(3)), [normal(4, 5)], lambda x: np.where(R.keyed_uniform((4, 5), 3) >= 0.3, x / 0.7, 0.0), ("dropout",)),
+    ]
+
+
 CASES: list[Case] = [
     *elementwise_cases(),
     *reduction_cases(),
@@ -365,6 +401,7 @@ CASES: list[Case] = [
     *contraction_cases(),
     *nn_cases(),
     *constructor_cases(),
+    *parity_cases(),
 ]
 GRAD_CASES = [c for c in CASES if c.grad]
 # fmt: on

@@ -25,6 +25,50 @@ def uniform(shape: tuple[int, ...], seed: int) -> np.ndarray:
     return np.array(values, dtype=np.float64).reshape(shape)
 
 
+# --- sg.random's keyed generator, from its documented definition, in int64 bit arithmetic ---
+
+_M24 = 1 << 24
+_KEY_ADD = (0x3C6EF3, 0xA54FF5, 0x510E52, 0x1F83D9, 0x5BE0CD)
+_KEY_MUL = (0x9E3779, 0x85EBCB, 0xC2B2AF, 0x27D4EB, 0x165667)
+
+
+def keyed_permutation(x: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    """Five rounds of s <- swap12(T(C * (s + word + R))) mod 2^24, T(t) = t(2t+1)."""
+    s = np.asarray(x, dtype=np.int64) % _M24
+    for r in range(5):
+        s = (s + (k0 if r % 2 == 0 else k1) + _KEY_ADD[r]) % _M24
+        s = (s * _KEY_MUL[r]) % _M24
+        s = (s * (2 * s + 1)) % _M24
+        s = ((s & 0xFFF) << 12) | (s >> 12)
+    return s
+
+
+def key_fold_in(key: tuple[int, int], data: int) -> tuple[int, int]:
+    k0, k1 = key
+    d = np.asarray([data % _M24])
+    return int(keyed_permutation(d, k0, k1)[0]), int(keyed_permutation(d, k1, (k0 + 0x6A09E6) % _M24)[0])
+
+
+def key_from_seed(seed: int) -> tuple[int, int]:
+    words = []
+    while True:
+        words.append(seed & 0xFFFFFF)
+        seed >>= 24
+        if not seed:
+            break
+    key = (words[0], len(words))
+    for w in words[1:]:
+        key = key_fold_in(key, w)
+    return key_fold_in(key, 0)
+
+
+def keyed_uniform(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """``sg.random.uniform(sg.random.key(seed), shape)`` in float64."""
+    k0, k1 = key_from_seed(seed)
+    n = math.prod(shape)
+    return (keyed_permutation(np.arange(n), k0, k1) / float(_M24)).reshape(shape)
+
+
 def normal(shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Box-Muller over ``2n`` uniforms: first half radius, second half angle."""
     n = math.prod(shape)

@@ -152,3 +152,33 @@ def test_static_and_keyword_arguments_keep_working() -> None:
     for _ in range(2):
         np.testing.assert_allclose(plain({"a": a, "b": b}).numpy(), a * b)
     np.testing.assert_allclose(plain({"b": b, "a": a + 1}).numpy(), (a + 1) * b)
+
+
+def test_modules_and_dataclasses_take_the_fast_path() -> None:
+    from dataclasses import dataclass
+
+    from shapegrad import Float, Tensor
+
+    class Affine(sg.nn.Module):
+        w: Float[Tensor, "3 2"]
+        b: Float[Tensor, 2]
+
+    @dataclass
+    class Pair:
+        a: sg.Tensor
+        b: sg.Tensor
+
+    m = Affine.init(0)
+    x = np.ones((4, 3), np.float32)
+    f = sg.compile(lambda m, p, x: (x @ m.w + m.b) * p.a + p.b, backend="numpy")
+    pair = Pair(sg.tensor(np.float32(2.0)), sg.tensor(np.zeros(2, np.float32)))
+    first = f(m, pair, x).numpy()
+    second = f(m, pair, x).numpy()
+    assert len(f._fast) == 1  # the second call was served by the exact-structure key
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(first, 2 * (x @ m.w.numpy() + m.b.numpy()), rtol=1e-6)
+    other = Affine.init(1)
+    np.testing.assert_allclose(
+        f(other, pair, x).numpy(), 2 * (x @ other.w.numpy() + other.b.numpy()), rtol=1e-6
+    )
+    assert f.trace_count == 1

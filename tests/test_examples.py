@@ -18,6 +18,7 @@ CASES = {
     "digits.py": ("3", "test accuracy", 85.0),
     "cnn_digits.py": ("1", "test accuracy", 30.0),
     "custom_loop.py": ("10", "training accuracy", 95.0),
+    "char_transformer.py": ("150", "next-character accuracy", 80.0),
 }
 NEEDS_SKLEARN = {"digits.py", "cnn_digits.py"}
 

@@ -142,19 +142,22 @@ def randn(shape: ShapeLike, seed: int = 0, dtype: DTypeLike = float32) -> Tensor
     return prims.cast(prims.reshape(_box_muller(uniforms, n), dims), as_dtype(dtype))
 
 
-def dropout(x: Tensor, p: float, seed: int, training: bool = True) -> Tensor:
+def dropout(x: Tensor, p: float, seed: int | Tensor, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
 
-    The mask comes from RANDOM(seed) on ``x``'s interpreter, so it is part of a
-    compiled graph (change ``seed`` every step for fresh masks).
     Args:
         x: floating-point input.
         p: drop probability in ``[0, 1]``.
-        seed: integer seed of the mask.
+        seed: a key from :func:`shapegrad.random.key` (an int32 ``[2]`` tensor, which can
+            be a traced input: new key per step, no retrace), or a Python int (baked
+            into a compiled graph: the same mask on every call).
         training: when False, return ``x`` unchanged.
     Example:
         >>> sg.dropout(sg.ones(4), 0.0, seed=0).tolist()
         [1.0, 1.0, 1.0, 1.0]
+        >>> key = sg.random.key(0)
+        >>> sg.dropout(sg.ones(1000), 0.5, sg.random.fold_in(key, 3)).sum().item() > 0
+        True
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout: probability must be in [0, 1], got {p}")
@@ -162,5 +165,16 @@ def dropout(x: Tensor, p: float, seed: int, training: bool = True) -> Tensor:
         return x
     if p == 1.0:
         return x * 0.0
-    keep = prims.binary(Prim.LE, p, prims.random_uniform(x.shape, seed, x.dtype, like=x))
+    if isinstance(seed, Tensor):
+        from shapegrad import random
+
+        if not random.is_key(seed):
+            raise TypeError(
+                f"dropout: seed must be a Python int or a key (int32[2] from sg.random.key), "
+                f"got a {seed.aval} tensor"
+            )
+        u = random.uniform(seed, x.shape, float64)
+        keep = prims.binary(Prim.LE, p, u)
+    else:
+        keep = prims.binary(Prim.LE, p, prims.random_uniform(x.shape, seed, x.dtype, like=x))
     return prims.where(keep, x * (1.0 / (1.0 - p)), 0.0)

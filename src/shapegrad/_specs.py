@@ -333,3 +333,23 @@ def pick_dtype(spec: TensorSpec, requested: DType, where: str) -> DType:
         if candidate.name in spec.dtypes:
             return as_dtype(candidate)
     raise TypeError(f"{where}: {spec.describe()} allows none of shapegrad's dtypes")
+
+
+# --- parameter roles (shared by ParamList.init and sg.nn.Module.init) ----------------------
+
+Role = Literal["weight", "bias", "gain", "state"]
+_GAIN_NAMES = ("gain", "gamma", "scale", "g")
+
+
+def infer_role(name: str, shape: Shape) -> Role:
+    """The default role of a parameter called ``name`` of ``shape``.
+
+    Rank >= 2: a weight. Rank 0/1: a norm gain when the name says so (``gain``,
+    ``gamma``, ``scale``, ``g``, or ending in ``_gain``, ``_g``...), else a bias.
+    """
+    if len(shape) >= 2:
+        return "weight"
+    last = name.rsplit(".", 1)[-1].lower()
+    if last in _GAIN_NAMES or last.endswith(tuple("_" + g for g in _GAIN_NAMES)):
+        return "gain"
+    return "bias"

@@ -134,11 +134,16 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
     """Permute axes; reverses them when ``axes`` is None (``x.T``)."""
+    x = _t(x)
     perm = (
         tuple(reversed(range(x.ndim)))
         if axes is None
         else tuple(normalize_axis("transpose", a, x.ndim) for a in axes)
     )
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(
+            "transpose", f"axes {tuple(axes or ())} are not a permutation of the {x.ndim} axes of {fmt(x.shape)}"
+        )
     return p.permute(x, perm)
 
 
@@ -444,6 +449,12 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
         raise ShapeError("cross_entropy", f"logits must be [b, c], got {fmt(logits.shape)}")
     b, c = logits.shape
     logp = log_softmax(logits, axis=-1)
+    if labels.dtype.is_float and labels.shape == (b,):
+        raise DTypeError(
+            f"cross_entropy: labels must be integer class indices (int32), got {labels.dtype} "
+            f"labels {fmt(labels.shape)}; cast them with .astype('int32'), or pass float "
+            f"targets shaped like the logits {fmt(logits.shape)}"
+        )
     if labels.dtype.is_float:
         if labels.shape != logits.shape:
             raise ShapeError(
@@ -520,6 +531,58 @@ def layer_norm(
     return y
 
 
+def clip(x: TensorLike, a_min: TensorLike | None = None, a_max: TensorLike | None = None) -> Tensor:
+    """Limit values to ``[a_min, a_max]`` (``np.clip``; either bound may be None).
+
+    Example:
+        >>> sg.clip(sg.tensor([-2.0, 0.5, 3.0]), 0.0, 1.0).tolist()
+        [0.0, 0.5, 1.0]
+    """
+    y = _t(x)
+    if a_min is not None:
+        y = maximum(y, a_min)
+    if a_max is not None:
+        y = minimum(y, a_max)
+    return y
+
+
+def squeeze(x: Tensor, axis: Axis = None) -> Tensor:
+    """Remove size-1 axes (all of them when ``axis`` is None), like ``np.squeeze``."""
+    x = _t(x)
+    axes = (
+        tuple(a for a, d in enumerate(x.shape) if d == 1)
+        if axis is None
+        else normalize_axes("squeeze", axis, x.ndim)
+    )
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ShapeError(
+                "squeeze", f"cannot squeeze axis {a} of size {x.shape[a]} in {fmt(x.shape)}"
+            )
+    return p.reshape(x, [d for a, d in enumerate(x.shape) if a not in axes])
+
+
+def expand_dims(x: Tensor, axis: int | Sequence[int]) -> Tensor:
+    """Insert size-1 axes at ``axis`` (positions in the result), like ``np.expand_dims``."""
+    x = _t(x)
+    wanted = (axis,) if isinstance(axis, int) else tuple(axis)
+    rank = x.ndim + len(wanted)
+    positions = normalize_axes("expand_dims", wanted, rank)
+    if len(set(positions)) != len(positions):
+        raise ValueError(f"expand_dims: repeated axis in {axis!r}")
+    dims = iter(x.shape)
+    return p.reshape(x, [1 if a in positions else next(dims) for a in range(rank)])
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """PyTorch's name for :func:`expand_dims` with one axis."""
+    return expand_dims(x, dim)
+
+
+cat = concat  # PyTorch's name
+concatenate = concat  # NumPy's name
+
+
 from shapegrad._conv import avg_pool2d, conv2d, max_pool2d  # noqa: E402
 from shapegrad._creation import (  # noqa: E402
     arange,
@@ -534,13 +597,18 @@ from shapegrad._creation import (  # noqa: E402
     zeros_like,
 )
 from shapegrad._einsum import einsum  # noqa: E402
+from shapegrad._norms import batch_norm, group_norm  # noqa: E402
 
 __all__ = [
     "abs",
     "arange",
     "argmax",
     "avg_pool2d",
+    "batch_norm",
+    "cat",
+    "clip",
     "concat",
+    "concatenate",
     "conv2d",
     "cos",
     "cross_entropy",
@@ -548,10 +616,12 @@ __all__ = [
     "einsum",
     "embedding",
     "exp",
+    "expand_dims",
     "eye",
     "full",
     "gather",
     "gelu",
+    "group_norm",
     "hinge",
     "layer_norm",
     "log",
@@ -580,12 +650,14 @@ __all__ = [
     "slice",
     "softmax",
     "sqrt",
+    "squeeze",
     "stack",
     "stop_gradient",
     "sum",
     "take",
     "tanh",
     "transpose",
+    "unsqueeze",
     "var",
     "where",
     "zeros",

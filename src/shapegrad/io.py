@@ -71,25 +71,9 @@ class Checkpoint:
 
 
 def param_names(params: Any) -> list[str]:
-    """One name per parameter leaf: the ParamList names, dict keys, or positions."""
-    leaves, treedef = tree.flatten(params)
-    names = getattr(params, "names", None)
-    if names is not None and len(names) == len(leaves):
-        return [str(n) for n in names]
-    paths: list[str] = []
-    _paths(treedef, "", paths)
-    return paths
-
-
-def _paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
-    if td.kind == "leaf":
-        out.append(prefix or "value")
-    elif td.kind == "seq":
-        for i, child in enumerate(td.children):
-            _paths(child, f"{prefix}.{i}" if prefix else str(i), out)
-    elif td.kind == "dict":
-        for key, child in zip(td.keys, td.children, strict=True):
-            _paths(child, f"{prefix}.{key}" if prefix else str(key), out)
+    """One name per parameter leaf: ParamList names, module fields, dict keys, or positions."""
+    # Nested names: ParamList names and module fields at any depth (blocks.0.w_qkv).
+    return tree.leaf_paths(params)
 
 
 def _named(section: str, value: Any, names: list[str]) -> dict[str, Any]:
@@ -100,8 +84,8 @@ def _named(section: str, value: Any, names: list[str]) -> dict[str, Any]:
         return {section: value}
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(_named(f"{section}/{key}", sub, names))
+        for key, sub in value.items():  # each entry named by its own leaves' paths
+            out.update(_named(f"{section}/{key}", sub, param_names(sub)))
         return out
     leaves, _ = tree.flatten(value)
     if len(leaves) != len(names):
@@ -282,7 +266,7 @@ def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor
     if isinstance(like, Tensor | np.ndarray):
         return loaded[section]
     if isinstance(like, Mapping):
-        return {k: _rebuild(v, f"{section}/{k}", names, loaded) for k, v in like.items()}
+        return {k: _rebuild(v, f"{section}/{k}", param_names(v), loaded) for k, v in like.items()}
     leaves, treedef = tree.flatten(like)
     keys = list(_named(section, like, names))
     return tree.unflatten(treedef, [loaded[k] for k in keys[: len(leaves)]])

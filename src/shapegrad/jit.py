@@ -48,6 +48,7 @@ class _Static:
     """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf."""
 
     __slots__ = ("value",)
+    __sg_static__ = True  # opaque to tree.flatten even when it holds tensors (baked in)
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -163,6 +164,9 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
     elif td.kind == "dict":
         for key, child in zip(td.keys, td.children, strict=True):
             _leaf_paths(child, f"{prefix}[{key!r}]", out)
+    elif td.kind == "node":  # modules, dataclasses, registered types: their field names
+        for key, child in zip(td.keys, td.children, strict=True):
+            _leaf_paths(child, f"{prefix}.{key}", out)
 
 
 # --- the per-call fast path ----------------------------------------------------------------
@@ -191,6 +195,8 @@ def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
         # The aval's dtype name too: cheaper to hash than the AVal, and exact.
         parts.append((payload.shape, payload.dtype, payload.flags.c_contiguous, obj.dtype.name))
         return True
+    if kind is list and tree.is_data_list(obj):
+        return False  # a list of numbers is one array leaf (tree.flatten): the full path
     if kind is tuple or kind is list or isinstance(obj, tuple | list):  # ParamList too
         parts.append((kind, len(obj)))
         for child in obj:  # noqa: SIM110 - a loop, not all(genexpr): per-call hot path
@@ -210,7 +216,18 @@ def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
     if obj is None or kind is str:
         parts.append((kind, obj))
         return True
-    return False
+    node = tree.node_for(kind)  # a registered container: sg.nn.Module, a dataclass, ...
+    if node is None:
+        return False
+    children, keys, aux = node.flatten(obj)
+    try:
+        parts.append((kind, tuple(keys), aux, hash(aux)))
+    except TypeError:
+        return False  # unhashable static data: the full path compares it
+    for child in children:  # noqa: SIM110 - as above
+        if not _fast_key(child, leaves, parts):
+            return False
+    return True
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from shapegrad.dtypes import DType, DTypeLike, as_dtype
 from shapegrad.ops.protocol import AVal, Ops, Prim
-from shapegrad.shapes import Shape, ShapeError, fmt, normalize_axis
+from shapegrad.shapes import Shape, ShapeError, fmt
 
 if TYPE_CHECKING:
     from shapegrad.ops.eager import TapeNode
@@ -211,7 +211,7 @@ class Tensor:
     # --- indexing ------------------------------------------------------------
 
     def __getitem__(self, index: Any) -> Tensor:
-        return _index(self, index)
+        return _indexing.index(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise TypeError(
@@ -225,11 +225,28 @@ class Tensor:
     def T(self) -> Tensor:
         return _F.transpose(self)
 
-    def transpose(self, *axes: int) -> Tensor:
-        return _F.transpose(self, axes if axes else None)
+    def transpose(self, *axes: int | Sequence[int] | None) -> Tensor:
+        """Permute axes: ``x.transpose(1, 0, 2)``, ``x.transpose((1, 0, 2))`` or reversed."""
+        return _F.transpose(self, _axes_arg("transpose", axes))
 
-    def permute(self, *axes: int) -> Tensor:
-        return _p.permute(self, [normalize_axis("permute", a, self.ndim) for a in axes])
+    def permute(self, *axes: int | Sequence[int]) -> Tensor:
+        """PyTorch's name: ``x.permute(0, 2, 1)`` or ``x.permute((0, 2, 1))``."""
+        order = _axes_arg("permute", axes)
+        if order is None or len(order) != self.ndim:
+            raise ShapeError("permute", f"needs {self.ndim} axes for {fmt(self.shape)}, got {axes}")
+        return _F.transpose(self, order)
+
+    def squeeze(self, axis: int | Sequence[int] | None = None) -> Tensor:
+        return _F.squeeze(self, axis)
+
+    def expand_dims(self, axis: int | Sequence[int]) -> Tensor:
+        return _F.expand_dims(self, axis)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return _F.expand_dims(self, dim)
+
+    def clip(self, a_min: Any = None, a_max: Any = None) -> Tensor:
+        return _F.clip(self, a_min, a_max)
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor:
         target = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
@@ -311,81 +328,17 @@ class Tensor:
         return _F.logsumexp(self, axis=axis, keepdims=keepdims)
 
 
-def _index(x: Tensor, index: Any) -> Tensor:
-    """Basic NumPy indexing: ints, slices (positive step), None, Ellipsis, and one int tensor / array."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, Tensor | np.ndarray | list) for i in items):
-        return _advanced_index(x, items)
-    n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
-    if n_real > x.ndim:
-        raise ShapeError(
-            "index", f"too many indices ({n_real}) for a tensor of shape {fmt(x.shape)}"
-        )
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items[at : at + 1] = [slice(None)] * (x.ndim - n_real)
-    items += [slice(None)] * (x.ndim - n_real)
-    starts: list[int] = []
-    stops: list[int] = []
-    steps: list[int] = []
-    out_shape: list[int] = []
-    axis = 0
-    for item in items:
-        if item is None:
-            out_shape.append(1)
-            continue
-        size = x.shape[axis]
-        if isinstance(item, slice):
-            lo, hi, st = item.indices(size)
-            if st < 1:
-                raise ShapeError(
-                    "index",
-                    f"negative slice steps are not supported (axis {axis} of {fmt(x.shape)})",
-                )
-            hi = max(hi, lo)
-            starts.append(lo)
-            stops.append(hi)
-            steps.append(st)
-            out_shape.append(max(0, -(-(hi - lo) // st)))
-        elif isinstance(item, int | np.integer):
-            i = int(item)
-            if not -size <= i < size:
-                raise ShapeError(
-                    "index",
-                    f"index {i} is out of bounds for axis {axis} with size {size} (shape {fmt(x.shape)})",
-                )
-            i %= size
-            starts.append(i)
-            stops.append(i + 1)
-            steps.append(1)
-        else:
-            raise TypeError(f"unsupported index {item!r}")
-        axis += 1
-    sliced = _p.slice_(x, starts, stops, steps)
-    return _p.reshape(sliced, out_shape)
+def _axes_arg(op: str, axes: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """Varargs ``(1, 0)``, one sequence ``((1, 0),)``, or nothing / ``(None,)`` (reverse)."""
+    if not axes or (len(axes) == 1 and axes[0] is None):
+        return None
+    if len(axes) == 1 and not isinstance(axes[0], int | np.integer):
+        return tuple(int(a) for a in axes[0])
+    if not all(isinstance(a, int | np.integer) for a in axes):
+        raise TypeError(f"{op}: axes must be ints or one sequence of ints, got {axes!r}")
+    return tuple(int(a) for a in axes)
 
 
-def _advanced_index(x: Tensor, items: list[Any]) -> Tensor:
-    """``x[idx]`` or ``x[:, idx]`` with one integer tensor: a gather along that axis."""
-    positions = [k for k, i in enumerate(items) if isinstance(i, Tensor | np.ndarray | list)]
-    if len(positions) != 1 or any(
-        not (isinstance(i, slice) and i == slice(None))
-        for k, i in enumerate(items)
-        if k != positions[0]
-    ):
-        raise TypeError(
-            "advanced indexing supports one integer index tensor with ':' elsewhere, e.g. x[idx] or x[:, idx]"
-        )
-    axis = positions[0]
-    idx = items[axis]
-    if not isinstance(idx, Tensor):
-        idx = _p.constant(np.asarray(idx), "int32", like=x)
-    if idx.dtype.name == "bool":
-        raise TypeError(
-            "boolean mask indexing has a data-dependent shape; use sg.where(mask, x, 0) instead"
-        )
-    return _p.gather(x, idx, axis)
-
-
+from shapegrad import _indexing  # noqa: E402
 from shapegrad import functional as _F  # noqa: E402  (Tensor must exist before these import it)
 from shapegrad.ops import prims as _p  # noqa: E402

@@ -1,12 +1,32 @@
-"""Flatten nested containers of tensors (tuples, lists, dicts, ParamList/TList) and rebuild them.
+"""Pytrees: flatten nested containers of tensors into leaves and rebuild them.
 
-A container type may define ``_sg_rebuild(self, children)`` to control how it
-is rebuilt (ParamList uses it to keep its requires_grad flags).
+Containers understood out of the box: tuples, lists, dicts, namedtuples,
+ParamList/TList, ``@dataclass`` instances (every field is a child), and
+:class:`shapegrad.nn.Module`. Other container types are registered once:
+
+    >>> sg.tree.register(MyPair, lambda p: ((p.a, p.b), ("a", "b"), None),
+    ...                  lambda aux, children: MyPair(*children))
+
+A *list* made only of Python/NumPy numbers (``[[1.0, 2.0]]``) is data, not a
+container: it becomes one array leaf, as ``sg.tensor`` would make it.
+Tuples of numbers stay containers of scalars (JAX's convention), so
+``(lr, momentum)`` hyper-parameters keep working.
+
+Any other object is a static (opaque) leaf - unless it holds tensors or
+arrays, in which case flattening raises a TypeError naming its path
+(``args[0].model``): silently treating parameters as constants gave wrong
+gradients. A type with a class attribute ``__sg_static__ = True`` is always
+static.
+
+A sequence type may define ``_sg_rebuild(self, children)`` to control how it
+is rebuilt (ParamList uses it to keep its requires_grad flags and names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import numbers
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,17 +34,103 @@ import numpy as np
 
 from shapegrad.tensor import Tensor
 
+__all__ = [
+    "TreeDef",
+    "flatten",
+    "is_leaf",
+    "leaf_flags",
+    "leaf_paths",
+    "register",
+    "tree_map",
+    "unflatten",
+    "unflattener",
+]
+
+# flatten(obj) -> (children, keys, aux); unflatten(aux, children) -> obj
+FlattenFn = Callable[[Any], tuple[Iterable[Any], Iterable[str], Any]]
+UnflattenFn = Callable[[Any, list[Any]], Any]
+
+
+@dataclass(frozen=True)
+class _Node:
+    flatten: FlattenFn
+    unflatten: UnflattenFn
+
+
+_REGISTRY: dict[type, _Node] = {}
+
+
+def register(node_type: type, flatten: FlattenFn, unflatten: UnflattenFn) -> None:
+    """Make ``node_type`` a pytree node.
+
+    Args:
+        node_type: the container class (exact type; subclasses register separately
+            unless they inherit a ``__sg_tree__`` protocol, see :class:`shapegrad.nn.Module`).
+        flatten: ``obj -> (children, keys, aux)``: the child values, one name per
+            child (used in checkpoint keys and error paths) and hashable static data.
+        unflatten: ``(aux, children) -> obj``.
+    Example:
+        >>> sg.tree.register(Pair, lambda p: ((p.a, p.b), ("a", "b"), None),
+        ...                  lambda aux, kids: Pair(*kids))
+    """
+    if not isinstance(node_type, type):
+        raise TypeError(f"tree.register: expected a class, got {node_type!r}")
+    _REGISTRY[node_type] = _Node(flatten, unflatten)
+
+
+def _dataclass_node(cls: type) -> _Node:
+    names = tuple(f.name for f in dataclasses.fields(cls))
+
+    def flatten(obj: Any) -> tuple[Iterable[Any], Iterable[str], Any]:
+        return [getattr(obj, n) for n in names], names, None
+
+    def unflatten(aux: Any, children: list[Any]) -> Any:
+        # Bypass __init__/__post_init__: the leaves may be gradients or traced values
+        # that a constructor's validation was never meant to see (Equinox does the same).
+        obj: Any = object.__new__(cls)
+        for n, child in zip(names, children, strict=True):
+            object.__setattr__(obj, n, child)
+        return obj
+
+    return _Node(flatten, unflatten)
+
+
+def node_for(kind: type) -> _Node | None:
+    """The registered (or automatic: dataclass, ``sg.nn.Module``) container node of
+    ``kind``, or None when ``kind`` is not a pytree container."""
+    return _node_for(kind)
+
+
+def _node_for(kind: type) -> _Node | None:
+    node = _REGISTRY.get(kind)
+    if node is not None:
+        return node
+    protocol = getattr(kind, "__sg_tree__", None)  # sg.nn.Module and its subclasses
+    if protocol is not None:
+        node = _Node(protocol[0], protocol[1])
+    elif dataclasses.is_dataclass(kind) and not getattr(kind, "__sg_static__", False):
+        node = _dataclass_node(kind)
+    else:
+        return None
+    _REGISTRY[kind] = node
+    return node
+
 
 @dataclass(frozen=True)
 class TreeDef:
-    """The static structure of a nested value; leaves are tensors or NumPy arrays."""
+    """The static structure of a nested value; leaves are tensors or NumPy arrays.
 
-    kind: str  # "leaf" | "static" | "seq" | "dict"
+    ``kind`` is "leaf", "static" (an opaque value kept as is), "seq" (tuple/list/
+    ParamList), "dict" or "node" (a registered type: ``keys`` name the children,
+    ``static`` holds its aux data).
+    """
+
+    kind: str
     node_type: Any = None
     children: tuple[TreeDef, ...] = ()
     keys: tuple[Any, ...] = ()
     static: Any = None
-    template: Any = None  # the original container, for _sg_rebuild
+    template: Any = None  # the original sequence, for _sg_rebuild
 
     @property
     def num_leaves(self) -> int:
@@ -34,12 +140,15 @@ class TreeDef:
 
     def signature(self) -> Any:
         """A hashable description (types, keys and static values) for caching."""
-        if self.kind == "static":
+        if self.kind == "static" or self.kind == "node":
+            static = self.static
             try:
-                hash(self.static)
-                return ("static", self.static)
+                hash(static)
             except TypeError:
-                return ("static", id(self.static))
+                static = ("id", id(static))
+            if self.kind == "static":
+                return ("static", static)
+            return ("node", self.node_type, self.keys, static, tuple(c.signature() for c in self.children))
         return (self.kind, self.node_type, self.keys, tuple(c.signature() for c in self.children))
 
 
@@ -47,29 +156,131 @@ def is_leaf(x: Any) -> bool:
     return isinstance(x, Tensor | np.ndarray)
 
 
-def flatten(obj: Any) -> tuple[list[Any], TreeDef]:
+_LEAF = TreeDef("leaf")
+
+
+class _HoldsTensors(TypeError):
+    """Raised while flattening; the path is completed as the recursion unwinds."""
+
+    def __init__(self, obj: Any, inner: str) -> None:
+        super().__init__()
+        self.obj = obj
+        self.inner = inner
+        self.path: list[str] = []
+
+    def message(self, root: str) -> str:
+        path = root + "".join(reversed(self.path))
+        name = type(self.obj).__name__
+        return (
+            f"{path} is a {name} object holding tensors (at {path}{self.inner}) that shapegrad "
+            f"cannot see inside, so they would be treated as constants. Make {name} a "
+            "@dataclass, subclass sg.nn.Module, or register it with sg.tree.register("
+            f"{name}, flatten, unflatten)"
+        )
+
+
+def flatten(obj: Any, root: str = "value") -> tuple[list[Any], TreeDef]:
+    """``(leaves, treedef)``; ``root`` names ``obj`` in error messages.
+
+    Raises:
+        TypeError: an unregistered object somewhere in ``obj`` holds tensors or arrays.
+    """
     leaves: list[Any] = []
-    return leaves, _flatten(obj, leaves)
+    try:
+        return leaves, _flatten(obj, leaves)
+    except _HoldsTensors as error:
+        raise TypeError(error.message(root)) from None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, Tensor)
+
+
+def is_data_list(obj: Any) -> bool:
+    """A non-empty ``list`` (possibly nested) whose elements are all numbers: array data."""
+    if type(obj) is not list or not obj:
+        return False
+    return all(_is_number(x) or is_data_list(x) for x in obj)
+
+
+def _as_data(obj: list[Any]) -> Any:
+    from shapegrad.ops.eager import tensor
+
+    return tensor(obj)
 
 
 def _flatten(obj: Any, leaves: list[Any]) -> TreeDef:
     if is_leaf(obj):
         leaves.append(obj)
-        return TreeDef("leaf")
+        return _LEAF
     if isinstance(obj, tuple | list):
-        children = tuple(_flatten(c, leaves) for c in obj)
-        return TreeDef("seq", type(obj), children, template=obj)
+        if type(obj) is list and is_data_list(obj):
+            leaves.append(_as_data(obj))
+            return _LEAF
+        children = []
+        for i, c in enumerate(obj):
+            try:
+                children.append(_flatten(c, leaves))
+            except _HoldsTensors as error:
+                error.path.append(f"[{i}]")
+                raise
+        return TreeDef("seq", type(obj), tuple(children), template=obj)
     if isinstance(obj, dict):
         keys = tuple(obj.keys())
-        children = tuple(_flatten(obj[k], leaves) for k in keys)
-        return TreeDef("dict", type(obj), children, keys)
+        children = []
+        for k in keys:
+            try:
+                children.append(_flatten(obj[k], leaves))
+            except _HoldsTensors as error:
+                error.path.append(f"[{k!r}]")
+                raise
+        return TreeDef("dict", type(obj), tuple(children), keys)
+    node = _node_for(type(obj))
+    if node is not None:
+        values, names, aux = node.flatten(obj)
+        keys = tuple(names)
+        children = []
+        for name, c in zip(keys, values, strict=True):
+            try:
+                children.append(_flatten(c, leaves))
+            except _HoldsTensors as error:
+                error.path.append(f".{name}")
+                raise
+        return TreeDef("node", type(obj), tuple(children), keys, static=aux)
+    inner = _find_tensor(obj)
+    if inner is not None:
+        raise _HoldsTensors(obj, inner)
     return TreeDef("static", static=obj)
 
 
+def _find_tensor(obj: Any, depth: int = 0) -> str | None:
+    """A path (``.w``, ``.layers[0]``) to a tensor/array inside an opaque object, or None."""
+    if depth > 4 or isinstance(obj, type) or getattr(type(obj), "__sg_static__", False):
+        return None
+    if is_leaf(obj):
+        return ""
+    items: Iterable[tuple[str, Any]]
+    if isinstance(obj, dict):
+        items = ((f"[{k!r}]", v) for k, v in obj.items())
+    elif isinstance(obj, list | tuple):
+        items = ((f"[{i}]", v) for i, v in enumerate(obj))
+    else:
+        attrs = getattr(obj, "__dict__", None)
+        if not isinstance(attrs, dict):
+            slots = [s for c in type(obj).__mro__ for s in getattr(c, "__slots__", ())]
+            attrs = {s: getattr(obj, s) for s in slots if s != "__weakref__" and hasattr(obj, s)}
+        if callable(obj) and not attrs:
+            return None
+        items = ((f".{k}", v) for k, v in attrs.items())
+    for label, value in items:
+        found = _find_tensor(value, depth + 1)
+        if found is not None:
+            return label + found
+    return None
+
+
 def unflatten(treedef: TreeDef, leaves: list[Any]) -> Any:
-    iterator = iter(leaves)
-    result = _unflatten(treedef, iterator)
-    return result
+    return _unflatten(treedef, iter(leaves))
 
 
 def _unflatten(td: TreeDef, leaves: Any) -> Any:
@@ -80,6 +291,8 @@ def _unflatten(td: TreeDef, leaves: Any) -> Any:
     children = [_unflatten(c, leaves) for c in td.children]
     if td.kind == "dict":
         return td.node_type(zip(td.keys, children, strict=True))
+    if td.kind == "node":
+        return _REGISTRY[td.node_type].unflatten(td.static, children)
     rebuild: Callable[[list[Any]], Any] | None = getattr(td.template, "_sg_rebuild", None)
     if rebuild is not None:
         return rebuild(children)
@@ -111,6 +324,10 @@ def _builder(td: TreeDef) -> Callable[[Any], Any]:
     if td.kind == "dict":
         keys = td.keys
         return lambda it: node_type(zip(keys, [k(it) for k in kids], strict=True))
+    if td.kind == "node":
+        make = _REGISTRY[node_type].unflatten
+        aux = td.static
+        return lambda it: make(aux, [k(it) for k in kids])
     rebuild: Callable[[list[Any]], Any] | None = getattr(td.template, "_sg_rebuild", None)
     if rebuild is not None:
         return lambda it: rebuild([k(it) for k in kids])
@@ -126,3 +343,67 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     leaves, td = flatten(tree)
     others = [flatten(r)[0] for r in rest]
     return unflatten(td, [fn(leaf, *(o[i] for o in others)) for i, leaf in enumerate(leaves)])
+
+
+# --- names and flags per leaf ----------------------------------------------------------------
+
+
+def leaf_paths(obj: Any, sep: str = ".") -> list[str]:
+    """One readable name per leaf of ``obj``: ``blocks.0.attn.w_qkv``, ``w1``, ``0.1``.
+
+    ParamList elements use their names, dict entries their keys, registered nodes
+    (modules, dataclasses) their field names, sequences their positions.
+    """
+    out: list[str] = []
+    _leaf_paths(obj, "", sep, out)
+    return out
+
+
+def _leaf_paths(obj: Any, prefix: str, sep: str, out: list[str]) -> None:
+    def join(label: Any) -> str:
+        return f"{prefix}{sep}{label}" if prefix else str(label)
+
+    if is_leaf(obj) or is_data_list(obj):
+        out.append(prefix or "value")
+    elif isinstance(obj, tuple | list):
+        names = getattr(obj, "_sg_names", None)
+        for i, child in enumerate(obj):
+            label = names[i] if names is not None and i < len(names) else i
+            _leaf_paths(child, join(label), sep, out)
+    elif isinstance(obj, dict):
+        for key, child in obj.items():
+            _leaf_paths(child, join(key), sep, out)
+    else:
+        node = _node_for(type(obj))
+        if node is None:
+            return
+        values, names, _ = node.flatten(obj)
+        for name, child in zip(tuple(names), values, strict=True):
+            _leaf_paths(child, join(name), sep, out)
+
+
+def leaf_flags(obj: Any) -> tuple[bool, ...]:
+    """One ``requires_grad`` flag per leaf: the flags of every ParamList/Module inside, else True."""
+    out: list[bool] = []
+    _leaf_flags(obj, out)
+    return tuple(out)
+
+
+def _leaf_flags(obj: Any, out: list[bool]) -> None:
+    flags = getattr(obj, "requires_grad", None)
+    if isinstance(flags, tuple) and not isinstance(obj, Tensor):
+        out.extend(bool(f) for f in flags)
+        return
+    if is_leaf(obj) or is_data_list(obj):
+        out.append(True)
+    elif isinstance(obj, tuple | list):
+        for child in obj:
+            _leaf_flags(child, out)
+    elif isinstance(obj, dict):
+        for child in obj.values():
+            _leaf_flags(child, out)
+    else:
+        node = _node_for(type(obj))
+        if node is not None:
+            for child in node.flatten(obj)[0]:
+                _leaf_flags(child, out)

@@ -287,6 +287,18 @@ class ParamList(TList[*Ts]):
         """``{name: tensor}`` in order."""
         return dict(zip(self._sg_names, self._tensors(), strict=True))
 
+    def __getattr__(self, name: str) -> Tensor:
+        """``params.w1``: the element called ``name`` (see ``names``)."""
+        if name.startswith("_"):  # internals looked up before they are set
+            raise AttributeError(name)
+        names: tuple[str, ...] = self.__dict__.get("_sg_names", ())
+        if name in names:
+            return self._tensors()[names.index(name)]
+        raise AttributeError(
+            f"{type(self).__name__.split('[')[0]} has no attribute or parameter {name!r}; "
+            f"parameter names are {names}"
+        )
+
     def _sg_rebuild(self, children: list[Any]) -> Any:
         if not all(isinstance(c, Tensor) for c in children):
             return tuple(children)
@@ -311,6 +323,9 @@ class ParamList(TList[*Ts]):
             initializer: one initializer for all elements, or one per element
                 (e.g. ``sg.nn.init.kaiming``; see :mod:`shapegrad.nn.init`).
             seed: element ``i`` gets the seed ``(seed, i)``, so results are reproducible.
+                With one initializer, rank-0/1 elements whose name marks a norm gain
+                (``gain``, ``gamma``, ``scale``, ``g`` or ending in ``_g``, ``_gain``...)
+                get ones, as :class:`shapegrad.nn.Module` fields do.
             dtype: element dtype where the annotation allows it (``Int[...]`` gives int32).
             requires_grad, names: as for the constructor.
             dims / **dim_kwargs: sizes of the named dims (``h=16``, ``batch=(2, 3)``);
@@ -329,11 +344,18 @@ class ParamList(TList[*Ts]):
             raise TypeError(f"{where}: subscript the class with annotations first")
         sizes = _merge_dims(specs, dims or {}, dim_kwargs, where)
         inits = _per_element(initializer, len(specs), where)
+        single = not isinstance(initializer, Sequence)
+        element_names = _resolve_names(len(specs), names, cls)
         base_dtype = as_dtype(dtype)
         tensors = []
         for i, (spec, init) in enumerate(zip(specs, inits, strict=True)):
             shape = _specs.build_shape(spec, sizes, f"{where} (element {i})")
             element_dtype = _specs.pick_dtype(spec, base_dtype, where)
+            if single and _specs.infer_role(element_names[i], shape) == "gain":
+                # One initializer for all: a norm gain (named ln_g, gamma, scale...) gets
+                # ones, as in sg.nn.Module, not the zeros a weight initializer gives biases.
+                tensors.append(tensor(np.ones(shape, element_dtype.numpy), element_dtype))
+                continue
             tensors.append(_as_tensor(init(shape, seed=(seed, i), dtype=element_dtype)))
         return cls(tensors, requires_grad=requires_grad, names=names)
 

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from jaxtyping import Float
+
 from shapegrad import functional as F
+from shapegrad.nn._module import Module
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
-__all__ = ["linear", "mlp"]
+__all__ = ["Linear", "linear", "mlp"]
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
@@ -60,3 +63,19 @@ def mlp(
         if i + 1 < layers:
             h = activation(h)
     return h
+
+
+class Linear(Module):
+    """``x @ w.T + b`` as a module: ``w: [d_out, d_in]`` (std 1/sqrt(d_in)), ``b: [d_out]`` (zeros).
+
+    Example:
+        >>> layer = sg.nn.Linear.init(d_in=784, d_out=10)
+        >>> layer(x).shape                     # x: [b, 784]
+        (b, 10)
+    """
+
+    w: Float[Tensor, "d_out d_in"]
+    b: Float[Tensor, " d_out"]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return linear(x, self.w, self.b)

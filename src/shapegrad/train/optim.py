@@ -30,6 +30,7 @@ from shapegrad.dtypes import float32, int32
 from shapegrad.functional import minimum
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
+from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
 OptState = dict[str, Any]
@@ -49,9 +50,9 @@ def trainable_flags(params: Any, override: Sequence[bool] | None = None) -> tupl
         ValueError: the number of flags differs from the number of parameters.
     """
     leaves, _ = tree.flatten(params)
-    flags: Any = override if override is not None else getattr(params, "requires_grad", None)
-    if flags is None:
-        return (True,) * len(leaves)
+    # Without an override: the flags of every ParamList/Module inside (nested ones too),
+    # so batch-norm running statistics inside a model stay untouched by optimizers.
+    flags: Any = override if override is not None else tree.leaf_flags(params)
     result = tuple(bool(f) for f in flags)
     if len(result) != len(leaves):
         raise ValueError(
@@ -122,6 +123,27 @@ class Optimizer:
 
     lr: float
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # The PyTorch habit `Adam(model.parameters(), lr=...)`: say how this API works
+        # instead of "got multiple values for argument 'lr'" (or, worse, lr=params).
+        if args and not isinstance(args[0], int | float | Tensor | np.floating | np.integer):
+            raise TypeError(
+                f"sg.optim.{cls.__name__} is a functional optimizer and does not take the "
+                f"parameters (got a {type(args[0]).__name__}). Create it from hyper-parameters "
+                f"only, `opt = sg.optim.{cls.__name__}(lr=1e-3)`, then either "
+                "`ScalarTrainer(loss, params, optimizer=opt)`, or `state = opt.init(params)` and "
+                "`params, state = opt.update(params, grads, state)` each step"
+            )
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lr, bool) or not isinstance(
+            self.lr, int | float | Tensor | np.floating | np.integer
+        ):
+            raise TypeError(
+                f"sg.optim.{type(self).__name__}: lr must be a number, got {type(self.lr).__name__}"
+            )
+
     @property
     def slots(self) -> tuple[str, ...]:
         """Names of the per-parameter state buffers (none for plain SGD)."""
@@ -172,6 +194,7 @@ class Optimizer:
                 f"{type(self).__name__}.update: {len(g_leaves)} gradients for {len(p_leaves)} parameters"
             )
         flags = trainable_flags(params, requires_grad)
+        _check_grad_shapes(type(self).__name__, params, p_leaves, g_leaves)
         slot_leaves = [tree.flatten(state[s])[0] for s in self.slots]
         t = _step_tensor(state, step)
         rate = self.lr if lr is None else lr
@@ -197,6 +220,20 @@ class Optimizer:
         raise NotImplementedError
 
 
+def _check_grad_shapes(
+    name: str, params: Any, p_leaves: Sequence[Any], g_leaves: Sequence[Any]
+) -> None:
+    """Refuse a gradient whose shape differs from its parameter's (it would broadcast)."""
+    for k, (x, g) in enumerate(zip(p_leaves, g_leaves, strict=True)):
+        if tuple(np.shape(g)) != tuple(np.shape(x)):
+            label = tree.leaf_paths(params)[k]
+            raise ShapeError(
+                f"{name}.update",
+                f"the gradient of parameter {label!r} has shape {fmt(tuple(np.shape(g)))} but the "
+                f"parameter is {fmt(tuple(np.shape(x)))}; gradients must match their parameters",
+            )
+
+
 def _as_tensor(x: Any) -> Tensor:
     return x if isinstance(x, Tensor) else tensor(np.asarray(x))
 
@@ -217,6 +254,7 @@ class SGD(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.nesterov and self.momentum <= 0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
         if self.momentum < 0 or self.weight_decay < 0:
@@ -252,6 +290,7 @@ class Adam(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

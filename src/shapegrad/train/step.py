@@ -5,17 +5,33 @@ forward pass, the backward pass (only for trainable leaves), optional
 gradient clipping, the learning-rate schedule, the optimizer update and the
 float16 loss-scale bookkeeping, using Tensor operations only. ``StepPlan``
 holds the static settings it closes over.
+
+Two optional loss conventions:
+
+* **a per-step random key**: a loss with a ``key`` parameter
+  (``loss(params, x, y, *, key)``) gets ``sg.random.fold_in(base_key, step)``,
+  where ``step`` is the optimizer's update counter (a traced value: new dropout
+  masks every step, one trace) and ``base_key`` comes from the trainer's seed.
+  Both are checkpointed (the counter with the optimizer state), so a resumed run
+  draws the same masks. ``forward``/``backward`` use ``base_key`` itself.
+* **updated state**: a loss may return ``(loss, new_params)`` (e.g. a model whose
+  batch-norm running statistics moved); the step then takes every non-trainable
+  leaf (``requires_grad`` False: running statistics, frozen tensors) from
+  ``new_params``, the trainable ones from the optimizer.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shapegrad import tree
+import numpy as np
+
+from shapegrad import random, tree
 from shapegrad.autodiff import value_and_grad
-from shapegrad.dtypes import DType, float16
+from shapegrad.dtypes import DType, float16, int32
 from shapegrad.ops import prims as p
 from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
@@ -37,6 +53,7 @@ class StepPlan:
     clip_norm: float | None
     schedule: Schedule | None
     scaling: mp.LossScalePolicy  # float16 only: the dynamic loss-scale rule
+    base_key: tuple[int, int] | None = None  # set when the loss takes a `key`
 
     @property
     def trainable(self) -> list[int]:
@@ -56,36 +73,104 @@ def _compute_params(plan: StepPlan, leaves: Sequence[Tensor]) -> Any:
     return tree.unflatten(plan.treedef, cast)
 
 
-def loss_value(plan: StepPlan, params: Any, inputs: tuple[Any, ...]) -> Tensor:
-    """The loss in the master dtype (a fp16 loss is upcast before scaling and reporting)."""
+def loss_takes_key(loss_fn: Callable[..., Any]) -> bool:
+    """True when ``loss_fn`` has a parameter called ``key`` (it wants a per-step random key)."""
+    try:
+        parameter = inspect.signature(loss_fn).parameters.get("key")
+    except (TypeError, ValueError):  # builtins, some C callables: no signature to read
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def step_key(plan: StepPlan, counter: Tensor | None) -> Tensor | None:
+    """The key of the step numbered ``counter`` (the base key when None); None without a key."""
+    if plan.base_key is None:
+        return None
+    base = p.constant(np.asarray(plan.base_key, dtype=np.int32), int32, like=counter)
+    return base if counter is None else random.fold_in(base, counter)
+
+
+def _loss_and_updated(
+    plan: StepPlan, params: Any, inputs: tuple[Any, ...], key: Tensor | None
+) -> tuple[Tensor, list[Tensor] | None]:
+    """The loss in the master dtype and, when the loss returns ``(loss, new_params)``, the
+    leaves of ``new_params``."""
     leaves, _ = tree.flatten(params)
-    value = plan.loss_fn(_compute_params(plan, leaves), *inputs)
-    if not isinstance(value, Tensor) or value.size != 1:
-        shown = getattr(value, "shape", type(value).__name__)
+    compute = _compute_params(plan, leaves)
+    out = plan.loss_fn(compute, *inputs, key=key) if key is not None else plan.loss_fn(compute, *inputs)
+    updated: list[Tensor] | None = None
+    if isinstance(out, tuple) and len(out) == 2:
+        out, new_params = out
+        new_leaves, new_def = tree.flatten(new_params)
+        if new_def.signature() != plan.treedef.signature() or [x.shape for x in new_leaves] != [
+            x.shape for x in leaves
+        ]:
+            raise TypeError(
+                "ScalarTrainer: a loss returning (loss, new_params) must return new_params "
+                "with the structure and shapes of the parameters it was given"
+            )
+        updated = new_leaves
+    if not isinstance(out, Tensor) or out.size != 1:
+        shown = getattr(out, "shape", type(out).__name__)
         raise TypeError(
-            f"ScalarTrainer: the loss function must return a scalar Tensor, got {shown}"
+            f"ScalarTrainer: the loss function must return a scalar Tensor (or (loss, "
+            f"new_params)), got {shown}"
         )
-    return p.cast(p.reshape(value, ()), plan.master)
+    return p.cast(p.reshape(out, ()), plan.master), updated
+
+
+def loss_value(
+    plan: StepPlan, params: Any, inputs: tuple[Any, ...], key: Tensor | None = None
+) -> Tensor:
+    """The loss in the master dtype (a fp16 loss is upcast before scaling and reporting)."""
+    if key is None:
+        key = step_key(plan, None)
+    return _loss_and_updated(plan, params, inputs, key)[0]
 
 
 def loss_and_grads(
-    plan: StepPlan, params: Any, inputs: tuple[Any, ...], scale: Tensor | None
+    plan: StepPlan,
+    params: Any,
+    inputs: tuple[Any, ...],
+    scale: Tensor | None,
+    key: Tensor | None = None,
 ) -> tuple[Tensor, list[Tensor]]:
     """Loss and the (unscaled) gradients of the trainable leaves, in the master dtype."""
+    loss, grads, _ = loss_grads_and_updated(plan, params, inputs, scale, key)
+    return loss, grads
+
+
+def loss_grads_and_updated(
+    plan: StepPlan,
+    params: Any,
+    inputs: tuple[Any, ...],
+    scale: Tensor | None,
+    key: Tensor | None = None,
+) -> tuple[Tensor, list[Tensor], list[Tensor] | None]:
+    """:func:`loss_and_grads` plus the leaves of the params the loss returned (or None)."""
     leaves, _ = tree.flatten(params)
     index = plan.trainable
+    if key is None:
+        key = step_key(plan, None)
 
-    def objective(trainable: list[Tensor]) -> tuple[Tensor, Tensor]:
+    def objective(trainable: list[Tensor]) -> tuple[Tensor, Any]:
         merged = list(leaves)
         for k, i in enumerate(index):
             merged[i] = trainable[k]
-        loss = loss_value(plan, tree.unflatten(plan.treedef, merged), inputs)
-        return (loss * scale if scale is not None else loss), loss
+        loss, updated = _loss_and_updated(plan, tree.unflatten(plan.treedef, merged), inputs, key)
+        return (loss * scale if scale is not None else loss), (loss, updated)
 
-    (_, loss), grads = value_and_grad(objective, has_aux=True)([leaves[i] for i in index])
+    (_, (loss, updated)), grads = value_and_grad(objective, has_aux=True)(
+        [leaves[i] for i in index]
+    )
     if scale is not None:
         grads = [g / p.cast(scale, g.dtype) for g in grads]
-    return loss, list(grads)
+    if updated is not None:  # state is not differentiated through
+        updated = [p.stop_gradient(x) for x in updated]
+    return loss, list(grads), updated
 
 
 def full_grads(plan: StepPlan, params: Any, trainable: Sequence[Tensor]) -> Any:
@@ -112,7 +197,8 @@ def train_step(
     (no eager evaluation of the schedule outside the compiled step).
     """
     scale = scaler["scale"] if scaler is not None else None
-    loss, grads = loss_and_grads(plan, params, inputs, scale)
+    key = step_key(plan, opt_state["step"])
+    loss, grads, updated = loss_grads_and_updated(plan, params, inputs, scale, key)
     if plan.clip_norm is not None:
         grads = clip_by_global_norm(grads, plan.clip_norm)
     rate = lr
@@ -123,6 +209,12 @@ def train_step(
     new_params, new_state = optimizer.update(
         params, full_grads(plan, params, grads), opt_state, rate, requires_grad=plan.flags
     )
+    if updated is not None:  # non-trainable leaves (running statistics) follow the loss
+        new_leaves, _ = tree.flatten(new_params)
+        for i, trainable in enumerate(plan.flags):
+            if not trainable:
+                new_leaves[i] = p.cast(updated[i], new_leaves[i].dtype)
+        new_params = tree.unflatten(plan.treedef, new_leaves)
     if scaler is None:
         return loss, new_params, new_state, None, rate
     loss, new_params, new_state, new_scaler = plan.scaling.apply_or_skip(
@@ -131,4 +223,14 @@ def train_step(
     return loss, new_params, new_state, new_scaler, rate
 
 
-__all__ = ["LossFn", "StepPlan", "full_grads", "loss_and_grads", "loss_value", "train_step"]
+__all__ = [
+    "LossFn",
+    "StepPlan",
+    "full_grads",
+    "loss_and_grads",
+    "loss_grads_and_updated",
+    "loss_takes_key",
+    "loss_value",
+    "step_key",
+    "train_step",
+]

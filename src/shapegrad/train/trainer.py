@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from shapegrad import tree
+from shapegrad import random, tree
 from shapegrad.dtypes import DType, as_dtype, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
@@ -39,7 +39,7 @@ from shapegrad.train.fit import History, StepInfo, run_fit
 from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState
 from shapegrad.train.optim import trainable_flags as _flags
 from shapegrad.train.schedules import Schedule
-from shapegrad.train.step import LossFn, StepPlan
+from shapegrad.train.step import LossFn, StepPlan, loss_takes_key
 from shapegrad.train.strategies import (
     BoundStrategy,
     CompiledStrategy,
@@ -59,7 +59,11 @@ class ScalarTrainer:
     """Train a scalar loss ``loss_fn(params, *inputs)`` over a fixed parameter pack.
 
     Args:
-        loss_fn: ``loss_fn(params, *inputs) -> 0-d Tensor``, written against Tensor.
+        loss_fn: ``loss_fn(params, *inputs) -> 0-d Tensor``, written against Tensor. With a
+            ``key`` parameter (``loss(params, x, y, *, key)``) it gets a fresh random key
+            every step (for ``sg.dropout(h, p, key)``); it may return ``(loss, new_params)``
+            to update non-trainable state such as batch-norm running statistics (see
+            :mod:`shapegrad.train.step`).
         params: a ParamList (its ``requires_grad`` flags are respected), TList, list or dict
             of float tensors; the trainer keeps the master copy.
         mode: ``"eager"`` (NumPy + tape) or ``"compiled"`` (one ``sg.compile``d step).
@@ -80,6 +84,8 @@ class ScalarTrainer:
         example_inputs: one batch (``backend="ane"`` only): the constructor then traces,
             lowers, converts and saves the Core ML program; otherwise the first call does.
         device_optimizer: ``backend="ane"`` only: lower the optimizer update into the program.
+        seed: the base of the per-step random keys (losses with a ``key`` parameter only);
+            saved in checkpoints, so a resumed run draws the same keys.
         ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
             executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
@@ -119,6 +125,7 @@ class ScalarTrainer:
         example_inputs: Sequence[Any] | None = None,
         device_optimizer: bool = False,
         ane_runner: Callable[[Any], Any] | None = None,
+        seed: int = 0,
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
@@ -134,7 +141,10 @@ class ScalarTrainer:
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         scaling = mp.LossScalePolicy(loss_scale_window)
-        plan = StepPlan(loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling)
+        base_key = tuple(random.key(seed).tolist()) if loss_takes_key(loss_fn) else None
+        plan = StepPlan(
+            loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling, base_key
+        )
         self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
         kind = strategy_kind(mode, self.backend)
         if kind != "ane" and (example_inputs is not None or device_optimizer or ane_runner):
@@ -154,6 +164,11 @@ class ScalarTrainer:
         else:
             from shapegrad.train.ane import AneStrategy, check_ane_settings
 
+            if base_key is not None:
+                raise NotImplementedError(
+                    "ScalarTrainer(backend='ane'): losses taking a per-step `key` are not "
+                    "supported there yet; use backend='c'"
+                )
             check_ane_settings(flags, clip_norm, dtype, leaves)
             ane = AneStrategy(
                 plan, self.optimizer, leaves, loss_scale, device_optimizer, ane_runner
@@ -285,6 +300,9 @@ class ScalarTrainer:
             "dtype": self.dtype.name,
             **(metadata or {}),
         }
+        base_key = self._strategy.plan.base_key
+        if base_key is not None:  # the per-step keys are fold_in(this, optimizer step)
+            notes["rng_key"] = list(base_key)
         return save_checkpoint(
             path,
             self.get_params(),
@@ -310,6 +328,12 @@ class ScalarTrainer:
                 f"{path}: saved with optimizer {saved}, but this trainer uses "
                 f"{type(self.optimizer).__name__}"
             )
+        saved_key = ckpt.metadata.get("user", {}).get("rng_key")
+        plan = self._strategy.plan
+        if saved_key is not None and plan.base_key is not None:
+            restored = (int(saved_key[0]), int(saved_key[1]))
+            if restored != plan.base_key:  # resume the saved run's random stream
+                self._strategy.set_plan(dataclasses.replace(plan, base_key=restored))
         self.set_params(ckpt.params)
         self.set_optimizer_state(ckpt.optimizer_state)
         self.set_scaler_state(ckpt.extra)

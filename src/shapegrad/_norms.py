@@ -1,0 +1,116 @@
+"""Batch and group normalisation as composites (``layer_norm`` lives in functional.py).
+
+Both take channels on axis 1 (``[N, C, ...]``, PyTorch's layout) and run
+eagerly and compiled unchanged. Batch norm is pure: it returns the updated
+running statistics instead of mutating them, so a compiled step can carry
+them as state.
+"""
+
+from __future__ import annotations
+
+from shapegrad import functional as F
+from shapegrad.ops import prims as p
+from shapegrad.shapes import ShapeError, fmt
+from shapegrad.tensor import Tensor
+
+
+def _channel_param(op: str, name: str, param: Tensor | None, x: Tensor) -> None:
+    if param is not None and param.shape != (x.shape[1],):
+        raise ShapeError(
+            op, f"{name} must be [{x.shape[1]}] for input {fmt(x.shape)}, got {fmt(param.shape)}"
+        )
+
+
+def _per_channel(param: Tensor, x: Tensor) -> Tensor:
+    return p.broadcast_in_dim(param, x.shape, (1,))
+
+
+def batch_norm(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    running_mean: Tensor,
+    running_var: Tensor,
+    training: bool,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Batch normalisation over every axis but the channel axis 1.
+
+    Training: normalise with the batch mean and (biased) variance and return the
+    running statistics moved towards the batch's by ``momentum`` (the variance
+    update uses the unbiased estimate, as PyTorch does). Evaluation: normalise with
+    the running statistics and return them unchanged.
+
+    Args:
+        x: ``[N, C, *spatial]``.
+        weight, bias: ``[C]`` scale and shift, or None.
+        running_mean, running_var: ``[C]``.
+        training: use batch statistics (and update the running ones).
+    Returns:
+        ``(y, new_running_mean, new_running_var)``.
+    Example:
+        >>> x = sg.tensor([[1.0, 2.0], [3.0, 6.0]])
+        >>> y, m, v = sg.batch_norm(x, None, None, sg.zeros(2), sg.ones(2), training=True)
+        >>> [round(a, 3) for a in y.numpy()[0].tolist() + m.tolist() + v.tolist()]
+        [-1.0, -1.0, 0.2, 0.4, 1.1, 1.7]
+    """
+    if x.ndim < 2:
+        raise ShapeError("batch_norm", f"input must be [N, C, ...], got {fmt(x.shape)}")
+    for name, param in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
+                        ("running_var", running_var)):
+        _channel_param("batch_norm", name, param, x)
+    axes = tuple(a for a in range(x.ndim) if a != 1)
+    if training:
+        count = x.size // x.shape[1]
+        mean = F.mean(x, axis=axes)
+        centered = x - _per_channel(mean, x)
+        var = F.mean(centered * centered, axis=axes)
+        unbiased = var * (count / max(count - 1, 1))
+        new_mean = (1.0 - momentum) * running_mean + momentum * F.stop_gradient(mean)
+        new_var = (1.0 - momentum) * running_var + momentum * F.stop_gradient(unbiased)
+    else:
+        mean, var = running_mean, running_var
+        centered = x - _per_channel(mean, x)
+        new_mean, new_var = running_mean, running_var
+    y = centered / _per_channel(F.sqrt(var + eps), x)
+    if weight is not None:
+        y = y * _per_channel(weight, x)
+    if bias is not None:
+        y = y + _per_channel(bias, x)
+    return y, new_mean, new_var
+
+
+def group_norm(
+    x: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Group normalisation (Wu & He): channels split into ``num_groups`` groups, each
+    normalised over its channels and all spatial positions, per sample.
+
+    Args:
+        x: ``[N, C, *spatial]`` with ``C`` divisible by ``num_groups``.
+        weight, bias: ``[C]`` or None.
+    Example:
+        >>> sg.group_norm(sg.ones((2, 4, 3)), 2).shape
+        (2, 4, 3)
+    """
+    if x.ndim < 2:
+        raise ShapeError("group_norm", f"input must be [N, C, ...], got {fmt(x.shape)}")
+    n, c = x.shape[0], x.shape[1]
+    if num_groups < 1 or c % num_groups:
+        raise ShapeError(
+            "group_norm", f"{c} channels of {fmt(x.shape)} do not split into {num_groups} groups"
+        )
+    _channel_param("group_norm", "weight", weight, x)
+    _channel_param("group_norm", "bias", bias, x)
+    grouped = F.reshape(x, (n, num_groups, -1))
+    y = F.reshape(F.layer_norm(grouped, eps=eps, axis=-1), x.shape)
+    if weight is not None:
+        y = y * _per_channel(weight, x)
+    if bias is not None:
+        y = y + _per_channel(bias, x)
+    return y
