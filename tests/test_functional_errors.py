@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -89,9 +90,17 @@ def test_other_errors_are_clear(
         thunk()
 
 
-def test_cross_entropy_out_of_range_label_is_nan_when_unchecked() -> None:
-    """Inside a compiled graph labels cannot be inspected; the row's loss becomes NaN instead."""
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+@pytest.mark.parametrize("bad", [3, 5, -1, -3, -4, 2**31 - 1, -(2**31)])
+def test_compiled_cross_entropy_out_of_range_label_raises_like_eager(
+    backend: str, bad: int
+) -> None:
+    """Compiled code raises the eager IndexError (through the error-flag contract), not NaN."""
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
     logits = np.zeros((2, 3), np.float32)
-    labels = sg.tensor([1, 5])
-    fn = sg.compile(lambda x, y: sg.cross_entropy(x, y), backend="numpy")
-    assert np.isnan(fn(sg.tensor(logits), labels).item())
+    fn = sg.compile(sg.value_and_grad(lambda x, y: sg.cross_entropy(x, y)), backend=backend)
+    with pytest.raises(IndexError, match=r"cross_entropy: labels must lie in \[0, 3\)"):
+        fn(logits, np.array([1, bad], np.int32))
+    value, _ = fn(logits, np.array([1, 2], np.int32))
+    assert value.item() == pytest.approx(np.log(3.0))

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "shapegrad"
 
 # Bottom to top. A module's layer is that of its first component under ``shapegrad``.
 LAYERS: list[set[str]] = [
-    {"shapes", "dtypes", "_version"},
+    {"shapes", "dtypes", "_version", "_cache", "_names"},
     {
         "tensor",
         "ops",

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -85,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         default="c",
         choices=available_backends(),
-        help="compiled-mode backend (default c; falls back to numpy where it cannot run)",
+        help=(
+            "compiled-mode backend (default c; where it cannot run here, e.g. ane off macOS, "
+            "falls back to c, or numpy without a C compiler)"
+        ),
     )
     demo.add_argument("--mode", choices=("compiled", "eager"), default="compiled")
     demo.add_argument("--epochs", type=_positive_int, help="passes over the training data")
@@ -96,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--seed", type=int, default=0, help="seed of data, initialisation and shuffling"
     )
-    demo.add_argument("--save", metavar="FILE", help="write a checkpoint here after training")
+    demo.add_argument(
+        "--save",
+        metavar="FILE",
+        help="write a checkpoint here after every epoch (atomically: an interrupted run keeps "
+        "the last one)",
+    )
     demo.add_argument("--resume", metavar="FILE", help="start from this checkpoint")
     demo.add_argument(
         "--plot-png", metavar="FILE", help="also save the plots as a PNG (needs matplotlib)"
@@ -139,18 +148,33 @@ def recipe_from(args: argparse.Namespace, default: Recipe) -> Recipe:
 
 
 def resolve_backend(name: str, mode: str) -> str:
-    """``name`` if it can run here, else ``"numpy"`` (with a message saying why)."""
+    """``name`` if it can run here, else ``"c"`` or ``"numpy"`` (with a message saying why)."""
     if mode == "eager":
         return name
+    problem = _cannot_run(name)
+    if problem is None:
+        return name
+    if name == "numpy":
+        raise BackendUnavailable(problem)
+    fallback = "c" if name != "c" and _cannot_run("c") is None else "numpy"
+    print(f"shapegrad: {problem}", file=sys.stderr)
+    print(f"shapegrad: falling back to the '{fallback}' backend", file=sys.stderr)
+    return fallback
+
+
+def _cannot_run(name: str) -> str | None:
+    """Why backend ``name`` cannot compile *and execute* here (None: it can)."""
     try:
         get_backend(name)
     except BackendUnavailable as error:
-        if name == "numpy":
-            raise
-        print(f"shapegrad: {error}", file=sys.stderr)
-        print("shapegrad: falling back to the 'numpy' backend", file=sys.stderr)
-        return "numpy"
-    return name
+        return str(error)
+    if name == "ane":  # it builds programs everywhere but executes them only on macOS 13+
+        from shapegrad.backends.ane.executable import can_execute
+
+        ok, reason = can_execute()
+        if not ok:
+            return f"the ane backend cannot execute here: {reason}"
+    return None
 
 
 def make_optimizer(name: str, lr: float) -> optim.Optimizer:
@@ -377,6 +401,12 @@ DEMOS: dict[str, Callable[[argparse.Namespace], int]] = {"moons": demo_moons, "d
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``shapegrad`` command with ``argv`` (default: the process arguments)."""
     args = build_parser().parse_args(argv)
+    if args.plot_png:  # say so now, not after a whole training run
+        try:
+            importlib.import_module("matplotlib")
+        except ImportError:
+            print("shapegrad: --plot-png needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
     if args.dump_ir:
         # the compiler reads this when it compiles, which happens after this point
         Path(args.dump_ir).mkdir(parents=True, exist_ok=True)
@@ -392,6 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (io.CheckpointError, OSError) as error:  # --resume / --save: say what, no traceback
         print(f"shapegrad: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; checkpoints are atomic
+        kept = f"; the checkpoint {args.save} holds the last finished epoch" if args.save else ""
+        print(f"\nshapegrad: interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

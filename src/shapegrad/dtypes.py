@@ -9,7 +9,7 @@ dtype of ``x``. Comparisons return ``bool``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -90,3 +90,53 @@ def infer_dtype(value: object) -> DType:
     if array.dtype.kind == "f":
         return float32
     return dtype_of_array(array)
+
+
+_INT32: Final = np.dtype(np.int32)
+_INT32_RANGE: Final = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
+
+
+class Int32OverflowError(OverflowError, IndexError):
+    """An integer (an index, a label) does not fit in int32, shapegrad's integer type.
+
+    Both an OverflowError and an IndexError: converting it would silently wrap, and
+    for an index or label that would read another row (2**32 + 1 -> 1).
+    """
+
+
+def int32_overflow(array: npt.NDArray[np.generic]) -> int | None:
+    """The first value of integer ``array`` outside the int32 range, or None."""
+    if array.dtype.kind not in "iu" or array.size == 0 or np.can_cast(array.dtype, np.int32):
+        return None
+    lo, hi = _INT32_RANGE
+    values: Any = array
+    bad = (values < lo) | (values > hi)
+    return int(values[bad].flat[0]) if bad.any() else None
+
+
+def check_fits(value: object, dtype: np.dtype[np.generic], what: str = "") -> None:
+    """Raise :class:`Int32OverflowError` when converting ``value`` to ``dtype`` would wrap."""
+    if dtype != _INT32:
+        return
+    source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if source.dtype == _INT32 or source.dtype.kind not in "iu":  # the common case: nothing to do
+        return
+    bad = int32_overflow(source)
+    if bad is not None:
+        raise Int32OverflowError(
+            f"{what or 'tensor'}: integer {bad} does not fit in int32 (shapegrad's integer "
+            f"type holds {_INT32_RANGE[0]}..{_INT32_RANGE[1]}); it would wrap around"
+            f"{describe_caller()}"
+        )
+
+
+def to_numpy(
+    value: object, dtype: np.dtype[np.generic], copy: bool = False, what: str = ""
+) -> npt.NDArray[np.generic]:
+    """``np.asarray(value, dtype)`` (a copy when ``copy``) that refuses to wrap integers.
+
+    Raises:
+        Int32OverflowError: an integer does not fit int32 (the message names ``what``).
+    """
+    check_fits(value, dtype, what)
+    return np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)

@@ -11,10 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from shapegrad.dtypes import DTypeError, int32
+import numpy as np
+
+from shapegrad.dtypes import DTypeError, Int32OverflowError, int32, int32_overflow
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
-from shapegrad.shapes import ShapeError, fmt, normalize_axes, normalize_axis
+from shapegrad.shapes import ShapeError, describe_caller, fmt, normalize_axes, normalize_axis
 from shapegrad.tensor import Tensor
 
 Axis = int | Sequence[int] | None
@@ -168,7 +170,10 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     count = 1
     for a in axes:
         count *= x.shape[a]
-    return sum(x, axis=axes, keepdims=keepdims) / float(builtins.max(count, 1))
+    total = sum(x, axis=axes, keepdims=keepdims)
+    if count == 0:  # NumPy/PyTorch: the mean of nothing is NaN (the empty sum is 0)
+        return total + math.nan
+    return total / float(count)
 
 
 def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -195,6 +200,8 @@ def var(x: Tensor, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> 
 def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max."""
     axes = normalize_axes("logsumexp", axis, x.ndim)
+    if any(x.shape[a] == 0 for a in axes):  # log(0): there is no max to shift by
+        return sum(x, axis=axes, keepdims=keepdims) - math.inf
     shift = stop_gradient(max(x, axis=axes, keepdims=True))
     total = sum(exp(x - shift), axis=axes, keepdims=True)
     return _keep(
@@ -207,6 +214,8 @@ def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis``, stable for large magnitudes."""
+    if x.shape[normalize_axis("softmax", axis, x.ndim)] == 0:
+        return x + 0.0  # empty along the axis: an empty result, no max to shift by
     shift = stop_gradient(max(x, axis=axis, keepdims=True))
     e = exp(x - shift)
     return e / sum(e, axis=axis, keepdims=True)
@@ -381,10 +390,26 @@ def slice(
 
 
 def _indices(op: str, indices: Any, like: Tensor) -> Tensor:
+    if not isinstance(indices, Tensor):
+        _check_integers(op, "indices", indices)
     idx = indices if isinstance(indices, Tensor) else p.constant(indices, int32, like=like)
     if idx.dtype != int32:
         raise DTypeError(f"{op}: indices must be int32, got {idx.dtype}")
     return idx
+
+
+def _check_integers(op: str, what: str, value: Any) -> None:
+    """Host-side ``indices``/``labels`` must be integers that fit int32: a float or bool
+    array would be truncated and 2**32 + 1 would wrap to 1, silently reading another row."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" and array.size:
+        raise DTypeError(f"{op}: {what} must be integers, got a {array.dtype} array")
+    bad = int32_overflow(array)
+    if bad is not None:
+        raise Int32OverflowError(
+            f"{op}: {what} value {bad} is out of range (it does not fit in int32)"
+            f"{describe_caller()}"
+        )
 
 
 def take(x: Tensor, indices: Any, axis: int | None = None) -> Tensor:
@@ -438,12 +463,14 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 
     ``labels`` are either int32 class indices ``[b]`` or float targets
     ``[b, c]`` (one-hot or probabilities). Eagerly, an out-of-range class index
-    raises IndexError; in a compiled graph its row contributes NaN.
+    raises IndexError, eagerly and in compiled code (checked when the program runs).
     Example:
         >>> x = sg.tensor([[0.0, 0.0]])
         >>> round(sg.cross_entropy(x, sg.tensor([1])).item(), 4)
         0.6931
     """
+    if not isinstance(labels, Tensor) and np.asarray(labels).dtype.kind in "iu":
+        _check_integers("cross_entropy", "labels", labels)
     logits, labels = _t(logits), _t(labels)
     if logits.ndim != 2:
         raise ShapeError("cross_entropy", f"logits must be [b, c], got {fmt(logits.shape)}")
@@ -461,7 +488,8 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
                 "cross_entropy",
                 f"float targets must match logits: {fmt(labels.shape)} vs {fmt(logits.shape)}",
             )
-        return -mean(sum(labels * logp, axis=-1))
+        # 0 * log p = 0 even where p = 0 (a -inf logit, the masking pattern): never NaN.
+        return -mean(sum(labels * where(labels != 0.0, logp, 0.0), axis=-1))
     if labels.shape != (b,):
         raise ShapeError(
             "cross_entropy",
@@ -472,10 +500,26 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     valid = where(labels >= 0, labels < c, False)
     if not labels.is_traced and labels.size and not bool(valid.all()):
         raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")
-    picked = sum(one_hot(labels, c, logits.dtype) * logp, axis=-1)
-    if labels.is_traced:  # cannot raise on data inside a graph: bad rows become NaN
-        picked = where(valid, picked, math.nan)
+    # Select, never multiply: one_hot * logp is 0 * -inf = NaN for a masked (-inf) logit.
+    picked = sum(where(one_hot(labels, c, "bool"), logp, 0.0), axis=-1)
+    if labels.is_traced:  # a bad label raises IndexError when the compiled code runs
+        picked = where(valid, picked + _labels_checked(labels, c, logits), math.nan)
     return -mean(picked)
+
+
+def _labels_checked(labels: Tensor, c: int, like: Tensor) -> Tensor:
+    """Zeros ``[b]`` whose computation fails with IndexError when a label is outside ``[0, c)``.
+
+    A graph cannot branch on data; gathers can fail (the error-flag contract of the loop
+    IR: the program stops and the caller raises). A gather from a length-``c`` table
+    checks ``[-c, c)``; one indexed by ``labels - c`` checks ``[0, 2c)``: together exactly
+    ``[0, c)`` (``labels - c`` wraps only below ``-c``, which the first one rejects).
+    """
+    message = f"cross_entropy: labels must lie in [0, {c})"
+    table = p.full([c], 0, like.dtype, like=like)
+    low = p.gather(table, labels, 0, what=message)
+    high = p.gather(table, labels - c, 0, what=message)
+    return low + high
 
 
 def mse(pred: Tensor, target: Tensor) -> Tensor:

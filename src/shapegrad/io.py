@@ -7,10 +7,11 @@ shape and dtype of every parameter). Loading never unpickles anything.
 
 Writes are atomic: the file is written to a temporary name in the same
 folder, flushed to disk, then moved over the target with ``os.replace``; a
-crash mid-save leaves the previous checkpoint untouched. Loading validates
+crash mid-save leaves the previous checkpoint untouched, and its temp file is
+removed by the next save or load of that checkpoint. Loading validates
 names, shapes and dtypes against the parameters you pass (and, through the
-ParamList, against its annotation) and raises :class:`CheckpointError`
-saying what differs.
+ParamList, against its annotation) before inflating anything, and raises
+:class:`CheckpointError` saying what differs.
 
 Example:
     >>> sg.save_checkpoint("run.npz", params, opt_state, step=50)
@@ -23,13 +24,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import numpy.lib.format as npformat
 import numpy.typing as npt
 
 from shapegrad import tree
@@ -154,7 +158,9 @@ def _write_npz(handle: IO[bytes], arrays: Arrays) -> None:
 
 def _atomic_write(target: Path, arrays: Arrays) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    remove_stale_temps(target)
+    prefix = f"{_temp_prefix(target)}{os.getpid()}."
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             _write_npz(handle, arrays)
@@ -169,6 +175,12 @@ def _atomic_write(target: Path, arrays: Arrays) -> None:
 
 # --- loading ---------------------------------------------------------------------------
 
+# An .npy header is a few hundred bytes; NumPy refuses headers over 10 000 by default.
+_HEADER_ALLOWANCE = 1 << 16
+_METADATA_LIMIT = 16 << 20  # the JSON metadata (user notes included)
+_SECTIONS = ("params", "optimizer", "extra")
+_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+
 
 def load_checkpoint(
     path: PathLike,
@@ -177,6 +189,10 @@ def load_checkpoint(
     extra_like: Any = None,
 ) -> Checkpoint:
     """Read a checkpoint and validate it against the given structures.
+
+    Nothing is decompressed before it is known to be expected: member names are checked
+    against the structures passed, and every member's declared size and ``.npy`` header
+    (shape, dtype) against the expected array before its data is read.
 
     Args:
         path: a file written by :func:`save_checkpoint`.
@@ -187,79 +203,202 @@ def load_checkpoint(
     Returns:
         A :class:`Checkpoint`.
     Raises:
-        CheckpointError: unreadable/corrupted file, or a name, shape or dtype mismatch
-            (the message names the entry, the expected and the stored value).
+        CheckpointError: unreadable/corrupted/malformed file, or a name, shape or dtype
+            mismatch (the message names the entry, the expected and the stored value).
     """
     source = Path(path)
-    arrays, info = _read(source)
-    names = param_names(params_like)
-    stored = [entry["name"] for entry in info.get("params", [])]
-    if stored != names:
-        missing = [n for n in names if n not in stored]
-        unexpected = [n for n in stored if n not in names]
-        raise CheckpointError(
-            f"{source}: parameter names do not match: checkpoint has {stored}, expected {names}"
-            f" (missing {missing}, unexpected {unexpected})"
-        )
-    params = _restore(source, "params", params_like, arrays, names)
-    opt = _restore(source, "optimizer", optimizer_state_like, arrays, names)
-    extra = _restore(source, "extra", extra_like, arrays, names)
-    return Checkpoint(params, opt, int(info.get("step", 0)), extra, info)
-
-
-def _read(source: Path) -> tuple[Arrays, dict[str, Any]]:
     if not source.exists():
         raise CheckpointError(f"checkpoint {source} does not exist")
+    remove_stale_temps(source)
     try:
-        with np.load(source, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        info = json.loads(str(arrays.pop(_META_KEY)))
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        EOFError,
-        zipfile.BadZipFile,
-        json.JSONDecodeError,
-    ) as exc:
-        raise CheckpointError(
-            f"{source} is not a readable shapegrad checkpoint (corrupted or truncated?): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        with zipfile.ZipFile(source) as archive:
+            members = _members(source, archive)
+            info = _metadata(source, archive, members)
+            names = param_names(params_like)
+            stored = [entry["name"] for entry in info["params"]]
+            if stored != names:
+                missing = [n for n in names if n not in stored]
+                unexpected = [n for n in stored if n not in names]
+                raise CheckpointError(
+                    f"{source}: parameter names do not match: checkpoint has {stored}, "
+                    f"expected {names} (missing {missing}, unexpected {unexpected})"
+                )
+            _check_declared(source, info["params"], params_like, names)
+            reader = _Reader(source, archive, members)
+            params = reader.restore("params", params_like, names)
+            opt = reader.restore("optimizer", optimizer_state_like, names)
+            extra = reader.restore("extra", extra_like, names)
+    except CheckpointError:
+        raise
+    except _READ_ERRORS as exc:
+        raise _unreadable(source, exc) from exc
+    return Checkpoint(params, opt, info["step"], extra, info)
+
+
+def _check_declared(
+    source: Path, entries: list[dict[str, Any]], params_like: Any, names: list[str]
+) -> None:
+    """The metadata's shape and dtype of every parameter must be the expected ones."""
+    leaves, _ = tree.flatten(params_like)
+    for entry, name, leaf in zip(entries, names, leaves, strict=True):
+        want = _to_array(leaf)
+        if entry["shape"] != list(want.shape) or entry["dtype"] != str(want.dtype):
+            raise CheckpointError(
+                f"{source}: 'params/{name}' is {entry['dtype']}{entry['shape']} in the "
+                f"checkpoint (metadata) but {want.dtype}{list(want.shape)} is expected"
+            )
+
+
+def _unreadable(source: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"{source} is not a readable shapegrad checkpoint (corrupted or truncated?): "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _members(source: Path, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """``{entry name: zip member}``; only ``__metadata__`` and ``params/ optimizer/ extra/``
+    entries, each stored once as ``.npy``, are allowed."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for member in archive.infolist():
+        key = member.filename.removesuffix(".npy")
+        allowed = key == _META_KEY or (
+            key.split("/", 1)[0] in _SECTIONS and member.filename.endswith(".npy")
+        )
+        if not allowed or key in members or member.is_dir():
+            raise CheckpointError(
+                f"{source} is not a shapegrad checkpoint: unexpected member {member.filename!r}"
+            )
+        members[key] = member
+    if _META_KEY not in members:
+        raise CheckpointError(f"{source} is not a shapegrad checkpoint (no '{FORMAT}' metadata)")
+    return members
+
+
+def _metadata(
+    source: Path, archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo]
+) -> dict[str, Any]:
+    """The JSON metadata, with the type of every field the loader relies on checked."""
+    raw = _read_npy(source, archive, members[_META_KEY], _META_KEY, None, None, _METADATA_LIMIT)
+    if raw.dtype.kind != "U" or raw.shape != ():
+        raise CheckpointError(f"{source}: malformed metadata (a {raw.dtype} array)")
+    try:
+        info = json.loads(str(raw))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{source}: malformed metadata: {exc}") from exc
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         raise CheckpointError(f"{source} is not a shapegrad checkpoint (no '{FORMAT}' metadata)")
-    if int(info.get("version", -1)) > VERSION:
+    version: Any = info.get("version")
+    step: Any = info.get("step", 0)
+    params: Any = info.get("params")
+    if not _is_int(version):
+        raise CheckpointError(f"{source}: malformed metadata: version {version!r} is not an int")
+    if version > VERSION:
         raise CheckpointError(
-            f"{source} has checkpoint format version {info.get('version')}, newer than this "
+            f"{source} has checkpoint format version {version}, newer than this "
             f"shapegrad ({VERSION}); upgrade shapegrad"
         )
-    return arrays, info
-
-
-def _restore(source: Path, section: str, like: Any, arrays: Arrays, names: list[str]) -> Any:
-    """``like`` with every leaf replaced by the stored array of the same name (validated)."""
-    if like is None:
-        return None
-    expected = _named(section, like, names)
-    present = sorted(k for k in arrays if k == section or k.startswith(section + "/"))
-    missing = [k for k in expected if k not in arrays]
-    unexpected = [k for k in present if k not in expected]
-    if missing or unexpected:
+    if not _is_int(step) or step < 0:
+        raise CheckpointError(f"{source}: malformed metadata: step {step!r} is not an int >= 0")
+    if not isinstance(params, list) or not all(_is_param_entry(p) for p in params):
         raise CheckpointError(
-            f"{source}: {section} entries do not match: missing {missing}, unexpected "
-            f"{unexpected} (was it saved with a different model or optimizer?)"
+            f"{source}: malformed metadata: 'params' must be a list of "
+            '{"name": str, "shape": [int >= 0, ...], "dtype": str} entries'
         )
-    loaded: dict[str, Tensor] = {}
-    for key, ref in expected.items():
-        want = _to_array(ref)
-        got = arrays[key]
-        if got.shape != want.shape or got.dtype != want.dtype:
+    return info
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_param_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        return False
+    shape, dtype = entry.get("shape"), entry.get("dtype")
+    shape_ok = isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape)
+    return shape_ok and isinstance(dtype, str)
+
+
+def _read_npy(
+    source: Path,
+    archive: zipfile.ZipFile,
+    member: zipfile.ZipInfo,
+    key: str,
+    shape: tuple[int, ...] | None,
+    dtype: np.dtype[Any] | None,
+    limit: int,
+) -> npt.NDArray[Any]:
+    """One ``.npy`` member, checked against (shape, dtype) before its data is inflated.
+
+    The declared (uncompressed) size bounds what the zip reader inflates, so it is
+    checked first; then the header; then exactly the bytes the header promises are read.
+    """
+    if member.file_size > limit + _HEADER_ALLOWANCE:
+        raise CheckpointError(
+            f"{source}: entry {key!r} declares {member.file_size} bytes, more than the "
+            f"{limit + _HEADER_ALLOWANCE} an array of its expected shape and dtype needs"
+        )
+    with archive.open(member) as handle:
+        version = npformat.read_magic(handle)
+        if version == (1, 0):
+            got_shape, fortran, got_dtype = npformat.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            got_shape, fortran, got_dtype = npformat.read_array_header_2_0(handle)
+        else:
+            raise CheckpointError(f"{source}: entry {key!r} has unsupported .npy version {version}")
+        if got_dtype.hasobject:
+            raise CheckpointError(f"{source}: entry {key!r} holds Python objects; not loaded")
+        if shape is not None and dtype is not None and (got_shape, got_dtype) != (shape, dtype):
             raise CheckpointError(
-                f"{source}: {key!r} is {got.dtype}{list(got.shape)} in the checkpoint but "
-                f"{want.dtype}{list(want.shape)} is expected"
+                f"{source}: {key!r} is {got_dtype}{list(got_shape)} in the checkpoint but "
+                f"{dtype}{list(shape)} is expected"
             )
-        loaded[key] = tensor(got)
-    return _rebuild(like, section, names, loaded)
+        nbytes = int(np.prod(got_shape, dtype=np.int64)) * got_dtype.itemsize
+        if nbytes > limit:
+            raise CheckpointError(f"{source}: entry {key!r} declares {nbytes} bytes of data")
+        data = handle.read(nbytes)
+    if len(data) != nbytes:
+        raise CheckpointError(f"{source}: entry {key!r} is truncated (corrupted file?)")
+    flat = np.frombuffer(data, dtype=got_dtype)
+    return flat.reshape(got_shape, order="F" if fortran else "C").copy()
+
+
+@dataclass
+class _Reader:
+    """Reads the members of one section, validated against the structure passed."""
+
+    source: Path
+    archive: zipfile.ZipFile
+    members: dict[str, zipfile.ZipInfo]
+
+    def restore(self, section: str, like: Any, names: list[str]) -> Any:
+        """``like`` with every leaf replaced by the stored array of the same name."""
+        if like is None:
+            return None
+        expected = _named(section, like, names)
+        present = sorted(k for k in self.members if k == section or k.startswith(section + "/"))
+        missing = [k for k in expected if k not in self.members]
+        unexpected = [k for k in present if k not in expected]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{self.source}: {section} entries do not match: missing {missing}, unexpected "
+                f"{unexpected} (was it saved with a different model or optimizer?)"
+            )
+        loaded: dict[str, Tensor] = {}
+        for key, ref in expected.items():
+            want = _to_array(ref)
+            got = _read_npy(
+                self.source,
+                self.archive,
+                self.members[key],
+                key,
+                want.shape,
+                want.dtype,
+                want.nbytes,
+            )
+            loaded[key] = tensor(got)
+        return _rebuild(like, section, names, loaded)
 
 
 def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor]) -> Any:
@@ -270,6 +409,54 @@ def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor
     leaves, treedef = tree.flatten(like)
     keys = list(_named(section, like, names))
     return tree.unflatten(treedef, [loaded[k] for k in keys[: len(leaves)]])
+
+
+# --- temp files of killed saves --------------------------------------------------------
+
+_STALE_SECONDS = 3600.0
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def remove_stale_temps(target: Path) -> int:
+    """Remove temp files that saves of ``target`` killed mid-write left behind.
+
+    A temp name carries its writer's pid (``.<name>.<pid>.<random>.tmp``): it is stale
+    when that process is gone, or (names without a pid, pids reused) when it is over
+    an hour old. Returns how many were removed.
+    """
+    prefix = _temp_prefix(target)
+    removed = 0
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        pid_text = entry.name[len(prefix) :].split(".", 1)[0]
+        try:
+            old = entry.stat(follow_symlinks=False).st_mtime < time.time() - _STALE_SECONDS
+            if old or (pid_text.isdigit() and not _alive(int(pid_text))):
+                os.unlink(entry.path)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: it exists, owned by someone else
+        return True
+    return True
 
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "param_names", "save_checkpoint"]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad import tree
+from shapegrad._names import safe_name
 from shapegrad.backends.base import (
     Array,
     CompileOptions,
@@ -36,7 +37,7 @@ from shapegrad.backends.base import (
 )
 from shapegrad.compiler.debug import GraphDumper, debug_root
 from shapegrad.compiler.passes import PassStat, count_nodes, optimize
-from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32
+from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
 from shapegrad.ops.eager import EAGER
 from shapegrad.ops.graph import GraphOps
@@ -148,9 +149,24 @@ def _leaf_avals(leaves: Sequence[Any]) -> list[AVal]:
 def _to_array(leaf: Any, aval: AVal) -> Array:
     if isinstance(leaf, Tensor):
         leaf = leaf.numpy()
-    array = np.asarray(leaf, dtype=aval.dtype.numpy)
+    array = to_numpy(leaf, aval.dtype.numpy, what="compiled call")
     # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
     return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def _container_hints(args: Sequence[Any]) -> list[str]:
+    """Notes for arguments that are lists/tuples of scalars: probably meant as arrays."""
+    hints = []
+    for k, arg in enumerate(args):
+        if isinstance(arg, list | tuple) and arg and all(
+            isinstance(a, Tensor) and a.ndim == 0 for a in arg
+        ):
+            hints.append(
+                f"sg.compile: argument {k} is a {type(arg).__name__} of {len(arg)} numbers, which "
+                f"is traced as a container of {len(arg)} scalar inputs (a pytree), not as an "
+                "array; pass np.asarray(...) (or a list of numbers) for array data"
+            )
+    return hints
 
 
 def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
@@ -257,7 +273,7 @@ def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
 
 
 def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
-    array = np.asarray(leaf, dtype=dtype)
+    array = to_numpy(leaf, dtype, what="compiled call")
     # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
     return array if array.flags.c_contiguous else array.copy(order="C")
 
@@ -435,7 +451,12 @@ class Compiled:
         inputs = [ops.add_input(n, a) for n, a in zip(names, avals, strict=True)]
         traced_args, traced_kwargs = tree.unflatten(td, inputs)
         call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
-        out = self.fn(*call_args, **traced_kwargs)
+        try:
+            out = self.fn(*call_args, **traced_kwargs)
+        except TypeError as exc:  # e.g. list * list: say how sg.compile saw the list
+            for hint in _container_hints(call_args):
+                exc.add_note(hint)
+            raise
         _check_not_mutated(td, inputs, (traced_args, traced_kwargs), names)
         out_leaves, out_td = tree.flatten(out)
         _check_outputs(out_td, self.options.name)
@@ -548,7 +569,7 @@ def compile(
         raise ValueError(f"unknown backend {backend!r}; choose one of {available_backends()}")
 
     def make(f: Callable[..., Any]) -> Compiled:
-        label = name or str(getattr(f, "__name__", "fn"))
+        label = safe_name(name or str(getattr(f, "__name__", "fn")))
         options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
         return Compiled(f, backend, nums, options, donate)
 

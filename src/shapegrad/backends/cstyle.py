@@ -255,12 +255,49 @@ class CStyleRenderer:
         return f"{target} = {self.binary(s.accumulate, dtype, target, value)};"
 
     def reduce(self, s: L.Reduce, depth: int) -> None:
-        """In order, one thread: ``acc = init; for ...: acc = op(acc, value)``."""
+        """In order, one thread: ``acc = init; for ...: acc = op(acc, value)``.
+
+        A long float sum is accumulated in blocks (two levels, like NumPy's pairwise sums):
+        one accumulator saturates (2**28 float32 ones summed one by one give 2**24 per
+        vector lane) and its rounding error grows with the count; see :func:`sum_blocks`.
+        """
+        split = sum_blocks(s)
+        if split is not None:
+            self.blocked_sum(s, depth, *split)
+            return
         self.emit(depth, f"{self.type_name(s.init.dtype)} {s.name} = {self.expr(s.init)};")
         for d, v in enumerate(s.vars):
             self.emit(depth + d, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
         step = self.binary(s.op, s.value.dtype, s.name, self.expr(s.value))
         self.emit(depth + len(s.vars), f"{s.name} = {step};")
+
+    def blocked_sum(self, s: L.Reduce, depth: int, j: int, chunk: int) -> None:
+        """``vars[j]`` split into chunks of ``chunk``: each chunk (times the inner vars) is
+        summed into a fresh partial of the value's type (a loop the compiler vectorizes),
+        and the partials into a double accumulator."""
+        ctype = self.type_name(s.init.dtype)
+        wide, part, block = f"{s.name}_wide", f"{s.name}_part", f"{s.name}_blk"
+        self.emit(depth, f"{ctype} {s.name};")
+        self.emit(depth, "{")
+        d = depth + 1
+        self.emit(d, f"double {wide} = (double)({self.expr(s.init)});")
+        for v in s.vars[:j]:
+            self.emit(d, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
+            d += 1
+        vj = s.vars[j]
+        self.emit(d, f"for (int64_t {block} = 0; {block} < {vj.extent}; {block} += {chunk}) {{")
+        self.emit(d + 1, f"{ctype} {part} = {self.expr(L.Const(s.init.dtype, 0.0))};")
+        end = f"({block} + {chunk} < {vj.extent} ? {block} + {chunk} : {vj.extent})"
+        self.emit(d + 1, f"for (int64_t {vj.name} = {block}; {vj.name} < {end}; ++{vj.name})")
+        inner = d + 2
+        for v in s.vars[j + 1 :]:
+            self.emit(inner, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
+            inner += 1
+        self.emit(inner, f"{part} = {self.binary('add', s.value.dtype, part, self.expr(s.value))};")
+        self.emit(d + 1, f"{wide} += (double){part};")
+        self.emit(d, "}")
+        self.emit(depth + 1, f"{s.name} = ({ctype}){wide};")
+        self.emit(depth, "}")
 
     def check_bounds(self, s: L.CheckBounds, depth: int) -> None:
         self.emit(depth, f"for (int64_t q = 0; q < {s.size}; ++q)")
@@ -278,6 +315,31 @@ class CStyleRenderer:
 
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for batch-fused products")
+
+
+BLOCKED_SUM_MIN = 1 << 14  # shorter float sums keep one accumulator (exact enough, fastest)
+SUM_BLOCK = 1 << 10  # terms per partial: long enough to vectorize, short enough to stay exact
+
+
+def sum_blocks(s: L.Reduce) -> tuple[int, int] | None:
+    """``(j, chunk)``: how to block a long float sum, or None to keep one accumulator.
+
+    A block (``chunk`` iterations of ``vars[j]`` times all inner vars) holds about
+    :data:`SUM_BLOCK` terms, summed in the value's type; the partials go to a double, so
+    the error is that of a ``SUM_BLOCK``-term sum, not an ``n``-term one. ``vars[j]`` is
+    the outermost var whose inner product still fits in one block.
+    """
+    n = math.prod(v.extent for v in s.vars)
+    if s.op != "add" or not s.value.dtype.is_float or n < BLOCKED_SUM_MIN:
+        return None
+    block = SUM_BLOCK
+    inner = 1
+    for j in range(len(s.vars) - 1, -1, -1):
+        extent = s.vars[j].extent
+        if inner * extent > block:
+            return j, max(1, block // inner)
+        inner *= extent
+    return None
 
 
 def estimate_work(s: L.Stmt) -> int:

@@ -100,7 +100,9 @@ class ExprBuilder:
         if prim is Prim.STOP_GRADIENT:
             return self.value(ins[0], ix)
         if prim is Prim.CONSTANT:
-            return L.Const(dtype, node.attr["value"].array.reshape(-1)[0].item())
+            flat = node.attr["value"].array.reshape(-1)
+            # An empty constant is never read (its loops run zero times): any value will do.
+            return L.Const(dtype, flat[0].item() if flat.size else 0)
         if prim is Prim.RANDOM:
             return L.Random(dtype, flat_index(ix, node.shape), int(node.attr["seed"]))
         if prim is Prim.RESHAPE:

@@ -468,10 +468,15 @@ class KernelBuilder:
         """The bounds check of ``node``'s index operand, with its entry in the error table."""
         code = len(self.errors) + 1
         what = "gather" if node.prim is Prim.GATHER else "scatter_add"
+        where = (
+            f"kernel k{len(self.kernels)} ({node.prim.value}%{local_id(self.graph, node)}, "
+            f"index buffer {self.names[idx.id]} of shape {list(idx.shape)})"
+        )
+        custom = node.attr.get("what")  # the op's own words, e.g. cross_entropy's labels
         self.errors[code] = (
-            f"{what} index out of range [{-n}, {n}) in kernel k{len(self.kernels)} "
-            f"({node.prim.value}%{local_id(self.graph, node)}, index buffer "
-            f"{self.names[idx.id]} of shape {list(idx.shape)})"
+            f"{custom} (checked in {where})"
+            if custom
+            else f"{what} index out of range [{-n}, {n}) in {where}"
         )
         return L.CheckBounds(self.names[idx.id], size_of(idx.shape), n, code)
 

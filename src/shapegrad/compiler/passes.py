@@ -181,8 +181,8 @@ def _simplify_arith(node: Node, b: Builder) -> Node | None:
         return y
     if p is Prim.SUB and _is_splat(x, 0.0):
         return b.make(Prim.NEG, [y])
-    if p is Prim.SUB and x is y:
-        return b.full(0, node.aval)
+    if p is Prim.SUB and x is y and not node.aval.dtype.is_float:
+        return b.full(0, node.aval)  # not for floats: NaN - NaN and inf - inf are NaN
     if p is Prim.MUL and _is_splat(y, -1.0):
         return b.make(Prim.NEG, [x])
     if p is Prim.ADD and y.prim is Prim.NEG:  # x + (-y) -> x - y

@@ -112,12 +112,12 @@ def tensor(value: Any, dtype: Any = None) -> Tensor:
         >>> sg.tensor([[1, 2], [3, 4]], dtype="float32").shape
         (2, 2)
     """
-    from shapegrad.dtypes import as_dtype, infer_dtype
+    from shapegrad.dtypes import as_dtype, infer_dtype, to_numpy
 
     if isinstance(value, Tensor):
         value = value.numpy()
     target = as_dtype(dtype) if dtype is not None else infer_dtype(value)
-    array = np.array(value, dtype=target.numpy, copy=True)
+    array = to_numpy(value, target.numpy, copy=True, what="sg.tensor")
     return Tensor(EAGER, array, AVal(tuple(array.shape), target))
 
 

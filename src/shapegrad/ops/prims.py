@@ -99,10 +99,21 @@ def random_uniform(
 # --- scalars and coercion --------------------------------------------------
 
 
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, Tensor):
+        return True
+    return isinstance(value, list | tuple) and any(_holds_tensor(v) for v in value)
+
+
 def coerce(value: Any, like: Tensor) -> Tensor:
     """Turn a Python scalar / NumPy array / list into a tensor of ``like``'s dtype (weak typing)."""
     if isinstance(value, Tensor):
         return value
+    if isinstance(value, list | tuple) and _holds_tensor(value):
+        raise TypeError(
+            f"a {type(value).__name__} of tensors is not a tensor (given to a shapegrad op); "
+            "combine them with sg.stack(...) or sg.concat(...)"
+        )
     if isinstance(value, bool | int | float | np.generic | np.ndarray | list | tuple):
         array = np.asarray(value)
         if array.dtype.kind == "f" and not like.dtype.is_float:
@@ -222,8 +233,12 @@ def concat(tensors: Sequence[Tensor], axis: int) -> Tensor:
     return tensors[0] if len(tensors) == 1 else bind(Prim.CONCAT, list(tensors), axis=axis)
 
 
-def gather(x: Tensor, idx: Tensor, axis: int) -> Tensor:
-    return bind(Prim.GATHER, [x, idx], axis=axis)
+def gather(x: Tensor, idx: Tensor, axis: int, what: str | None = None) -> Tensor:
+    """``np.take(x, idx, axis)``; ``what`` (optional) is the message of the IndexError an
+    out-of-range index raises in compiled code (default: the gather's own)."""
+    if what is None:
+        return bind(Prim.GATHER, [x, idx], axis=axis)
+    return bind(Prim.GATHER, [x, idx], axis=axis, what=what)
 
 
 def scatter_add(updates: Tensor, idx: Tensor, axis: int, size: int) -> Tensor:

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shapegrad.dtypes import DType, DTypeError, bool_, int32
+from shapegrad.dtypes import DType, DTypeError, bool_, check_fits, int32
 from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
 
 if TYPE_CHECKING:
@@ -315,6 +315,7 @@ class ConstValue:
     def __init__(self, array: Any, dtype: DType) -> None:
         import numpy as np
 
+        check_fits(array, dtype.numpy, "constant")
         self.array = np.array(array, dtype=dtype.numpy, order="C", copy=True)
         self.array.setflags(write=False)
         self.dtype = dtype

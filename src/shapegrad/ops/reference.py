@@ -59,11 +59,12 @@ def random_uniform(shape: Sequence[int], seed: int, dtype: DType) -> Array:
     return values.astype(dtype.numpy).reshape(tuple(shape))
 
 
-def _gather(x: Array, idx: Array, axis: int) -> Array:
+def _gather(x: Array, idx: Array, axis: int, what: str | None = None) -> Array:
     n = x.shape[axis]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         raise IndexError(
-            f"gather: index out of range [{-n}, {n}) on axis {axis} of shape {list(x.shape)}"
+            what
+            or f"gather: index out of range [{-n}, {n}) on axis {axis} of shape {list(x.shape)}"
         )
     return np.take(x, np.where(idx < 0, idx + n, idx), axis=axis)
 
@@ -119,7 +120,7 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
     elif prim is Prim.CAST:
         result = args[0].astype(dtype.numpy)
     elif prim is Prim.GATHER:
-        result = _gather(args[0], args[1], attrs["axis"])
+        result = _gather(args[0], args[1], attrs["axis"], attrs.get("what"))
     elif prim is Prim.SCATTER_ADD:
         result = _scatter_add(args[0], args[1], attrs["axis"], attrs["size"])
     elif prim is Prim.CONSTANT:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass, field
@@ -101,9 +102,15 @@ def run_fit(
 
     history = History()
     bar = tqdm(total=_total_steps(batches, epochs), disable=not progress, unit="step", leave=True)
+    if getattr(trainer, "mode", "") == "compiled":
+        # The first step compiles (tenths of a second to seconds): say so, and keep it out of
+        # the rate and the ETA, which would otherwise extrapolate the compile time.
+        bar.set_description_str("compiling…")
     meter = _Throughput()
     start = time.perf_counter()
     losses: list[float] = []
+    steady = _Steady()
+    epoch, loss = 0, math.nan
     try:
         for epoch in range(epochs):
             losses = []
@@ -114,8 +121,12 @@ def run_fit(
                 losses.append(loss)
                 history.loss.append(loss)
                 history.lr.append(lr)
-                bar.update(1)
-                if meter.add(_batch_size(batch)):  # refresh the text a few times a second only
+                examples = _batch_size(batch)
+                if steady.add(examples):  # the first step (compile included) just ended
+                    _restart_clock(bar)
+                else:
+                    bar.update(1)
+                if meter.add(examples):  # refresh the text a few times a second only
                     bar.set_postfix(
                         epoch=epoch + 1,
                         loss=f"{loss:.4f}",
@@ -130,9 +141,51 @@ def run_fit(
         if losses:
             history.epoch_loss.append(sum(losses) / len(losses))
     finally:
+        if history.loss:  # the final state: last epoch, last loss, mean rate after compiling
+            bar.set_postfix(
+                epoch=epoch + 1, loss=f"{loss:.4f}", ex_s=f"{steady.rate():,.0f}", refresh=False
+            )
         bar.close()
         history.seconds = time.perf_counter() - start
     return history
+
+
+class _Steady:
+    """Examples per second after the first step (which may include compilation)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.examples = 0
+        self.since = 0.0
+        self.first_examples = 0
+        self.first_seconds = 0.0
+        self._start = time.perf_counter()
+
+    def add(self, examples: int) -> bool:
+        """Count one step; True for the first step."""
+        self.steps += 1
+        if self.steps == 1:
+            self.since = time.perf_counter()
+            self.first_examples, self.first_seconds = examples, self.since - self._start
+            return True
+        self.examples += examples
+        return False
+
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.since
+        if self.steps <= 1 or elapsed <= 0:  # one step only: all we have is its time
+            return self.first_examples / max(self.first_seconds, 1e-9)
+        return self.examples / elapsed
+
+
+def _restart_clock(bar: Any) -> None:
+    """Show the first step as done and start tqdm's clock (rate, ETA) from now."""
+    if getattr(bar, "disable", True):
+        return
+    bar.set_description_str("", refresh=False)
+    bar.reset(total=bar.total)  # n = 0, the clock and the smoothed rate restart now
+    bar.n = bar.last_print_n = bar.initial = 1  # tqdm's rate counts n - initial
+    bar.refresh()
 
 
 __all__ = ["History", "StepInfo", "StopTraining", "run_fit"]

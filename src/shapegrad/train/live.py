@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from shapegrad import tree
 from shapegrad.backends.base import BoundExecutable, StateLayout
+from shapegrad.dtypes import to_numpy
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 
@@ -103,7 +104,7 @@ class LiveStep:
         for k, dtype in self._convert:
             x = batch[k]
             # Not np.ascontiguousarray: it turns a 0-d input into shape [1].
-            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=dtype)
+            a = to_numpy(x.numpy() if isinstance(x, Tensor) else x, dtype, what="ScalarTrainer")
             batch[k] = a if a.flags.c_contiguous else a.copy(order="C")
         return batch
 
@@ -123,7 +124,7 @@ class LiveStep:
         """Run ``K`` steps on inputs stacked ``[K, ...]``; returns the K losses (a copy)."""
         arrays = []
         for x, dtype in zip(stacked, self.data_dtypes, strict=True):
-            a = np.asarray(x.numpy() if isinstance(x, Tensor) else x, dtype=dtype)
+            a = to_numpy(x.numpy() if isinstance(x, Tensor) else x, dtype, what="ScalarTrainer")
             arrays.append(a if a.flags.c_contiguous else a.copy(order="C"))
         count = arrays[0].shape[0]
         rates = [] if lr is None else [np.full(count, lr, self._rate.dtype)]

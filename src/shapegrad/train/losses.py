@@ -74,9 +74,12 @@ def softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     targets = _targets(logits, labels)
     n = float(logits.shape[0])
     fixed = F.stop_gradient(logits)
-    ce = F.sum(F.logsumexp(fixed, axis=1) - F.sum(fixed * targets, axis=1)) / n
+    # Where a logit is -inf (masked) its target and residual are 0: select instead of
+    # multiplying, since 0 * -inf is NaN (and would poison dot - stop_gradient(dot) too).
+    chosen = F.where(targets != 0.0, fixed, 0.0)
+    ce = F.sum(F.logsumexp(fixed, axis=1) - F.sum(chosen * targets, axis=1)) / n
     residual = F.stop_gradient(F.softmax(fixed, axis=1) - targets)
-    dot = F.sum(logits * residual) / n
+    dot = F.sum(F.where(residual != 0.0, logits, 0.0) * residual) / n
     return F.stop_gradient(ce) + (dot - F.stop_gradient(dot))
 
 

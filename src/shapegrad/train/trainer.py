@@ -344,7 +344,7 @@ class ScalarTrainer:
 
     def forward(self, *inputs: Any) -> float:
         """The loss at the current parameters."""
-        return self._strategy.forward(inputs)
+        return self._strategy.forward(_checked_inputs(inputs))
 
     def backward(self, *inputs: Any) -> Any:
         """Gradients of the loss, shaped like the parameters (zeros for frozen ones).
@@ -352,7 +352,7 @@ class ScalarTrainer:
         With ``dtype="float16"`` the backward pass uses the current loss scale and the
         gradients are unscaled (they may be non-finite if that scale overflows).
         """
-        return self._strategy.backward(inputs)
+        return self._strategy.backward(_checked_inputs(inputs))
 
     def step(self, *inputs: Any, lr: float | None = None) -> float:
         """Forward + backward + update with the trainer's optimizer; returns the loss.
@@ -361,7 +361,7 @@ class ScalarTrainer:
             *inputs: the loss function's arguments after ``params`` (arrays or tensors).
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
-        return self._strategy.step(self.optimizer, inputs, lr)
+        return self._strategy.step(self.optimizer, _checked_inputs(inputs), lr)
 
     def adam_step(
         self,
@@ -392,8 +392,13 @@ class ScalarTrainer:
         With a backend that keeps state (C) the K steps run in ONE native call (the loop
         is in C); otherwise this is exactly K calls of :meth:`step`.
         """
-        if not stacked or any(np.ndim(x) == 0 for x in stacked):
+        if not stacked or any(np.ndim(x) == 0 for x in _checked_inputs(stacked)):
             raise ValueError("step_many: give each input stacked along a first axis of size K")
+        counts = [int(np.shape(x)[0]) for x in stacked]
+        if len(set(counts)) > 1:
+            raise ValueError(f"step_many: inputs stack different step counts K: {counts}")
+        if counts[0] == 0:  # no step to run: no losses, no state change
+            return np.zeros(0, np.float32)
         return self._strategy.step_many(self.optimizer, stacked, lr)
 
     def fit(
@@ -478,6 +483,17 @@ def _resolve_backend(name: str, fallback: str | None) -> str:
         )
         return _resolve_backend(instead, None)
     return name
+
+
+def _checked_inputs(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The loss inputs, refusing what can only fail deep inside the loss (None, str, dict)."""
+    for k, x in enumerate(inputs):
+        if x is None or isinstance(x, str | bytes | dict | set):
+            raise TypeError(
+                f"ScalarTrainer: input {k} of the loss (after params) is {type(x).__name__}; "
+                "give a NumPy array or a tensor"
+            )
+    return inputs
 
 
 __all__ = ["ScalarTrainer"]

@@ -50,7 +50,7 @@ static __device__ __forceinline__ T sg_block_reduce(T v, T neutral, Op op) {
 #define SG_NSLOTS 3
 
 /* k0: reduce_sum%7; grid 1 x block 256 */
-__global__ void __launch_bounds__(256) sg_k0_0(const float *__restrict__ c0, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
+__global__ void __launch_bounds__(256) sg_k0_0(const uint8_t *__restrict__ c0, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
     if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
     (void)sg_step;
     const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(256) sg_k0_0(const float *__restrict__ c0, flo
     const int64_t i1 = (sg_gid / 1) % 4;
     float acc2 = 0.0f;
     for (int64_t r2 = 0; r2 < 5; ++r2)
-        acc2 = (acc2 + (c0[5 * i1 + r2] * 0.25f));
+        acc2 = (acc2 + (-((c0[5 * i1 + r2] ? (-0.25f) : 0.0f))));
     t7[i1] = acc2;
 }
 
@@ -100,14 +100,14 @@ __global__ void __launch_bounds__(256) sg_k3_3(float *__restrict__ t14, float *_
 }
 
 /* k4: add%21; grid 1 x block 256 */
-__global__ void __launch_bounds__(256) sg_k4_4(const float *__restrict__ c0, float *__restrict__ t14, float *__restrict__ t15, float *__restrict__ t21, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
+__global__ void __launch_bounds__(256) sg_k4_4(const uint8_t *__restrict__ c0, float *__restrict__ t14, float *__restrict__ t15, float *__restrict__ t21, float *__restrict__ t7, int *sg_err, int64_t sg_step) {
     if (sg_err[0]) return;  /* an earlier check failed: skip the rest */
     (void)sg_step;
     const int64_t sg_gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (sg_gid >= 20) return;
     const int64_t i12 = (sg_gid / 1) % 5;
     const int64_t i11 = (sg_gid / 5) % 4;
-    t21[5 * i11 + i12] = (((-0.25f) * c0[5 * i11 + i12]) + ((t7[i11] / t15[i11]) * t14[5 * i11 + i12]));
+    t21[5 * i11 + i12] = ((c0[5 * i11 + i12] ? (-0.25f) : 0.0f) + ((t7[i11] / t15[i11]) * t14[5 * i11 + i12]));
 }
 
 extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,
@@ -119,7 +119,7 @@ extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *strea
     for (int64_t t = 0; t < k; ++t) {
         for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
         /* k0: reduce_sum%7; grid 1 x block 256 */
-        sg_k0_0<<<1, 256, 0, stream>>>((const float *)local[2], (float *)(arena + 0), sg_err, t);
+        sg_k0_0<<<1, 256, 0, stream>>>((const uint8_t *)local[2], (float *)(arena + 0), sg_err, t);
         /* k1: reduce_max%10; grid 1 x block 256 */
         sg_k1_1<<<1, 256, 0, stream>>>((const float *)local[0], (float *)(arena + 256), sg_err, t);
         /* k2: exp%14; grid 1 x block 256 */
@@ -127,7 +127,7 @@ extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *strea
         /* k3: reduce_sum%15; grid 1 x block 256 */
         sg_k3_3<<<1, 256, 0, stream>>>((float *)(arena + 512), (float *)(arena + 256), sg_err, t);
         /* k4: add%21; grid 1 x block 256 */
-        sg_k4_4<<<1, 256, 0, stream>>>((const float *)local[2], (float *)(arena + 512), (float *)(arena + 256), (float *)local[1], (float *)(arena + 0), sg_err, t);
+        sg_k4_4<<<1, 256, 0, stream>>>((const uint8_t *)local[2], (float *)(arena + 512), (float *)(arena + 256), (float *)local[1], (float *)(arena + 0), sg_err, t);
     }
     return (int)cudaGetLastError();
 }

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shapegrad import _cache
 from shapegrad._version import __version__
 
 from ._mil import coremltools, target
@@ -29,8 +31,9 @@ DEBUG_ENV = "SHAPEGRAD_DEBUG"
 
 
 def cache_root() -> Path:
-    """``$SHAPEGRAD_CACHE_DIR/ane`` (default ``~/.cache/shapegrad/ane``)."""
-    base = os.environ.get(CACHE_ENV) or os.path.join(Path.home(), ".cache", "shapegrad")
+    """``$SHAPEGRAD_CACHE_DIR/ane``, default ``$XDG_CACHE_HOME/shapegrad/ane``
+    (``~/.cache/shapegrad/ane`` when ``$XDG_CACHE_HOME`` is unset)."""
+    base = os.environ.get(CACHE_ENV) or _cache.cache_home()
     return Path(base) / "ane"
 
 
@@ -115,13 +118,17 @@ def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -
         '.mlpackage'
     """
     key = content_hash(mil)
-    folder = root or cache_root()
+    # Only a directory (and package) that is ours alone is trusted: see shapegrad._cache.
+    folder = Path(_cache.private_dir(str(root or cache_root())))
     safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in name) or "fn"
     final = folder / f"{safe}-{key}.mlpackage"
     lowered_ops = mil.op_count()
-    if final.exists():
+    if _trusted_package(final):
         return Package(final, key, True, 0.0, lowered_ops, 0)
-    folder.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(final):  # someone else's or group-writable: never loaded, replaced
+        shutil.rmtree(final, ignore_errors=True)
+        _cache.unlink_quietly(str(final))
+    _cache.remove_stale_temps(str(folder), lambda entry: entry.startswith("."))
     start = time.perf_counter()
     model = convert(mil)
     seconds = time.perf_counter() - start
@@ -129,6 +136,7 @@ def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -
     try:
         staged = scratch / final.name
         model.save(str(staged))
+        _cache.secure_tree(str(staged))  # coremltools honours the umask, which may be 0
         try:
             os.rename(staged, final)  # atomic; fails if another process already won
         except OSError:
@@ -137,6 +145,15 @@ def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Package(final, key, False, seconds, lowered_ops, mil.op_count())
+
+
+def _trusted_package(path: Path) -> bool:
+    """A saved package we may load: a real directory owned by us, not group/other-writable."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _cache.untrusted_reason(st) is None
 
 
 def dump_mil(mil: MilProgram, name: str, debug_dir: str | None) -> Path | None:

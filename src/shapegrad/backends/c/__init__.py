@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 import shutil
 
+from shapegrad._names import safe_name
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
 from shapegrad.backends.c.executable import BoundStep, CExecutable, NativeError, load_library
 from shapegrad.backends.c.render import render_c, uses_blas
@@ -69,7 +70,7 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     """
     options = options or CompileOptions()
     hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
-    program, _stats = lower_program(graph, c_target(options), options.name, hook)
+    program, _stats = lower_program(graph, c_target(options), safe_name(options.name), hook)
     vector_math = bool(options.get("vector_math", has_vector_math()))
     return program, render_c(program, bool(options.get("profile", False)), vector_math)
 

@@ -295,6 +295,9 @@ class BoundStep:
         self._run = exe.lib.sg_run
         self._cast = ffi().cast
         self._pin = ffi().from_buffer
+        # ids of the arrays the program writes (reused outputs, live state): an input that is
+        # one of them, or a view of one, is copied before the call (see _make_call).
+        self._owned = {id(a) for a in [*self.outputs, *(exe.state[i] for i in exe.state_inputs)]}
         self._keep: list[Any] = [None] * len(self._specs)
         self._last: list[Any] = [None] * len(self._specs)
         self._call = self._make_call()
@@ -344,7 +347,15 @@ class BoundStep:
         Passing the *same* array objects again (refilled in place) skips even the pointer
         lookup; any other array is checked (shape, dtype, C-contiguity) and pinned.
         """
-        result: list[Array] = self._call(*batch)
+        try:
+            result: list[Array] = self._call(*batch)
+        except TypeError:
+            if len(batch) != len(self._specs):  # the generated call's own arity error
+                names = [name for *_, name in self._specs]
+                raise TypeError(
+                    f"compiled step: expected {len(names)} inputs {names}, got {len(batch)}"
+                ) from None
+            raise
         return result
 
     __call__ = step
@@ -368,9 +379,15 @@ class BoundStep:
                 f" or not a{i}.flags.c_contiguous:",
                 f"        slow({i}, a{i})",
                 f"    if a{i} is not last[{i}]:",
+                # Our own output or state fed back (`(y,) = s(x); s(y)`): the program would
+                # read a buffer it writes (restrict): run on a private copy instead.
+                f"        if id(a{i}) in owned or id(a{i}.base) in owned:",
+                f"            a{i} = a{i}.copy()",
+                f"            last[{i}] = None",
+                "        else:",
+                f"            last[{i}] = a{i}",
                 f"        keep[{i}] = pin(a{i})",
                 f"        io[{slot}] = keep[{i}]",
-                f"        last[{i}] = a{i}",
             ]
         lines += [
             "    rc = run(io, arena)",
@@ -389,6 +406,7 @@ class BoundStep:
             "arena": self._arena,
             "check": self.exe._check,
             "outputs": self.outputs,
+            "owned": self._owned,
         }
         for i, (_slot, shape, dtype, _name) in enumerate(self._specs):
             env[f"s{i}"], env[f"d{i}"] = shape, dtype
@@ -418,6 +436,7 @@ class BoundStep:
         exe, io, steps = self.exe, self._io, self._steps
         for s in range(exe.n_slots):
             steps[s] = 0
+        held: list[Array] = []  # private copies of aliased inputs, alive until the call returns
         for (slot, shape, dtype, name), a in zip(self._specs, stacked, strict=True):
             if (
                 not isinstance(a, np.ndarray)
@@ -426,6 +445,9 @@ class BoundStep:
                 or not a.flags.c_contiguous
             ):
                 _explain(name, a, (k, *shape), dtype)
+            if id(a) in self._owned or id(a.base) in self._owned:
+                a = a.copy()  # our own (stacked) output fed back: never read what we write
+                held.append(a)
             io[slot] = self._cast("void *", a.ctypes.data)
             steps[slot] = a.nbytes // max(k, 1)
         outs = self._stacked.get(k)
@@ -436,6 +458,7 @@ class BoundStep:
                 for j in exe.free_outputs
             ]
             self._stacked[k] = outs
+            self._owned.update(id(o) for o in outs)
         for j, out in zip(exe.free_outputs, outs, strict=True):
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
             steps[exe._out_slot[j]] = out.nbytes // max(k, 1)

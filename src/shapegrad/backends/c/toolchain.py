@@ -29,17 +29,24 @@ as NumPy's pairwise sums do). FMA contraction is GCC's default (``-ffp-contract=
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import importlib
 import os
 import platform
+import re
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shapegrad import _cache
+from shapegrad._cache import CacheError as CacheError
+from shapegrad._cache import CacheWarning as CacheWarning
 from shapegrad._version import __version__
 
 DEFAULT_CFLAGS = (
@@ -91,12 +98,10 @@ def compiler_version(cc: str) -> str:
         raise CompilerNotFound(missing_compiler_message(cc))
     st = os.stat(exe)
     ident = f"{cc}|{os.path.realpath(exe)}|{st.st_size}|{st.st_mtime_ns}"
-    memo = os.path.join(cache_dir(), "cc-" + hashlib.sha256(ident.encode()).hexdigest()[:24])
-    try:
-        with open(memo, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        pass
+    memo = os.path.join(library_dir(), "cc-" + hashlib.sha256(ident.encode()).hexdigest()[:24])
+    remembered = _read_trusted(memo)
+    if remembered is not None:
+        return remembered.decode("utf-8", "replace")
     try:
         out = subprocess.run(
             [*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30
@@ -110,15 +115,9 @@ def compiler_version(cc: str) -> str:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file and ``os.replace`` (best effort)."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    """Write ``text`` to ``path`` atomically, mode 0600 (best effort: it is only a memo)."""
+    with contextlib.suppress(OSError):
+        _cache.write_private(path, text.encode("utf-8"))
 
 
 @lru_cache(maxsize=1)
@@ -142,9 +141,9 @@ def blas_paths() -> tuple[str, str]:
 
 
 def cache_dir() -> str:
-    """``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shapegrad")
+    """``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``), as configured;
+    :func:`library_dir` is the directory actually used."""
+    return _cache.cache_home()
 
 
 @dataclass(frozen=True)
@@ -183,6 +182,78 @@ def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     return BuildSpec(source, compiler(), tuple(cflags()), link)
 
 
+def _is_temp(name: str) -> bool:
+    return _TEMP_NAME.match(name) is not None
+
+
+_TEMP_NAME = re.compile(r"^[0-9a-f]{32}-.+\.(c|so|sha256)$|^\.tmp-|\.tmp$|^\.load-")
+_MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
+
+
+def library_is_complete(data: bytes) -> bool:
+    """True when ``data`` is a whole shared library: an ELF file whose program headers,
+    segments and section headers all lie inside it (Mach-O: the magic and a header).
+
+    A truncated library whose checksum was (re)computed after the truncation passes the
+    checksum; ``dlopen`` would then map pages past the end of the file and die of SIGBUS.
+    """
+    if data[:4] in _MACHO_MAGICS:
+        return len(data) >= 32
+    if data[:4] != b"\x7fELF" or len(data) < 52 or data[4] not in (1, 2) or data[5] not in (1, 2):
+        return False
+    end = "<" if data[5] == 1 else ">"
+    wide = data[4] == 2
+    if wide and len(data) < 64:
+        return False
+    phoff, shoff = struct.unpack_from(end + ("QQ" if wide else "II"), data, 32 if wide else 28)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from(end + "HHHH", data, 54 if wide else 42)
+    size = len(data)
+    if phnum == 0 or phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+        return False
+    for k in range(phnum):
+        if wide:
+            _t, _f, offset, _v, _p, filesz = struct.unpack_from(
+                end + "IIQQQQ", data, phoff + k * phentsize
+            )
+        else:
+            _t, offset, _v, _p, filesz = struct.unpack_from(
+                end + "IIIII", data, phoff + k * phentsize
+            )
+        if offset + filesz > size:
+            return False
+    return True
+
+
+def _read_trusted(path: str) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file that is ours alone, else None."""
+    if not _cache.trusted_file(path):
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+# Library paths handed out in this process: dlopen returns the already-loaded object for a
+# path it has seen, so a library rebuilt under the same name must be loaded from a new one.
+_handed_out: set[str] = set()
+
+
+def _load_path(final: str) -> str:
+    if final not in _handed_out:
+        _handed_out.add(final)
+        return final
+    scratch = tempfile.mkdtemp(prefix=".load-", dir=os.path.dirname(final))
+    atexit.register(shutil.rmtree, scratch, True)
+    fresh = os.path.join(scratch, os.path.basename(final))
+    try:
+        os.link(final, fresh)
+    except OSError:
+        shutil.copyfile(final, fresh)
+    return fresh
+
+
 @lru_cache(maxsize=1)
 def has_vector_math() -> bool:
     """Whether glibc's vector math library can be linked (Linux x86-64 with glibc >= 2.22)."""
@@ -193,20 +264,26 @@ def has_vector_math() -> bool:
     return ctypes.util.find_library("mvec") is not None
 
 
-def _digest(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
-
-
 def cached_library(spec: BuildSpec) -> str | None:
-    """Path of a verified cached library for ``spec``, or None (missing or corrupt)."""
-    path = os.path.join(cache_dir(), spec.key + ".so")
-    try:
-        with open(path + ".sha256", encoding="ascii") as handle:
-            expected = handle.read().strip()
-        return path if _digest(path) == expected else None
-    except OSError:
+    """Path of a verified cached library for ``spec``, or None.
+
+    Verified: the library and its checksum are regular files owned by this user and not
+    writable by group/others, in a directory with the same property; the checksum covers
+    every byte; the ELF headers say the file is complete. Anything else is rebuilt.
+    """
+    path = os.path.join(library_dir(), spec.key + ".so")
+    data, expected = _read_trusted(path), _read_trusted(path + ".sha256")
+    if data is None or expected is None:
         return None
+    if hashlib.sha256(data).hexdigest() != expected.decode("ascii", "replace").strip():
+        return None
+    return _load_path(path) if library_is_complete(data) else None
+
+
+def library_dir() -> str:
+    """:func:`cache_dir` when it is a usable private directory, else (with a
+    :class:`CacheWarning`) this process's private temporary cache."""
+    return _cache.private_dir(cache_dir())
 
 
 def full_source(spec: BuildSpec) -> str:
@@ -215,44 +292,85 @@ def full_source(spec: BuildSpec) -> str:
 
 
 def build_library(spec: BuildSpec) -> str:
-    """Compile ``spec`` into the cache (atomically) and return the library path.
+    """Compile ``spec`` into the cache (atomically) and return the path to ``dlopen``.
+
+    A cache that cannot be written (full, read-only) is bypassed with a
+    :class:`CacheWarning` for a private temporary one; no partial file is left behind.
 
     Raises:
         CompilerNotFound: no compiler.
         CompileError: the compiler failed; the message has the source path and its output.
+        CacheError: not even the private temporary cache could be written.
     """
+    folder = library_dir()
+    try:
+        return _build_in(spec, folder)
+    except OSError as exc:
+        if folder == _cache.fallback_dir():
+            raise CacheError(
+                f"C backend: cannot write the compiled library to {folder!r} "
+                f"({exc.strerror or exc}); set $XDG_CACHE_HOME to a writable directory you own"
+            ) from exc
+        fallback = _cache.bypass(folder, f"writing to it failed ({exc.strerror or exc})")
+        return build_library_in(spec, fallback)
+
+
+def build_library_in(spec: BuildSpec, folder: str) -> str:
+    try:
+        return _build_in(spec, folder)
+    except OSError as exc:
+        raise CacheError(
+            f"C backend: cannot write the compiled library to {folder!r} "
+            f"({exc.strerror or exc}); set $XDG_CACHE_HOME to a writable directory you own"
+        ) from exc
+
+
+def _build_in(spec: BuildSpec, folder: str) -> str:
     global compile_count
-    folder = cache_dir()
-    os.makedirs(folder, exist_ok=True)
+    _cache.remove_stale_temps(folder, _is_temp)
     key = spec.key
     final = os.path.join(folder, key + ".so")
     fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
     tmp_so = tmp_c[:-2] + ".so"
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(full_source(spec))
-    cmd = [*shlex.split(spec.cc), *spec.flags, "-fPIC", "-shared", tmp_c, "-o", tmp_so, *spec.link]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except OSError as exc:
-        os.unlink(tmp_c)
-        raise CompilerNotFound(missing_compiler_message(spec.cc)) from exc
-    compile_count += 1
-    if proc.returncode != 0:
-        kept = os.path.join(folder, key + ".failed.c")
-        os.replace(tmp_c, kept)
-        raise CompileError(
-            f"C backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()[-4000:]}"
-        )
-    os.unlink(tmp_c)
-    digest = _digest(tmp_so)
-    fd, tmp_sum = tempfile.mkstemp(prefix=f"{key}-", suffix=".sha256", dir=folder)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(digest)
-    # Library first, checksum second: a reader that sees the new checksum sees the new library.
-    os.replace(tmp_so, final)
-    os.replace(tmp_sum, final + ".sha256")
-    return final
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(full_source(spec))
+        cmd = [
+            *shlex.split(spec.cc),
+            *spec.flags,
+            "-fPIC",
+            "-shared",
+            tmp_c,
+            "-o",
+            tmp_so,
+            *spec.link,
+        ]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except OSError as exc:
+            raise CompilerNotFound(missing_compiler_message(spec.cc)) from exc
+        compile_count += 1
+        if proc.returncode != 0:
+            kept = os.path.join(folder, key + ".failed.c")
+            os.replace(tmp_c, kept)
+            raise CompileError(
+                f"C backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"
+                f"{proc.stderr.strip()[-4000:]}"
+            )
+        os.chmod(tmp_so, 0o700)  # the compiler honours the umask, which may be 0
+        with open(tmp_so, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+        # Library first, checksum second: a reader that sees the new checksum sees the new library.
+        os.replace(tmp_so, final)
+        try:
+            _cache.write_private(final + ".sha256", digest.encode("ascii"))
+        except BaseException:
+            _cache.unlink_quietly(final)
+            raise
+    finally:
+        _cache.unlink_quietly(tmp_c)
+        _cache.unlink_quietly(tmp_so)
+    return _load_path(final)
 
 
 def library_for(spec: BuildSpec) -> tuple[str, bool]:

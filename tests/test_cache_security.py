@@ -1,0 +1,325 @@
+"""The compile cache as an attacker or a broken disk meets it (issue 17, items 1 and 10).
+
+The machine running the tests is root, which owns every file it creates: foreign ownership
+is made real with ``os.chown`` to uid 65534 where we can, and simulated by pretending to be
+another uid (``_cache.current_uid``) for the directory check.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+from shapegrad import _cache
+from shapegrad.backends.base import CompileOptions
+from shapegrad.backends.c import generate, toolchain
+from shapegrad.backends.c.render import uses_blas
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+ROOT = Path(__file__).resolve().parents[1]
+FOREIGN_UID = 65534  # "nobody"
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    yield tmp_path / "xdg" / "shapegrad"
+
+
+def _program() -> tuple[Callable[[sg.Tensor], sg.Tensor], float]:
+    """A program no other test compiles (so no in-process library memo can hide a load)."""
+    scale = 1.0 + (uuid.uuid4().int % 10**6) / 10**6
+    return (lambda x: sg.tanh(x * scale).sum(axis=0)), scale
+
+
+X = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+
+
+def _key(fn: Callable[[sg.Tensor], sg.Tensor]) -> str:
+    graph = sg.compile(fn, backend="numpy").graph(X)
+    program, source = generate(graph, CompileOptions(name="<lambda>"))
+    return toolchain.make_spec(source, uses_blas(program), "omp declare simd" in source).key
+
+
+def _check(fn: Callable[[sg.Tensor], sg.Tensor], scale: float) -> None:
+    got = sg.compile(fn, backend="c")(X).numpy()
+    np.testing.assert_allclose(got, np.tanh(X * np.float32(scale)).sum(axis=0), rtol=1e-5)
+
+
+def _plant(folder: Path, key: str, marker: Path) -> Path:
+    """A library with a valid key and checksum whose constructor writes ``marker``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder.parent / "evil.c"
+    src.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void evil(void) {\n"
+        f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("pwned", f); fclose(f); }}\n'
+        "}\n"
+        f'const char sg_key[] = "{key}";\n'
+    )
+    lib = folder / f"{key}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    Path(str(lib) + ".sha256").write_text(hashlib.sha256(lib.read_bytes()).hexdigest())
+    return lib
+
+
+def test_library_planted_in_a_world_writable_cache_is_never_loaded(cache: Path) -> None:
+    fn, scale = _program()
+    marker = cache.parent.parent / "constructor-ran"
+    lib = _plant(cache, _key(fn), marker)
+    for path in (lib, Path(str(lib) + ".sha256")):
+        os.chown(path, FOREIGN_UID, FOREIGN_UID)
+    cache.chmod(0o777)
+    with pytest.warns(_cache.CacheWarning, match=r"writable by group or others.*chmod 700"):
+        _check(fn, scale)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["foreign-owner", "other-writable", "symlink"])
+def test_untrusted_entry_in_a_private_cache_is_rebuilt_not_loaded(cache: Path, damage: str) -> None:
+    fn, scale = _program()
+    marker = cache.parent.parent / "constructor-ran"
+    lib = _plant(cache, _key(fn), marker)
+    cache.chmod(0o700)
+    if damage == "foreign-owner":
+        os.chown(lib, FOREIGN_UID, FOREIGN_UID)
+    elif damage == "other-writable":
+        lib.chmod(0o666)
+    else:
+        elsewhere = cache.parent / "elsewhere.so"
+        lib.rename(elsewhere)
+        lib.symlink_to(elsewhere)
+    before = toolchain.compile_count
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _cache.CacheWarning)
+        _check(fn, scale)
+    assert toolchain.compile_count == before + 1
+    assert not marker.exists()
+    assert _cache.trusted_file(str(lib))
+
+
+def test_cache_directory_owned_by_another_user_is_bypassed(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn, scale = _program()
+    marker = cache.parent.parent / "constructor-ran"
+    _plant(cache, _key(fn), marker)
+    cache.chmod(0o700)
+    real = os.getuid()
+    monkeypatch.setattr(_cache, "current_uid", lambda: real + 4242)  # we are someone else now
+    with pytest.warns(_cache.CacheWarning, match=r"owned by uid .*not by you"):
+        _check(fn, scale)
+    assert not marker.exists()
+
+
+def test_files_and_directories_are_private_whatever_the_umask(cache: Path) -> None:
+    fn, scale = _program()
+    old = os.umask(0)
+    try:
+        _check(fn, scale)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert stat.S_IMODE(cache.parent.stat().st_mode) == 0o700  # created by us: 0700 too
+    entries = list(cache.iterdir())
+    assert any(p.suffix == ".so" for p in entries)
+    for path in entries:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+
+# A child process: compile, check the value, report compiler runs (the crash cases must not
+# take the test runner down with them).
+CHILD = """
+import sys
+import numpy as np
+import shapegrad as sg
+from shapegrad.backends.c import toolchain
+seed = float(sys.argv[1])
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+fn = sg.compile(lambda x: (sg.tanh(x * seed) @ x.T).sum(axis=0), backend="c")
+got = fn(x).numpy()
+want = (np.tanh(x * np.float32(seed)) @ x.T).sum(axis=0)
+assert np.allclose(got, want, rtol=1e-5, atol=1e-5), (got, want)
+print("compiles", toolchain.compile_count)
+"""
+
+
+def _child(xdg: Path, seed: float) -> subprocess.Popen[str]:
+    env = dict(os.environ, XDG_CACHE_HOME=str(xdg), PYTHONPATH=str(ROOT / "src"))
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(seed)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _compiles(proc: subprocess.Popen[str]) -> int:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {err[-2000:]}"
+    return int(out.split("compiles")[-1])
+
+
+def _truncate_keeping_checksum(lib: Path) -> None:
+    data = lib.read_bytes()[: lib.stat().st_size // 2]
+    lib.write_bytes(data)
+    Path(str(lib) + ".sha256").write_text(hashlib.sha256(data).hexdigest())
+
+
+def test_truncated_library_with_a_matching_checksum_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    assert _compiles(_child(tmp_path, 7.5)) == 1
+    (lib,) = (tmp_path / "shapegrad").glob("*.so")
+    _truncate_keeping_checksum(lib)  # the old code died of SIGBUS in dlopen here, forever
+    assert _compiles(_child(tmp_path, 7.5)) == 1
+    assert _compiles(_child(tmp_path, 7.5)) == 0
+
+
+def test_concurrent_compiles_over_a_damaged_entry_all_succeed(tmp_path: Path) -> None:
+    assert _compiles(_child(tmp_path, 8.25)) == 1
+    (lib,) = (tmp_path / "shapegrad").glob("*.so")
+    _truncate_keeping_checksum(lib)
+    procs = [_child(tmp_path, 8.25) for _ in range(3)]
+    assert all(_compiles(p) in (0, 1) for p in procs)
+    data = lib.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == Path(str(lib) + ".sha256").read_text().strip()
+    assert toolchain.library_is_complete(data)
+    assert sorted(p.suffix for p in (tmp_path / "shapegrad").iterdir() if p.suffix != "") == [
+        ".sha256",
+        ".so",
+    ]
+
+
+def test_library_rebuilt_in_the_same_process_loads_from_a_fresh_path(cache: Path) -> None:
+    # Entry B holds a complete library with a valid checksum, but it is A's (a renamed entry):
+    # the key check after dlopen rejects it and B is rebuilt under the same name. dlopen of
+    # that name again would hand back the library already loaded, i.e. A's.
+    fn_a, scale_a = _program()
+    fn_b, scale_b = _program()
+    _check(fn_a, scale_a)
+    lib_a = cache / f"{_key(fn_a)}.so"
+    lib_b = cache / f"{_key(fn_b)}.so"
+    shutil.copyfile(lib_a, lib_b)
+    shutil.copyfile(str(lib_a) + ".sha256", str(lib_b) + ".sha256")
+    before = toolchain.compile_count
+    _check(fn_b, scale_b)
+    assert toolchain.compile_count == before + 1
+
+
+def test_cache_path_that_is_a_file_falls_back_to_a_private_temp_cache(cache: Path) -> None:
+    cache.parent.mkdir(parents=True)
+    cache.write_text("not a directory")
+    fn, scale = _program()
+    with pytest.warns(_cache.CacheWarning, match=r"not a directory.*remove or rename"):
+        _check(fn, scale)
+    assert cache.read_text() == "not a directory"
+
+
+def test_read_only_cache_falls_back_with_a_warning(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # root ignores permission bits, so "read-only" is simulated at the access check.
+    cache.mkdir(parents=True, mode=0o700)
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, m: False if str(p) == str(cache) else real_access(p, m)
+    )
+    fn, scale = _program()
+    with pytest.warns(_cache.CacheWarning, match="not writable"):
+        _check(fn, scale)
+    assert list(cache.iterdir()) == []
+
+
+def test_full_disk_leaves_no_partial_files_and_falls_back(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = _cache.write_private
+
+    def full(path: str, data: bytes, mode: int = 0o600) -> None:
+        if path.startswith(str(cache)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, data, mode)
+
+    monkeypatch.setattr(_cache, "write_private", full)
+    fn, scale = _program()
+    with pytest.warns(_cache.CacheWarning, match="No space left on device"):
+        _check(fn, scale)
+    assert [p.name for p in cache.iterdir()] == []
+
+
+def test_stale_temp_files_of_killed_builds_are_removed(cache: Path) -> None:
+    cache.mkdir(parents=True, mode=0o700)
+    stale = [cache / ("0" * 32 + "-abc.c"), cache / ("1" * 32 + "-abc.so"), cache / ".tmp-xyz"]
+    fresh = cache / ("2" * 32 + "-def.c")  # a build still running in another process
+    for path in [*stale, fresh]:
+        path.write_text("partial")
+    for path in stale:
+        os.utime(path, (1, 1))
+    fn, scale = _program()
+    _check(fn, scale)
+    assert not any(p.exists() for p in stale)
+    assert fresh.exists()
+
+
+def test_complete_library_check_rejects_every_truncation(cache: Path) -> None:
+    fn, scale = _program()
+    _check(fn, scale)
+    (lib,) = (p for p in cache.glob("*.so") if p.name.startswith(_key(fn)))
+    data = lib.read_bytes()
+    assert toolchain.library_is_complete(data)
+    for cut in (0, 3, 40, 63, 64, len(data) // 4, len(data) // 2, len(data) - 1):
+        assert not toolchain.library_is_complete(data[:cut]), cut
+
+
+def test_ane_cache_honours_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from shapegrad.backends.ane.package import cache_root
+
+    monkeypatch.delenv("SHAPEGRAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_root() == tmp_path / "shapegrad" / "ane"
+    monkeypatch.setenv("SHAPEGRAD_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cache_root() == tmp_path / "explicit" / "ane"
+
+
+def test_ane_package_cache_trusts_only_private_packages(tmp_path: Path) -> None:
+    pytest.importorskip("coremltools", reason="the ane backend builds packages with coremltools")
+    from ane_support import traced_graph
+    from shapegrad.backends.ane import build_package, lower_to_mil
+
+    x = np.ones((2, 3), np.float32)
+
+    def mil() -> Any:
+        return lower_to_mil(traced_graph(lambda x: sg.tanh(x) * 2.0, [x]))
+
+    root = tmp_path / "ane"
+    old = os.umask(0)
+    try:
+        first = build_package(mil(), "fn", root)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for path in [first.path, *first.path.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0, path  # never world-writable
+    assert build_package(mil(), "fn", root).cached
+    first.path.chmod(0o777)  # group/other-writable: someone may have changed it
+    rebuilt = build_package(mil(), "fn", root)
+    assert not rebuilt.cached and stat.S_IMODE(rebuilt.path.stat().st_mode) & 0o022 == 0
+    root.chmod(0o777)
+    with pytest.warns(_cache.CacheWarning, match="writable by group or others"):
+        elsewhere = build_package(mil(), "fn", root)
+    assert not elsewhere.path.is_relative_to(root)
