@@ -49,7 +49,10 @@ def test_buggy_models_fail_at_run_time_where_mypy_says(path: Path) -> None:
     assert static_lines, f"{path.name} documents no static error"
     if isinstance(error, sg.ShapeError) and error.location and path.name in error.location:
         runtime_line = int(error.location.rsplit(":", 1)[1])
-        assert runtime_line in static_lines, (error, static_lines)
+        # mypy reports a bug inside a helper at the call; at run time it surfaces in the
+        # helper, on a line the fixture marks.
+        marked = "the run-time error points here" in path.read_text().splitlines()[runtime_line - 1]
+        assert runtime_line in static_lines or marked, (error, static_lines)
     else:
         # Caught by the annotation check (argument or return value): it names the function.
         message = str(error)

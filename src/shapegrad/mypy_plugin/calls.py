@@ -12,13 +12,24 @@ whose wrapped function is known (see :mod:`shapegrad.mypy_plugin.transforms`).
 
 from __future__ import annotations
 
-from mypy.nodes import ARG_POS, ARG_STAR, ARG_STAR2, CallExpr, Context, Expression, FuncDef
+from mypy.nodes import (
+    ARG_POS,
+    ARG_STAR,
+    ARG_STAR2,
+    CallExpr,
+    Context,
+    Expression,
+    FakeInfo,
+    FuncDef,
+    MemberExpr,
+)
+from mypy.typeops import bind_self
 from mypy.types import CallableType, Instance, TupleType, Type, get_proper_type
 
 from .algebra import Mismatch
 from .carrier import attach, shape_of, tensor_items
 from .env import Env
-from .inline import helper_result
+from .inline import dims_mapping, helper_result, receiver_fields
 from .literals import label
 from .spec import Sym, Var, names_in
 from .unify import Binder
@@ -44,10 +55,21 @@ def instantiate(
     if not isinstance(context, CallExpr):
         return default_return
     callee = get_proper_type(env.type_of(context.callee))
+    receiver: Expression | None = None
+    if isinstance(callee, Instance):  # calling an object: its __call__ (a Module layer)
+        method = callee.type.get_method("__call__")
+        if not isinstance(method, FuncDef) or not isinstance(method.type, CallableType):
+            return default_return
+        receiver, callee = context.callee, bind_self(method.type, callee)
+    elif isinstance(callee, CallableType) and isinstance(callee.definition, FuncDef):
+        if callee.definition.name == "__call__":  # `self.qkv(x)`: the object is the callee
+            receiver = context.callee
+        elif isinstance(context.callee, MemberExpr):  # `obj.method(x)`
+            receiver = context.callee.expr
     if not isinstance(callee, CallableType) or len(callee.arg_types) != len(arg_types):
         return default_return
     del formal_names
-    return check_call(env, context, callee, args, arg_types, default_return)
+    return check_call(env, context, callee, args, arg_types, default_return, receiver=receiver)
 
 
 def positional(
@@ -72,8 +94,12 @@ def check_call(
     arg_types: list[list[Type]],
     default_return: Type,
     name: str | None = None,
+    receiver: Expression | None = None,
 ) -> Type:
-    """Match arguments (laid out per formal of ``callee``) and rewrite ``callee``'s return."""
+    """Match arguments (laid out per formal of ``callee``) and rewrite ``callee``'s return.
+
+    ``receiver`` is the object a method is called on (its fields matter to a helper body).
+    """
     wants = [dict(tensor_items(t)) for t in callee.arg_types]
     ret_items = tensor_items(callee.ret_type)
     dim_names = {
@@ -89,9 +115,12 @@ def check_call(
         if formal in dim_names and _is_int(callee.arg_types[i])
     ]
     if not any(wants) and not ret_items:
-        return _through_helper(env, callee, args, arg_types, default_return)
+        return _through_helper(env, context, callee, args, arg_types, default_return, receiver)
     binder = Binder(name or _callee_name(context, callee))
+    mapping = dims_mapping(env, receiver) if receiver is not None else None
     try:
+        for dim, size in (mapping or {}).items():  # a sub-module's dims, renamed by its field
+            binder.bind_size(dim, size, label(receiver))
         for i, want in enumerate(wants):
             if not want or not arg_types[i] or callee.arg_kinds[i] in (ARG_STAR, ARG_STAR2):
                 continue
@@ -112,32 +141,50 @@ def check_call(
         env.fail(str(err), context)
         return default_return
     result = _rewrite(default_return, binder, env)
-    return _through_helper(env, callee, args, arg_types, result)
+    return _through_helper(env, context, callee, args, arg_types, result, receiver)
 
 
 def _through_helper(
     env: Env,
+    context: Context,
     callee: CallableType,
     args: list[list[Expression]],
     arg_types: list[list[Type]],
     result: Type,
+    receiver: Expression | None,
 ) -> Type:
     """A plain-``Tensor`` result of a small helper: its shape from the helper's body."""
     shape = shape_of(result)
     definition = callee.definition
+    tree = getattr(env.api, "tree", None)
     if (
-        shape is None
+        tree is None
+        # Only helpers of the module being checked: another module's function bodies are
+        # not loaded when it comes from mypy's cache, and a result must not depend on that.
+        or not isinstance(definition, FuncDef)
+        or not definition.fullname.startswith(tree.fullname + ".")
+        or shape is None
         or shape.fixed
         or any(isinstance(d, Var) and d.name for d in shape.dims)
         or len(shape.dims) != 1
-        or not isinstance(definition, FuncDef)
     ):
         return result
     operands = [
         env.operand(group[0], types[0]) if group else None
         for group, types in zip(args, arg_types, strict=True)
     ]
-    inferred = helper_result(env, definition, callee, operands)
+    fields = None
+    if (
+        receiver is not None
+        and not isinstance(definition.info, FakeInfo)
+        and not definition.is_static
+    ):
+        fields = receiver_fields(env, receiver, definition.info)
+    try:
+        inferred = helper_result(env, definition, callee, operands, fields=fields)
+    except Mismatch as err:
+        env.fail(f"{_callee_name(context, callee)}(...) fails inside: {err}", context)
+        return result
     return result if inferred is None else attach(result, inferred, env.str_type())
 
 

@@ -5,8 +5,8 @@ would be unknown. When such a helper's body is straight-line code (assignments,
 ``B, C, H, W = x.shape`` and one final ``return``), its return expression is
 evaluated here with the *caller's* argument shapes, by the same op rules. A
 helper with branches, loops, comprehensions or calls the rules do not know
-stays unknown; a mismatch inside it is not reported (the caller's check of the
-result is what matters) and also makes the result unknown.
+stays unknown. A mismatch inside the body with the caller's shapes is reported at
+the call (every line of a straight-line body runs).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mypy.nodes import (
     ARG_POS,
     AssignmentStmt,
     CallExpr,
+    DictExpr,
     Expression,
     FuncDef,
     IndexExpr,
@@ -23,20 +24,24 @@ from mypy.nodes import (
     NameExpr,
     OpExpr,
     ReturnStmt,
+    StrExpr,
     TupleExpr,
+    TypeInfo,
     UnaryExpr,
     Var,
 )
 from mypy.types import AnyType, CallableType, Instance, Type, TypeOfAny, get_proper_type
 
 from . import algebra as A
-from .algebra import Mismatch, Operand
+from . import sizes
+from .algebra import Operand
 from .call import Call
+from .carrier import tensor_items
 from .env import Env
 from .intsize import size_of
 from .literals import label
 from .optable import OP_FULLNAMES
-from .spec import Item, TShape
+from .spec import Expr, Item, Sym, TShape, restrict
 
 _MAX_DEPTH = 3
 _OPERATORS = {
@@ -60,6 +65,8 @@ class InlineEnv(Env):
         self.depth = depth
         self.tensors: dict[Var, TShape] = {}
         self.ints = {}  # the helper's int locals (`B, C, H, W = x.shape`)
+        self.self_var: Var | None = None  # a method's `self`, whose fields are `fields`
+        self.fields: dict[str, TShape] = {}
 
     # --- what the rules ask for ------------------------------------------------------
 
@@ -71,7 +78,7 @@ class InlineEnv(Env):
             return Operand(label(expr), TShape((), None), proper.type.fullname.split(".")[1])
         try:
             shape = self.evaluate(expr)
-        except (Unknown, Mismatch):
+        except Unknown:
             return None
         return None if shape is None else Operand(label(expr), shape)
 
@@ -133,6 +140,15 @@ class InlineEnv(Env):
             return self._method("__neg__", expr.expr, [], [])
         if isinstance(expr, IndexExpr):
             return self._method("__getitem__", expr.base, ["index"], [[expr.index]])
+        if (
+            isinstance(expr, MemberExpr)
+            and isinstance(expr.expr, NameExpr)
+            and expr.expr.node is not None
+            and expr.expr.node is self.self_var
+        ):
+            if expr.name not in self.fields:
+                raise Unknown
+            return self.fields[expr.name]
         if isinstance(expr, MemberExpr) and expr.name == "T":
             x = self.operand(expr.expr, None)
             return None if x is None else A.transpose("T", x, None)
@@ -169,7 +185,13 @@ class InlineEnv(Env):
         if op is not None:
             return FUNCTION_RULES[op](Call(self, formals, args, types, None))
         definition = callee.definition
-        if isinstance(definition, FuncDef) and self.depth < _MAX_DEPTH:
+        tree = getattr(self.api, "tree", None)
+        if (
+            isinstance(definition, FuncDef)
+            and tree is not None
+            and definition.fullname.startswith(tree.fullname + ".")  # see calls._through_helper
+            and self.depth < _MAX_DEPTH
+        ):
             arguments = [self.operand(group[0], None) if group else None for group in args]
             return helper_result(self, definition, callee, arguments, self.depth + 1)
         raise Unknown
@@ -200,20 +222,94 @@ def helper_result(
     callee: CallableType,
     arguments: list[Operand | None],
     depth: int = 0,
+    fields: dict[str, TShape] | None = None,
 ) -> TShape | None:
-    """The result shape of ``func`` called with ``arguments`` (per formal), or None."""
-    if not func.body.body or len(func.arguments) != len(arguments):
-        return None
+    """The result shape of ``func`` called with ``arguments`` (per formal), or None.
+
+    For a method called on an object, ``fields`` are the shapes of the object's
+    tensor fields in the caller's terms (``self.w`` in the body reads them).
+    Raises :class:`Mismatch` when the body certainly fails with these shapes: a
+    straight-line body runs every line, so the call itself is the bug.
+    """
+    params = list(func.arguments)
     inner = InlineEnv(env if not isinstance(env, InlineEnv) else env.outer, func, depth)
-    for arg, given, kind in zip(func.arguments, arguments, callee.arg_kinds, strict=False):
+    if fields is not None and len(params) == len(arguments) + 1:
+        inner.self_var, inner.fields = params[0].variable, fields
+        params = params[1:]
+    if not func.body.body or len(params) != len(arguments):
+        return None
+    for arg, given, kind in zip(params, arguments, callee.arg_kinds, strict=False):
         if kind != ARG_POS and given is None:
             continue
         if given is not None and given.scalar is None:
             inner.tensors[arg.variable] = given.shape
     try:
         return inner.run()
-    except (Unknown, Mismatch):
+    except Unknown:
         return None
 
 
 _ANY: Type = AnyType(TypeOfAny.special_form)
+
+
+def receiver_fields(env: Env, receiver: Expression, info: TypeInfo) -> dict[str, TShape]:
+    """Shapes of the tensor fields of the object ``receiver``, in the caller's terms.
+
+    Reached as a field of a Module declared ``qkv: Linear = field(dims={"d_in": "d",
+    "d_out": "3*d"})``, the sub-module's dim names are renamed as the mapping says
+    (unmapped names are unknown); otherwise the fields keep their declared names,
+    which are known where the class's names are (its own methods, functions taking it).
+    """
+    mapping = dims_mapping(env, receiver)
+    out: dict[str, TShape] = {}
+    for klass in info.mro:
+        for name, sym in klass.names.items():
+            node = sym.node
+            if name in out or not isinstance(node, Var) or node.type is None:
+                continue
+            items = tensor_items(node.type)
+            if len(items) != 1 or items[0][0]:
+                continue
+            shape = items[0][1]
+            if mapping is None:
+                restricted = env.shape(node.type)
+                if restricted is not None:
+                    out[name] = restricted
+                continue
+            out[name] = shape.with_dims(
+                [
+                    sizes.substitute(d, lambda s: mapping.get(s.name))
+                    if isinstance(d, Sym | Expr)
+                    else d
+                    for d in shape.dims
+                ]
+            )
+    return out
+
+
+def dims_mapping(env: Env, receiver: Expression) -> dict[str, Item] | None:
+    """``field(dims={...})`` of the attribute ``receiver`` (``self.qkv``), in the caller's terms."""
+    if not isinstance(receiver, MemberExpr):
+        return None
+    owner = get_proper_type(env.type_of(receiver.expr))
+    if not isinstance(owner, Instance):
+        return None
+    for klass in owner.type.mro:
+        for stmt in klass.defn.defs.body:
+            if (
+                isinstance(stmt, AssignmentStmt)
+                and isinstance(stmt.lvalues[0], NameExpr)
+                and stmt.lvalues[0].name == receiver.name
+                and isinstance(stmt.rvalue, CallExpr)
+                and "dims" in stmt.rvalue.arg_names
+            ):
+                dims = stmt.rvalue.args[stmt.rvalue.arg_names.index("dims")]
+                if not isinstance(dims, DictExpr):
+                    return None
+                mapping: dict[str, Item] = {}
+                for key, value in dims.items:
+                    if isinstance(key, StrExpr) and isinstance(value, StrExpr):
+                        parsed = sizes.parse(value.value, "")
+                        mapping[key.value] = restrict(TShape((parsed,)), env.rigid).dims[0]
+                return mapping
+    return None
