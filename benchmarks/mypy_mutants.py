@@ -8,7 +8,8 @@ arguments swapped. A mutant is a *real bug* when running its ``run()`` raises;
 it is *caught* when mypy with the plugin reports a ``shapegrad-shape`` error in
 it. The mutants are checked in one mypy run.
 
-Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N]
+Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N] [--plugin P --src DIR]
+(``--plugin shapegrad.mypy_plugin --src OTHER/src`` measures another version of the plugin.)
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--show-missed", action="store_true")
     parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--plugin", default="shapegrad_mypy", help="the plugins= entry")
+    parser.add_argument("--src", default=str(ROOT / "src"), help="shapegrad sources to check with")
     args = parser.parse_args()
     found = mutants()
     if args.limit:
@@ -102,8 +105,8 @@ def main() -> None:
             f.write_text(m.text)
             files.append(f)
         config = work / "mypy.ini"
-        config.write_text("[mypy]\npython_version = 3.11\nplugins = shapegrad_mypy\n")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        config.write_text(f"[mypy]\npython_version = 3.11\nplugins = {args.plugin}\n")
+        env = {**os.environ, "PYTHONPATH": args.src}
         done = subprocess.run(
             [sys.executable, "-m", "mypy", "--config-file", str(config), "--cache-dir",
              str(work / "cache"), "--no-pretty", *map(str, files)],
