@@ -8,6 +8,7 @@ with a wrong buffer, and that results equal eager execution.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -154,20 +155,18 @@ def test_static_and_keyword_arguments_keep_working() -> None:
     np.testing.assert_allclose(plain({"b": b, "a": a + 1}).numpy(), (a + 1) * b)
 
 
+class Affine(sg.nn.Module):
+    w: sg.Float[sg.Tensor, "3 2"]
+    b: sg.Float[sg.Tensor, " 2"]  # the space keeps a one-dim spec a string (not a forward ref)
+
+
+@dataclasses.dataclass
+class Pair:
+    a: sg.Tensor
+    b: sg.Tensor
+
+
 def test_modules_and_dataclasses_take_the_fast_path() -> None:
-    from dataclasses import dataclass
-
-    from shapegrad import Float, Tensor
-
-    class Affine(sg.nn.Module):
-        w: Float[Tensor, "3 2"]
-        b: Float[Tensor, 2]
-
-    @dataclass
-    class Pair:
-        a: sg.Tensor
-        b: sg.Tensor
-
     m = Affine.init(0)
     x = np.ones((4, 3), np.float32)
     f = sg.compile(lambda m, p, x: (x @ m.w + m.b) * p.a + p.b, backend="numpy")

@@ -164,15 +164,16 @@ def test_training_steps_compile_with_nvcc() -> None:
 def test_host_launcher_builds_and_loads_without_a_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from shapegrad.backends.c.toolchain import compiler_version, library_for
     from shapegrad.backends.cuda.launcher import load_launcher
-    from shapegrad.backends.cuda.toolchain import LauncherSpec, build_launcher, nvcc_version
+    from shapegrad.backends.cuda.toolchain import build_launcher, make_spec
 
     program = _training_steps()["moons"]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    spec = LauncherSpec(render_source(program), str(nvcc()), "sm_90", ())
-    assert "release" in nvcc_version(str(nvcc()))
+    spec = make_spec(render_source(program), "sm_90", uses_cublas=False)
+    assert "release" in compiler_version(str(nvcc()))
     path = build_launcher(spec)
-    assert build_launcher(spec) == path  # the second call is a verified cache hit
+    assert library_for(spec)[1]  # the second call is a verified cache hit
     lib = load_launcher(path, spec.key)  # static CUDA runtime: loads without a driver
     assert lib.sg_enqueue_steps and lib.sg_graph_build and lib.sg_graph_launch
 
@@ -276,3 +277,17 @@ def test_trainer_on_cuda_raises_without_a_gpu_unless_asked_to_fall_back(
     trainer = sg.ScalarTrainer(loss, params, mode="compiled", backend="cuda", fallback="numpy")
     assert trainer.backend == "numpy"
     assert "falling back to 'numpy'" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is present: cuda is available here")
+def test_cuda_is_known_but_not_listed_as_available_without_a_gpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shapegrad import cli
+    from shapegrad.backends import available_backends, backend_status, known_backends
+
+    assert "cuda" in known_backends() and "cuda" not in available_backends()
+    assert "pycuda" in backend_status()["cuda"] or "GPU" in backend_status()["cuda"]
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "(not: cuda)" in " ".join(capsys.readouterr().out.split())

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import data, io, models, plot
-from shapegrad.backends import BackendUnavailable, available_backends, get_backend
+from shapegrad.backends import BackendUnavailable, backend_status, get_backend, known_backends
 from shapegrad.ops.eager import no_grad, tensor
 from shapegrad.tensor import Tensor
 from shapegrad.train import optim, schedules
@@ -74,7 +74,7 @@ class Run:
 # --- arguments -----------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(explain_backends: bool = True) -> argparse.ArgumentParser:
     """The argument parser of the ``shapegrad`` command."""
     parser = argparse.ArgumentParser(
         prog="shapegrad", description="shapegrad: a shape-typed functional deep-learning framework"
@@ -85,10 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--backend",
         default="c",
-        choices=available_backends(),
+        choices=known_backends(),
         help=(
             "compiled-mode backend (default c; where it cannot run here, e.g. ane off macOS, "
             "falls back to c, or numpy without a C compiler)"
+            + (f". Usable here: {_usable_here()}" if explain_backends else "")
         ),
     )
     demo.add_argument("--mode", choices=("compiled", "eager"), default="compiled")
@@ -145,6 +146,14 @@ def recipe_from(args: argparse.Namespace, default: Recipe) -> Recipe:
 
 
 # --- training ------------------------------------------------------------------------------
+
+
+def _usable_here() -> str:
+    """The backends that compile here, and why the others do not (for ``--help``)."""
+    status = backend_status()
+    usable = ", ".join(n for n, problem in status.items() if not problem)
+    missing = [n for n, problem in status.items() if problem]
+    return usable + (f" (not: {', '.join(missing)})" if missing else "")
 
 
 def resolve_backend(name: str, mode: str) -> str:
@@ -400,7 +409,9 @@ DEMOS: dict[str, Callable[[argparse.Namespace], int]] = {"moons": demo_moons, "d
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``shapegrad`` command with ``argv`` (default: the process arguments)."""
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    # probing every backend costs ~1 s of imports: only --help shows the result
+    args = build_parser(explain_backends="-h" in words or "--help" in words).parse_args(argv)
     if args.plot_png:  # say so now, not after a whole training run
         try:
             importlib.import_module("matplotlib")

@@ -31,8 +31,8 @@ from shapegrad.backends.base import (
     Array,
     CompileOptions,
     Executable,
-    available_backends,
     get_backend,
+    known_backends,
     validate_inputs,
 )
 from shapegrad.compiler.debug import GraphDumper, debug_root
@@ -565,8 +565,8 @@ def compile(
     """
     nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
-    if backend not in available_backends():
-        raise ValueError(f"unknown backend {backend!r}; choose one of {available_backends()}")
+    if backend not in known_backends():
+        raise ValueError(f"unknown backend {backend!r}; choose one of {known_backends()}")
 
     def make(f: Callable[..., Any]) -> Compiled:
         label = safe_name(name or str(getattr(f, "__name__", "fn")))

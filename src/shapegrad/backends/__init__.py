@@ -6,7 +6,9 @@ from shapegrad.backends.base import (
     CompileOptions,
     Executable,
     available_backends,
+    backend_status,
     get_backend,
+    known_backends,
     register_backend,
     validate_inputs,
 )
@@ -17,7 +19,9 @@ __all__ = [
     "CompileOptions",
     "Executable",
     "available_backends",
+    "backend_status",
     "get_backend",
+    "known_backends",
     "register_backend",
     "validate_inputs",
 ]

@@ -224,9 +224,28 @@ def register_backend(name: str, factory: BackendFactory) -> None:
     _INSTANCES.pop(name, None)
 
 
-def available_backends() -> list[str]:
-    """Names ``get_backend`` knows (registered or importable by convention)."""
+def known_backends() -> list[str]:
+    """Names ``get_backend`` knows (registered or importable by convention), usable or not."""
     return sorted(set(_FACTORIES) | set(_MODULES))
+
+
+def backend_status() -> dict[str, str]:
+    """Each known backend -> ``""`` when it can compile here, else why not (e.g. ``cuda``
+    without pycuda or a GPU)."""
+    status = {}
+    for name in known_backends():
+        try:
+            get_backend(name)
+            status[name] = ""
+        except BackendUnavailable as exc:
+            status[name] = str(exc)
+    return status
+
+
+def available_backends() -> list[str]:
+    """Backends that can compile on this machine (``ane`` builds everywhere and executes
+    on macOS only; ``cuda`` needs pycuda, a driver, a GPU and nvcc)."""
+    return [name for name, problem in backend_status().items() if not problem]
 
 
 def get_backend(name: str) -> Backend:
@@ -281,3 +300,36 @@ def validate_inputs(graph: Graph, arrays: Sequence[Any]) -> None:
             )
         if not array.flags.c_contiguous:
             raise ValueError(f"compiled call: input {name!r} must be C-contiguous")
+
+
+def explain_input_mismatch(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    """Raise the error that says why array ``a`` is not a valid ``shape``/``dtype`` input
+    named ``name`` of a compiled step (TypeError, ShapeError, DTypeError, or ValueError for
+    a non-contiguous array). Call it only once a mismatch is known."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(
+            f"compiled step: input {name!r} must be a NumPy array, got {type(a).__name__}"
+        )
+    if a.shape != shape:
+        raise ShapeError(
+            "compiled step", f"input {name!r} has shape {fmt(a.shape)}, expected {fmt(shape)}"
+        )
+    if a.dtype != dtype:
+        raise DTypeError(f"compiled step: input {name!r} has dtype {a.dtype}, expected {dtype}")
+    raise ValueError(f"compiled step: input {name!r} must be C-contiguous")
+
+
+def lazy_ffi(cdef: str) -> Callable[[], Any]:
+    """A function returning one shared cffi FFI (ABI mode) for ``cdef``, made on first use
+    (cffi is imported only by backends that load native code)."""
+    made: list[Any] = []
+
+    def ffi() -> Any:
+        if not made:
+            cffi = importlib.import_module("cffi")  # untyped third-party module
+            instance = cffi.FFI()
+            instance.cdef(cdef)
+            made.append(instance)
+        return made[0]
+
+    return ffi

@@ -462,11 +462,11 @@ def _pick_dtypes(
 def _resolve_backend(name: str, fallback: str | None) -> str:
     """``name`` when usable here; else ``fallback`` (or ``"numpy"`` for ``"c"``) with a
     printed explanation; else BackendUnavailable naming what is missing."""
-    from shapegrad.backends.base import BackendUnavailable, available_backends, get_backend
+    from shapegrad.backends.base import BackendUnavailable, get_backend, known_backends
 
     for candidate in (name, fallback):
-        if candidate is not None and candidate not in available_backends():
-            raise ValueError(f"unknown backend {candidate!r}; choose one of {available_backends()}")
+        if candidate is not None and candidate not in known_backends():
+            raise ValueError(f"unknown backend {candidate!r}; choose one of {known_backends()}")
     if name == "ane":
         return name  # no fallback: building or running the program raises its own clear error
     try:

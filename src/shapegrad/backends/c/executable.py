@@ -25,14 +25,19 @@ An executable is not re-entrant (one arena): do not call it from two threads.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from shapegrad.backends.base import Array, StateLayout, validate_inputs
+from shapegrad.backends.base import (
+    Array,
+    StateLayout,
+    explain_input_mismatch,
+    lazy_ffi,
+    validate_inputs,
+)
 from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
@@ -46,17 +51,7 @@ void sg_set_threads(int n);
 extern double sg_profile[];
 """
 
-_FFI: Any = None
-
-
-def ffi() -> Any:
-    """The shared cffi FFI (ABI mode)."""
-    global _FFI
-    if _FFI is None:
-        cffi = importlib.import_module("cffi")  # untyped third-party module
-        _FFI = cffi.FFI()
-        _FFI.cdef(_CDEF)
-    return _FFI
+ffi = lazy_ffi(_CDEF)  # the shared cffi FFI (ABI mode)
 
 
 _LIBS: dict[str, Any] = {}
@@ -422,7 +417,7 @@ class BoundStep:
             or a.dtype != dtype
             or not a.flags.c_contiguous
         ):
-            _explain(name, a, shape, dtype)
+            explain_input_mismatch(name, a, shape, dtype)
 
     def run_steps(self, *stacked: Array) -> list[Array]:
         """``K`` steps in one native call; inputs and returned outputs are stacked ``[K, ...]``.
@@ -444,7 +439,7 @@ class BoundStep:
                 or a.dtype != dtype
                 or not a.flags.c_contiguous
             ):
-                _explain(name, a, (k, *shape), dtype)
+                explain_input_mismatch(name, a, (k, *shape), dtype)
             if id(a) in self._owned or id(a.base) in self._owned:
                 a = a.copy()  # our own (stacked) output fed back: never read what we write
                 held.append(a)
@@ -469,17 +464,3 @@ class BoundStep:
             io[exe._out_slot[j]] = self._cast("void *", out.ctypes.data)
         exe._check(rc, int(self._done[0]), k)
         return outs
-
-
-def _explain(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(
-            f"compiled step: input {name!r} must be a NumPy array, got {type(a).__name__}"
-        )
-    if a.shape != shape:
-        raise ShapeError(
-            "compiled step", f"input {name!r} has shape {fmt(a.shape)}, expected {fmt(shape)}"
-        )
-    if a.dtype != dtype:
-        raise DTypeError(f"compiled step: input {name!r} has dtype {a.dtype}, expected {dtype}")
-    raise ValueError(f"compiled step: input {name!r} must be C-contiguous")

@@ -88,7 +88,8 @@ def missing_compiler_message(cc: str) -> str:
 
 @lru_cache(maxsize=8)
 def compiler_version(cc: str) -> str:
-    """First line of ``cc --version`` (part of the cache key).
+    """The output of ``cc --version`` (part of the cache key; nvcc names its release on a
+    later line, so the whole text counts).
 
     Memoised on disk by the compiler binary's path, size and mtime, so a process that
     only loads cached libraries never runs the compiler.
@@ -109,7 +110,7 @@ def compiler_version(cc: str) -> str:
     except OSError as exc:
         raise CompilerNotFound(missing_compiler_message(cc)) from exc
     text = out.stdout or out.stderr
-    version = text.splitlines()[0] if text else cc
+    version = text.strip() or cc
     _atomic_write(memo, version)
     return version
 
@@ -148,12 +149,20 @@ def cache_dir() -> str:
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """Everything that determines a library: source, compiler, flags, link line."""
+    """Everything that determines a library: source, compiler, flags, link line.
+
+    The language fields let another C-family backend (CUDA through nvcc) build and cache
+    its libraries with the same discipline: ``suffix`` of the source file, the flags
+    that make a shared library, and how the key symbol is declared.
+    """
 
     source: str
     cc: str
     flags: tuple[str, ...]
     link: tuple[str, ...]
+    suffix: str = ".c"
+    shared_flags: tuple[str, ...] = ("-fPIC", "-shared")
+    key_decl: str = "const char sg_key[]"
 
     @property
     def key(self) -> str:
@@ -164,6 +173,7 @@ class BuildSpec:
             self.cc,
             " ".join(self.flags),
             " ".join(self.link),
+            " ".join((self.suffix, *self.shared_flags, self.key_decl)),
             _cpu_identity(),
             _VERSION,
         ):
@@ -186,7 +196,7 @@ def _is_temp(name: str) -> bool:
     return _TEMP_NAME.match(name) is not None
 
 
-_TEMP_NAME = re.compile(r"^[0-9a-f]{32}-.+\.(c|so|sha256)$|^\.tmp-|\.tmp$|^\.load-")
+_TEMP_NAME = re.compile(r"^[0-9a-f]{32}-.+\.(c|cu|so|sha256)$|^\.tmp-|\.tmp$|^\.load-")
 _MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
 
 
@@ -288,7 +298,7 @@ def library_dir() -> str:
 
 def full_source(spec: BuildSpec) -> str:
     """The source actually compiled: the program plus its cache key symbol."""
-    return spec.source + f'\nconst char sg_key[] = "{spec.key}";\n'
+    return spec.source + f'\n{spec.key_decl} = "{spec.key}";\n'
 
 
 def build_library(spec: BuildSpec) -> str:
@@ -330,16 +340,15 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
     _cache.remove_stale_temps(folder, _is_temp)
     key = spec.key
     final = os.path.join(folder, key + ".so")
-    fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
-    tmp_so = tmp_c[:-2] + ".so"
+    fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=spec.suffix, dir=folder)
+    tmp_so = os.path.splitext(tmp_c)[0] + ".so"
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(full_source(spec))
         cmd = [
             *shlex.split(spec.cc),
             *spec.flags,
-            "-fPIC",
-            "-shared",
+            *spec.shared_flags,
             tmp_c,
             "-o",
             tmp_so,
@@ -351,7 +360,7 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
             raise CompilerNotFound(missing_compiler_message(spec.cc)) from exc
         compile_count += 1
         if proc.returncode != 0:
-            kept = os.path.join(folder, key + ".failed.c")
+            kept = os.path.join(folder, key + ".failed" + spec.suffix)
             os.replace(tmp_c, kept)
             raise CompileError(
                 f"C backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"

@@ -24,6 +24,7 @@ import os
 from typing import TYPE_CHECKING
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
+from shapegrad.backends.c.toolchain import full_source
 from shapegrad.backends.cuda.render import render_cuda
 from shapegrad.backends.cuda.toolchain import NvccNotFound, build_launcher, make_spec, nvcc
 from shapegrad.compiler import loops as L
@@ -89,7 +90,7 @@ class CudaBackend:
         except NvccNotFound as exc:
             raise BackendUnavailable(str(exc)) from exc
         if options.debug_dir:
-            dump_program(options.debug_dir, options.name, program, spec.full_source(), ".cu")
+            dump_program(options.debug_dir, options.name, program, full_source(spec), ".cu")
         launches = source.count(">>>(") + source.count("cublasGemmStridedBatchedEx(blas")
         lib = load_launcher(path, spec.key)
         return CudaExecutable(graph, program, lib, path, device, launches)

@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.backends.base import Array, StateLayout, validate_inputs
+from shapegrad.backends.base import Array, StateLayout, explain_input_mismatch, validate_inputs
 from shapegrad.backends.cuda.driver import DeviceContext
 from shapegrad.backends.cuda.launcher import ffi
 from shapegrad.compiler import loops as L
-from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
 
@@ -217,7 +216,7 @@ class CudaBoundStep:
             raise TypeError(f"expected {len(self._batch)} batch inputs, got {len(arrays)}")
         for (i, node), a in zip(self._batch, arrays, strict=True):
             shape = node.shape if k is None else (k, *node.shape)
-            _check_stacked(node.attr.get("name", f"in{i}"), a, shape, node.aval.dtype.numpy)
+            explain_if_mismatched(node.attr.get("name", f"in{i}"), a, shape, node.aval.dtype.numpy)
 
     def _run(self, stacked: list[Array], k: int) -> list[Array]:
         exe = self.exe
@@ -283,17 +282,9 @@ class _Captured:
     outputs: list[Array]
 
 
-def _check_stacked(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(
-            f"compiled step: input {name!r} must be a NumPy array, got {type(a).__name__}"
-        )
-    if a.shape != shape:
-        raise ShapeError(
-            "compiled step", f"input {name!r} has shape {fmt(a.shape)}, expected {fmt(shape)}"
-        )
-    if a.dtype != dtype:
-        raise DTypeError(f"compiled step: input {name!r} has dtype {a.dtype}, expected {dtype}")
+def explain_if_mismatched(name: str, a: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+    if not (isinstance(a, np.ndarray) and a.shape == shape and a.dtype == dtype):
+        explain_input_mismatch(name, a, shape, dtype)
 
 
 def _void(handle: int) -> Any:

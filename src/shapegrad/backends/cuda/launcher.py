@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from shapegrad.backends.base import lazy_ffi
 
 _CDEF = """
 int sg_enqueue_steps(void **io, char *arena, int *err, void *stream, void *blas,
@@ -16,16 +17,7 @@ int sg_blas_create(void **handle);
 extern const char sg_key[];
 """
 
-_FFI: Any = None
-
-
-def ffi() -> Any:
-    global _FFI
-    if _FFI is None:
-        cffi = importlib.import_module("cffi")  # untyped third-party module
-        _FFI = cffi.FFI()
-        _FFI.cdef(_CDEF)
-    return _FFI
+ffi = lazy_ffi(_CDEF)  # the launcher's cffi FFI (ABI mode)
 
 
 def load_launcher(path: str, key: str) -> Any:

@@ -17,19 +17,15 @@ Flags: ``-O3`` for the host launcher and device code; no ``--use_fast_math`` (ke
 from __future__ import annotations
 
 import glob
-import hashlib
 import importlib
 import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
-from functools import lru_cache
 
-from shapegrad._version import __version__
-from shapegrad.backends.c import toolchain as c_toolchain
+from shapegrad.backends.c.toolchain import BuildSpec, library_for
 
-CUDA_FLAGS = ("-O3", "-std=c++17", "-x", "cu", "-Xcompiler", "-fPIC", "-shared")
+CUDA_FLAGS = ("-O3", "-std=c++17", "-x", "cu")
 DEFAULT_ARCH = "sm_90"
 
 
@@ -61,14 +57,6 @@ def require_nvcc() -> str:
             "CUDA backend: nvcc not found (install the CUDA toolkit, or set $NVCC / $CUDA_HOME)"
         )
     return path
-
-
-@lru_cache(maxsize=4)
-def nvcc_version(path: str) -> str:
-    """The release and build lines of ``nvcc --version`` (part of the cache key)."""
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
-    lines = (out.stdout or out.stderr).strip().splitlines()
-    return " ".join(lines[-2:]) if lines else path
 
 
 def compile_check(source: str, arch: str = DEFAULT_ARCH, timeout: float = 900) -> None:
@@ -108,35 +96,8 @@ def cublas_library() -> str | None:
     return libs[0] if libs else None
 
 
-@dataclass(frozen=True)
-class LauncherSpec:
-    """Everything that determines a launcher library."""
-
-    source: str
-    nvcc: str
-    arch: str
-    link: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        h = hashlib.sha256()
-        for part in (
-            self.source,
-            nvcc_version(self.nvcc),
-            " ".join(CUDA_FLAGS),
-            self.arch,
-            " ".join(self.link),
-            __version__,
-        ):
-            h.update(part.encode())
-            h.update(b"\0")
-        return "cu" + h.hexdigest()[:30]
-
-    def full_source(self) -> str:
-        return self.source + f'\nextern "C" const char sg_key[] = "{self.key}";\n'
-
-
-def make_spec(source: str, arch: str, uses_cublas: bool) -> LauncherSpec:
+def make_spec(source: str, arch: str, uses_cublas: bool) -> BuildSpec:
+    """The C toolchain's build spec for a launcher library (same cache, same trust rules)."""
     link: tuple[str, ...] = ()
     if uses_cublas:
         lib = cublas_library()
@@ -145,47 +106,18 @@ def make_spec(source: str, arch: str, uses_cublas: bool) -> LauncherSpec:
                 "CUDA backend: this program multiplies matrices with cuBLAS, which was not found "
                 "(pip install nvidia-cublas, or install the CUDA toolkit's cuBLAS)"
             )
-        folder = os.path.dirname(lib)
-        link = (lib, f"-Xlinker=-rpath,{folder}")
-    return LauncherSpec(source, require_nvcc(), arch, link)
+        link = (lib, f"-Xlinker=-rpath,{os.path.dirname(lib)}")
+    return BuildSpec(
+        source,
+        require_nvcc(),
+        (*CUDA_FLAGS, f"-arch={arch}"),
+        link,
+        suffix=".cu",
+        shared_flags=("-Xcompiler", "-fPIC", "-shared"),
+        key_decl='extern "C" const char sg_key[]',
+    )
 
 
-def build_launcher(spec: LauncherSpec) -> str:
-    """Compile ``spec`` into the cache (atomically) unless a verified copy is there."""
-    folder = c_toolchain.cache_dir()
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    final = os.path.join(folder, spec.key + ".so")
-    if _verified(final):
-        return final
-    fd, tmp_src = tempfile.mkstemp(prefix=f"{spec.key}-", suffix=".cu", dir=folder)
-    tmp_so = tmp_src[:-3] + ".so"
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(spec.full_source())
-    cmd = [spec.nvcc, *CUDA_FLAGS, f"-arch={spec.arch}", tmp_src, "-o", tmp_so, *spec.link]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        kept = os.path.join(folder, spec.key + ".failed.cu")
-        os.replace(tmp_src, kept)
-        raise NvccError(
-            f"CUDA backend: nvcc failed on {kept} (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()[-4000:]}"
-        )
-    os.unlink(tmp_src)
-    with open(tmp_so, "rb") as handle:
-        digest = hashlib.sha256(handle.read()).hexdigest()
-    fd, tmp_sum = tempfile.mkstemp(prefix=f"{spec.key}-", suffix=".sha256", dir=folder)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(digest)
-    os.replace(tmp_so, final)  # library first: a reader that sees the new checksum sees it
-    os.replace(tmp_sum, final + ".sha256")
-    return final
-
-
-def _verified(path: str) -> bool:
-    try:
-        with open(path + ".sha256", encoding="ascii") as handle:
-            expected = handle.read().strip()
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest() == expected
-    except OSError:
-        return False
+def build_launcher(spec: BuildSpec) -> str:
+    """The launcher library for ``spec``: a verified cached one, else a fresh nvcc build."""
+    return library_for(spec)[0]
