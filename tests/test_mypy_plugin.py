@@ -1,6 +1,7 @@
 """Static shape checking: shapegrad's mypy plugin over the fixture models in tests/mypy_fixtures.
 
-Every fixture is checked in one mypy run with the plugin (and one without it).
+Every fixture, the realistic correct corpus (tests/mypy_fixtures/corpus) and the
+dogfooded project code are checked in one mypy run with the plugin (and one without it).
 Correct models (``good_*.py``, ``silenced.py``) must produce no error at all;
 buggy ones (``bad_*.py``) and the inference probe (``probe_inference.py``, whose
 annotations are deliberately wrong so each message shows an inferred shape) carry their exact expected message in a ``# E: ...`` comment line
@@ -19,6 +20,7 @@ from mypy import api as mypy_api
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "mypy_fixtures"
 CONFIG = FIXTURES / "mypy.ini"
+CORPUS = FIXTURES / "corpus"
 # The project dogfoods the plugin: its examples and annotated model code are checked
 # in the same mypy run and must come out clean.
 DOGFOOD = [
@@ -51,7 +53,7 @@ def run_mypy(config: Path, cache: Path) -> tuple[Findings, str]:
 
     Fixture files are keyed by name, other files by path.
     """
-    targets = [str(FIXTURES), *(str(p) for p in DOGFOOD if p.exists())]
+    targets = [str(FIXTURES), *(str(p) for p in DOGFOOD if p.exists())]  # FIXTURES holds CORPUS
     os.environ["SHAPEGRAD_PLUGIN_DEBUG"] = "1"  # a bug in a rule must crash the test, not hide
     try:
         stdout, stderr, _ = mypy_api.run(
@@ -65,6 +67,8 @@ def run_mypy(config: Path, cache: Path) -> tuple[Findings, str]:
         if match and match["kind"] == "error":
             path = Path(match["file"])
             key = path.name if path.parent.name == FIXTURES.name else str(path)
+            if path.parent.name == CORPUS.name:
+                key = f"corpus/{path.name}"
             findings.setdefault(key, []).append((int(match["line"]), match["msg"]))
     return findings, stdout + stderr
 
@@ -77,7 +81,7 @@ def with_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str
 @pytest.fixture(scope="module")
 def without_plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Findings, str]:
     plain = tmp_path_factory.mktemp("mypy-plain") / "mypy.ini"
-    plain.write_text(CONFIG.read_text().replace("plugins = shapegrad.mypy_plugin", ""))
+    plain.write_text(CONFIG.read_text().replace("plugins = shapegrad_mypy", ""))
     return run_mypy(plain, tmp_path_factory.mktemp("mypy-cache-plain"))
 
 
@@ -89,16 +93,29 @@ def test_fixture_reports_exactly_the_expected_errors(
     assert findings[path.name] == expected(path), output
 
 
+def test_realistic_corpus_has_no_false_positives(with_plugin: tuple[Findings, str]) -> None:
+    """30+ correct model files (transformers, CNNs, residual nets, training loops, data code)."""
+    findings, output = with_plugin
+    corpus = sorted(CORPUS.glob("*.py"))
+    assert len(corpus) >= 30
+    reported = {name: errs for name, errs in findings.items() if name.startswith("corpus/")}
+    assert reported == {}, output
+
+
 def test_examples_and_model_code_check_clean_with_the_plugin(
     with_plugin: tuple[Findings, str],
 ) -> None:
     findings, output = with_plugin
     fixture_names = {p.name for p in _fixture_files()}
-    outside = {name: errs for name, errs in findings.items() if name not in fixture_names}
+    outside = {
+        name: errs
+        for name, errs in findings.items()
+        if name not in fixture_names and not name.startswith("corpus/")
+    }
     assert outside == {}, output
     assert "error: INTERNAL ERROR" not in output
     checked = re.search(r"checked (\d+) source files", output)
-    assert checked is not None and int(checked[1]) > len(fixture_names), output
+    assert checked is not None and int(checked[1]) > len(fixture_names) + 30, output
 
 
 def test_every_buggy_fixture_expects_an_error_and_correct_ones_none() -> None:

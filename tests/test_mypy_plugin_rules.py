@@ -13,6 +13,7 @@ import pytest
 import shapegrad as sg
 from shapegrad.mypy_plugin import algebra as A
 from shapegrad.mypy_plugin import layers as L
+from shapegrad.mypy_plugin import sizes
 from shapegrad.mypy_plugin.algebra import Mismatch, Operand
 from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, parse_spec, restrict
 from shapegrad.mypy_plugin.unify import Binder, compare
@@ -173,7 +174,8 @@ def test_binder_instantiates_and_reports_conflicts() -> None:
 def test_spec_parsing_encoding_and_scoping() -> None:
     shape = parse_spec("*batch b 784 _ #c h+1", "float", "m.f")
     assert shape is not None
-    assert shape.dims == (Var("batch", "m.f"), Sym("b", "m.f"), 784, None, None, None)
+    h_plus_1 = sizes.add(Sym("h", "m.f"), 1)  # a jaxtyping size expression
+    assert shape.dims == (Var("batch", "m.f"), Sym("b", "m.f"), 784, None, None, h_plus_1)
     assert decode(encode(shape)) == shape
     rigid = {("b", "m.f", False): Sym("b", "owner")}
     assert restrict(shape, rigid).dims == (Var(None, ""), Sym("b", "owner"), 784, None, None, None)

@@ -6,7 +6,7 @@ from shapegrad import Float, Tensor
 
 @sg.typechecked
 def center(x: Float[Tensor, "b 784"]) -> Float[Tensor, "b 784"]:
-    # E: sub: cannot broadcast x [b, 784] and [b]: dimension -1 is 784 vs b
+    # E: sub: cannot broadcast x [b, 784] and x.mean(...) [b]: dimension -1 is 784 vs b
     return x - x.mean(axis=1)
 
 

@@ -11,7 +11,7 @@ def model(x: Float[Tensor, "b 784"], w: Float[Tensor, "10 784"]) -> Float[Tensor
 
 @sg.typechecked
 def pipeline(features: Float[Tensor, "n 512"], w: Float[Tensor, "10 784"]) -> Float[Tensor, "n 10"]:
-    # E: model: argument features has shape [n, 512], expected [b, 784] (dimension 1: 512 != 784)
+    # E: model: argument features for parameter x has shape [n, 512], expected [b, 784] (dimension 1: 512 != 784)
     return model(features, w)
 
 

@@ -38,7 +38,7 @@ def probe(
     a9: Wrong = x.T
     # E: assignment to b1: value has shape [b, 32, 32, 3], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
     b1: Wrong = img.permute(0, 2, 3, 1)
-    # E: assignment to b2: value has shape [?, 784], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
+    # E: assignment to b2: value has shape [2 * b, 784], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
     b2: Wrong = sg.concat([x, x], axis=0)
     # E: assignment to b3: value has shape [b, 3, 784], but the annotation says [0, 0, 0, 0, 0] (rank 3 != 5)
     b3: Wrong = sg.stack([x, x, x], axis=1)

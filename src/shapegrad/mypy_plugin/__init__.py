@@ -1,9 +1,10 @@
 """shapegrad's mypy plugin: static shape checking of ``Float[Tensor, "b 784"]`` code.
 
-Enable it in the mypy configuration::
+Enable it in the mypy configuration (``shapegrad_mypy`` is the same plugin
+loaded without importing the shapegrad runtime, see :mod:`shapegrad_mypy`)::
 
     [tool.mypy]
-    plugins = ["shapegrad.mypy_plugin"]
+    plugins = ["shapegrad_mypy"]
 
 With it, jaxtyping annotations on :class:`shapegrad.Tensor` carry their shapes
 and dtypes through mypy's inference; shapegrad's ops compute result shapes;
@@ -14,23 +15,30 @@ Certain mismatches are reported with the error code ``shapegrad-shape``
 statically known stays unknown and is never reported.
 
 Semantics: a dim name is bound per call, like a type variable, and is *rigid*
-inside the function whose signature declares it (``b`` is not ``784`` and not
-``n``); a name written only in a body annotation, ``_``, ``#b``, ``h+1`` and
-any non-literal size are unknown and never reported. Rebinding an annotated
-name (``x = x.reshape(...)``) is not checked; ``y: Float[...] = value`` and
-``return value`` are.
+inside the function whose parameters declare it (``b`` is not ``784``, ``b * t``
+is not ``b``); a name written only in a body or return annotation is bound by
+the value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be
+read are unknown and never reported. Sizes are symbolic (``sizes``): products,
+sums and exact division of named dims, from specs (``3*c``) and from Python ints
+(``B, T, C = x.shape``, ``C // n_head``; see ``intsize``). A plain ``Tensor`` is
+marked unknown explicitly, so rebinding a variable never brings back a stale
+shape (``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile`` and
+``ScalarTrainer`` keep the wrapped function's signature (``transforms``); a
+small plain-``Tensor`` helper gets its result shape from its body (``inline``).
 
-Known limits: the return/assignment walk runs once per module after mypy's
-first pass and needs at least one shapegrad op or annotated call inside some
-function of the module to be scheduled; ``transpose``/``permute`` need a known
-rank; sums of named dims (``concat`` of ``[b]`` and ``[b]``) and ``einsum``
-with ``...`` are unknown; calling an object (``model(x)``) or an overloaded
-function does not instantiate dims.
+Known limits: returns/assignments are checked once per module after mypy's
+first pass, for modules that call a shapegrad op or an annotated function; a
+variable reassigned inside ``if``/``for`` is unknown after the merge; shapes in
+Python lists, NumPy arrays and helpers with branches, loops or comprehensions
+are not followed; ``einsum`` with ``...`` and calling an overloaded function or
+an arbitrary object stay unknown; ``//`` on symbolic sizes is taken as exact.
 
-Modules: ``spec`` (shapes and jaxtyping specs), ``carrier`` (shapes inside
-mypy types), ``algebra``/``layers`` (op rules on shapes), ``unify`` (matching
-and instantiation), ``rules`` (shapegrad ops by name), ``calls`` (user
-functions), ``returns`` (whole-body checks).
+Modules: ``spec`` (shapes and jaxtyping specs), ``sizes`` (size algebra),
+``carrier`` (shapes inside mypy types), ``algebra``/``layers`` (op rules on
+shapes), ``unify`` (matching and instantiation), ``rules`` (ops by name),
+``optable`` (where ops are defined), ``intsize`` (sizes in ints), ``calls``
+(user functions), ``inline`` (plain helpers), ``transforms`` (grad/compile/
+trainer), ``returns`` (whole-body checks).
 """
 
 from __future__ import annotations
@@ -66,16 +74,18 @@ from mypy.plugin import (
 )
 from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
 
-from shapegrad.mypy_plugin import algebra as A
-from shapegrad.mypy_plugin.algebra import Mismatch
-from shapegrad.mypy_plugin.aliases import simple_alias, spec_at
-from shapegrad.mypy_plugin.call import Call
-from shapegrad.mypy_plugin.calls import instantiate
-from shapegrad.mypy_plugin.carrier import TENSOR, attach, is_tensor
-from shapegrad.mypy_plugin.env import SHAPE_ERROR, Env
-from shapegrad.mypy_plugin.returns import check_module
-from shapegrad.mypy_plugin.rules import FUNCTION_RULES, METHOD_RULES, Rule
-from shapegrad.mypy_plugin.spec import dtype_of_annotation, parse_spec
+from . import algebra as A
+from . import transforms as T
+from .algebra import Mismatch
+from .aliases import simple_alias, spec_at
+from .call import Call
+from .calls import instantiate
+from .carrier import TENSOR, attach, is_tensor
+from .env import SHAPE_ERROR, Env
+from .optable import OP_FULLNAMES
+from .returns import check_module
+from .rules import FUNCTION_RULES, METHOD_RULES, Rule
+from .spec import dtype_of_annotation, parse_spec
 
 __all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
 
@@ -121,12 +131,13 @@ def analyze_annotated(ctx: AnalyzeTypeContext) -> Type:
 def analyze_tensor(ctx: AnalyzeTypeContext) -> Type:
     """A bare ``Tensor``; if it is what mypy left of ``Float[Tensor, "spec"]`` in an alias, the shape."""
     tensor = ctx.api.named_type(TENSOR, [])
+    str_type = ctx.api.named_type("builtins.str", [])
     tree = getattr(ctx.api, "cur_mod_node", None)
     if not isinstance(tree, MypyFile) or ctx.type.args:
-        return tensor
+        return attach(tensor, None, str_type)
     found = spec_at(tree, ctx.type.line, ctx.type.column)
     if found is None:
-        return tensor
+        return attach(tensor, None, str_type)  # a plain `Tensor` annotation: shape unknown
     return _shaped_tensor(ctx, found[0], found[1], None)
 
 
@@ -171,10 +182,13 @@ class ShapePlugin(Plugin):
     # --- calls ----------------------------------------------------------------------------
 
     def get_function_hook(self, fullname: str) -> Callable[[FunctionContext], Type] | None:
-        op = _op_fullnames().get(fullname)
+        op = OP_FULLNAMES.get(fullname)
         if op is not None:
             rule = FUNCTION_RULES[op]
             return _guarded(lambda ctx: self._apply(rule, ctx, None), _default)
+        transform = _TRANSFORMS.get(fullname)
+        if transform is not None:
+            return _guarded(transform, _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
         return _guarded(self._user_function, _default)
@@ -184,6 +198,10 @@ class ShapePlugin(Plugin):
         if cls == TENSOR and name in METHOD_RULES:
             rule = METHOD_RULES[name]
             return _guarded(lambda ctx: self._apply(rule, ctx, ctx, name), _default)
+        if fullname == T.COMPILED_CALL:
+            return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
+        if fullname in T.TRAINER_METHODS:
+            return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
         return _guarded(self._user_method, _default)
@@ -209,7 +227,7 @@ class ShapePlugin(Plugin):
             self_operand = env.operand(_receiver(ctx.context, reverse), method.type)
             if self_operand is None:
                 self._after_hook(ctx.api)
-                return ctx.default_return_type
+                return attach(ctx.default_return_type, None, env.str_type())
         call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, self_operand)
         try:
             shape = rule(call)
@@ -244,7 +262,7 @@ class ShapePlugin(Plugin):
         context = ctx.context
         x = env.operand(context.expr if isinstance(context, MemberExpr) else None, ctx.type)
         if x is None:
-            return ctx.default_attr_type
+            return attach(ctx.default_attr_type, None, env.str_type())
         try:
             shape = A.transpose("T", x, None)
         except Mismatch:
@@ -324,22 +342,12 @@ def _guarded(
     return run
 
 
-@functools.cache
-def _op_fullnames() -> dict[str, str]:
-    """``"shapegrad.functional.relu" -> "relu"``: the functions the rules describe, by definition site.
-
-    Keyed by where each public op is defined (not by bare name) so that another
-    function called ``sum`` or ``stack`` somewhere in shapegrad never gets an op rule.
-    """
-    import shapegrad
-
-    out: dict[str, str] = {}
-    for name in FUNCTION_RULES:
-        fn = getattr(shapegrad, name, None)
-        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-        if module and qualname:
-            out[f"{module}.{qualname}"] = name
-    return out
+_TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
+    T.VALUE_AND_GRAD: lambda ctx: T.differentiate(ctx, with_value=True),
+    T.GRAD: lambda ctx: T.differentiate(ctx, with_value=False),
+    T.COMPILE: T.compile_fn,
+    T.TRAINER: T.make_trainer,
+}
 
 
 @functools.cache

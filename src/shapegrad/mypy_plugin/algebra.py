@@ -9,10 +9,10 @@ unknown dim (None) or an anonymous variadic never causes an error.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shapegrad.mypy_plugin.spec import Dim, Item, Sym, TShape, Var, show, show_item
+from . import sizes
+from .spec import Dim, Item, TShape, Var, show, show_item
 
 ANON = Var(None, "")
 
@@ -34,10 +34,10 @@ class Operand:
 
 
 def differ(a: Item, b: Item) -> bool:
-    """True when dims ``a`` and ``b`` are certainly different sizes."""
+    """True when dims ``a`` and ``b`` are certainly different sizes (see :func:`sizes.differ`)."""
     if a is None or b is None or isinstance(a, Var) or isinstance(b, Var):
         return False
-    return a != b
+    return sizes.differ(a, b)
 
 
 def join_dtype(*dtypes: str | None) -> str | None:
@@ -250,52 +250,33 @@ def transpose(op: str, x: Operand, perm: list[int] | None) -> TShape | None:
     return x.shape.with_dims([dims[p] for p in positions if p is not None])
 
 
-def _product(dims: Sequence[Item]) -> tuple[int, list[Sym]] | None:
-    """(literal factor, named factors) of the element count; None if a dim is unknown."""
-    factor, names = 1, []
-    for d in dims:
-        if isinstance(d, int):
-            factor *= d
-        elif isinstance(d, Sym):
-            names.append(d)
-        else:
-            return None
-    return factor, sorted(names, key=lambda s: (s.name, s.scope))
-
-
 def reshape(x: Operand, target: list[Dim]) -> TShape | None:
-    """Reshape to literal sizes; one ``-1`` is solved when the element count allows."""
+    """Reshape to sizes (literal or symbolic); one ``-1`` is solved when the element count allows.
+
+    Example: ``[b, t, c]`` to ``[b * t, c]`` is fine; to ``[b, c]`` raises (``b * t * c`` elements
+    cannot become ``b * c``, whatever ``t`` is).
+    """
     if sum(1 for d in target if d == -1) > 1:
         raise Mismatch(f"reshape: at most one -1 allowed, got {show(target)}")
-    have = _product(list(x.shape.dims)) if x.shape.fixed else None
-    known = [d for d in target if d != -1]
-    want = _product(known)
-    out: list[Item] = list(target)
-    if -1 in target:
-        solved: Item = None
-        if have is not None and want is not None and want[0] and have[0] % want[0] == 0:
-            names = list(have[1])
-            if all(n in names for n in want[1]):
-                for n in want[1]:
-                    names.remove(n)
-                rest = have[0] // want[0]
-                if not names:
-                    solved = rest
-                elif len(names) == 1 and rest == 1:
-                    solved = names[0]
-        elif have is not None and want is not None and not have[1] and not want[1]:
+    have = sizes.product(x.shape.dims) if x.shape.fixed else None
+    want = sizes.product(d for d in target if d != -1)
+    if -1 not in target:
+        if have is not None and want is not None and differ(have, want):
             raise Mismatch(
-                f"reshape: cannot reshape {x.describe()} ({have[0]} elements) into {show(target)}"
+                f"reshape: cannot reshape {x.describe()} ({show_item(have)} elements) into "
+                f"{show(target)} ({show_item(want)} elements)"
             )
-        out = [solved if d == -1 else d for d in target]
-    elif (
-        have is not None and want is not None and not have[1] and not want[1] and have[0] != want[0]
-    ):
-        raise Mismatch(
-            f"reshape: cannot reshape {x.describe()} ({have[0]} elements) into "
-            f"{show(target)} ({want[0]} elements)"
-        )
-    return TShape(tuple(out), x.shape.dtype)
+        return TShape(tuple(target), x.shape.dtype)
+    solved: Item = None
+    if isinstance(have, int) and isinstance(want, int):
+        if want == 0 or have % want:
+            raise Mismatch(
+                f"reshape: cannot reshape {x.describe()} ({have} elements) into {show(target)}"
+            )
+        solved = have // want
+    elif have is not None and want not in (None, 0):
+        solved = sizes.floordiv(have, want)
+    return TShape(tuple(solved if d == -1 else d for d in target), x.shape.dtype)
 
 
 def concat(op: str, xs: list[Operand], axis: int, new_axis: bool) -> TShape | None:
@@ -312,8 +293,10 @@ def concat(op: str, xs: list[Operand], axis: int, new_axis: bool) -> TShape | No
     for i in range(rank):
         column = [o.shape.dims[i] for o in xs]
         if i == pos and not new_axis:
-            ints = [d for d in column if isinstance(d, int)]
-            out.append(sum(ints) if len(ints) == len(column) else None)
+            total: Item = 0
+            for d in column:
+                total = sizes.add(total, d)
+            out.append(total)
             continue
         for d in column[1:]:
             if differ(column[0], d):

@@ -28,7 +28,7 @@ from mypy.nodes import (
     TupleExpr,
 )
 
-from shapegrad.mypy_plugin.spec import dtype_of_annotation
+from .spec import dtype_of_annotation
 
 Position = tuple[int, int]
 Found = tuple[str, str]  # (annotation name such as "Float", spec string)

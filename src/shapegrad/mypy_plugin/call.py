@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from mypy.nodes import Expression
 from mypy.types import Type
 
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.env import Env
+from .algebra import Operand
+from .carrier import tuple_items
+from .env import Env
+from .literals import label
 
 
 @dataclass
@@ -60,3 +62,19 @@ class Call:
     def all_exprs(self, name: str, position: int) -> list[Expression]:
         slot = self._slot(name, position)
         return [] if slot is None else list(self.args[slot])
+
+    def tuple_operands(self, name: str, position: int) -> list[Operand | None] | None:
+        """The tensors of a tuple/ParamList argument, item by item (``params[0]``, ...)."""
+        slot = self._slot(name, position)
+        if slot is None or not self.args[slot]:
+            return None
+        expr = self.args[slot][0]
+        items = tuple_items(self.env.flow_type(expr, self.arg_types[slot][0]))
+        if items is None:
+            return None
+        base = label(expr) or name
+        return [_relabel(self.env.operand(None, t), f"{base}[{i}]") for i, t in enumerate(items)]
+
+
+def _relabel(operand: Operand | None, text: str) -> Operand | None:
+    return None if operand is None else Operand(text, operand.shape, operand.scalar)

@@ -10,7 +10,10 @@ when it checks subtyping, so without this plugin the same code is plain
 
 from __future__ import annotations
 
+from mypy.nodes import Decorator, TypeInfo
+from mypy.nodes import Var as MypyVar
 from mypy.types import (
+    CallableType,
     ExtraAttrs,
     Instance,
     LiteralType,
@@ -21,10 +24,15 @@ from mypy.types import (
     get_proper_type,
 )
 
-from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, names_in
+from .spec import Sym, TShape, Var, decode, encode, names_in
 
 TENSOR = "shapegrad.tensor.Tensor"
 KEY = "__shapegrad_shape__"
+FN_KEY = "__shapegrad_fn__"
+# A Tensor whose shape is not known carries this marker rather than nothing: when a
+# variable is reassigned, mypy keeps its *first* type's extra attributes if the new
+# type has none (meet_types), so an unmarked Tensor would bring back a stale shape.
+UNKNOWN = TShape((Var(None, ""),), None)
 
 
 def is_tensor(typ: Type) -> bool:
@@ -47,11 +55,11 @@ def shape_of(typ: Type | None) -> TShape | None:
 
 
 def attach(typ: Type, shape: TShape | None, str_type: Instance) -> Type:
-    """``typ`` (a Tensor instance) carrying ``shape``; other types come back unchanged."""
+    """``typ`` (a Tensor instance) carrying ``shape`` (None: :data:`UNKNOWN`); others unchanged."""
     proper = get_proper_type(typ)
-    if shape is None or not isinstance(proper, Instance) or not is_tensor(proper):
+    if not isinstance(proper, Instance) or not is_tensor(proper):
         return typ
-    attrs = ExtraAttrs({KEY: LiteralType(encode(shape), str_type)})
+    attrs = ExtraAttrs({KEY: LiteralType(encode(shape or UNKNOWN), str_type)})
     return Instance(
         proper.type,
         proper.args,
@@ -80,13 +88,102 @@ def tensor_items(typ: Type | None) -> list[tuple[str, TShape]]:
 
 
 def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
-    """The named dims in some annotations (a function signature: its rigid names)."""
+    """The named dims in some annotations (a function signature: its rigid names).
+
+    A parameter whose class has shaped fields or properties (a ParamList subclass,
+    a dataclass of weights; ``self`` too) brings those names: within one signature
+    one letter is one dim, as ``sg.typechecked`` binds it at run time.
+    """
     names: set[Sym | Var] = set()
     for typ in types:
         proper = get_proper_type(typ)
         if isinstance(proper, UnionType):
             names |= signature_names(list(proper.items))
             continue
+        own: set[Sym | Var] = set()
         for _, shape in tensor_items(proper):
-            names |= names_in(shape)
+            own |= names_in(shape)
+        info = _class_of(proper)
+        if info is not None:
+            fields, returned = member_names(info)
+            own |= fields
+            declared = {n.name for n in own}
+            own |= {n for n in returned if n.name in declared}
+        names |= own
     return frozenset(names)
+
+
+def _class_of(proper: ProperType) -> TypeInfo | None:
+    if isinstance(proper, TupleType):
+        return proper.partial_fallback.type
+    if isinstance(proper, Instance) and not is_tensor(proper):
+        return proper.type
+    return None
+
+
+Names = frozenset[Sym | Var]
+_MEMBER_CACHE: dict[int, tuple[TypeInfo, tuple[Names, Names]]] = {}
+_LIBRARY = ("builtins.", "typing.", "shapegrad.", "numpy.", "collections.", "abc.")
+
+
+def member_names(info: TypeInfo) -> tuple[Names, Names]:
+    """Named dims of a user class's shaped attributes, and of its properties' results.
+
+    A property's result shares the names of the elements and attributes; a name
+    only a property's result uses is bound by that result (as jaxtyping binds it).
+    """
+    cached = _MEMBER_CACHE.get(id(info))
+    if cached is not None and cached[0] is info:
+        return cached[1]
+    names: set[Sym | Var] = set()
+    returned: set[Sym | Var] = set()  # property results: their own names are bound by the result
+    for klass in info.mro:
+        if klass.fullname.startswith(_LIBRARY):
+            continue
+        for sym in klass.names.values():
+            node = sym.node
+            if isinstance(node, MypyVar):
+                for _, shape in tensor_items(node.type):
+                    names |= names_in(shape)
+            elif isinstance(node, Decorator) and node.func.is_property:
+                sig = node.func.type
+                for _, shape in tensor_items(
+                    sig.ret_type if isinstance(sig, CallableType) else None
+                ):
+                    returned |= names_in(shape)
+    result = (frozenset(names), frozenset(returned))
+    _MEMBER_CACHE[id(info)] = (info, result)
+    return result
+
+
+def attach_fn(typ: Type, fn: CallableType) -> Type:
+    """An instance (``Compiled``, ``ScalarTrainer``) remembering the function it wraps."""
+    proper = get_proper_type(typ)
+    if not isinstance(proper, Instance):
+        return typ
+    attrs = ExtraAttrs({FN_KEY: fn})
+    return Instance(
+        proper.type,
+        proper.args,
+        proper.line,
+        proper.column,
+        last_known_value=proper.last_known_value,
+        extra_attrs=attrs,
+    )
+
+
+def wrapped_fn(typ: Type | None) -> CallableType | None:
+    """The function an instance made by :func:`attach_fn` wraps."""
+    proper = get_proper_type(typ) if typ is not None else None
+    if not isinstance(proper, Instance) or proper.extra_attrs is None:
+        return None
+    fn = get_proper_type(proper.extra_attrs.attrs.get(FN_KEY))
+    return fn if isinstance(fn, CallableType) else None
+
+
+def tuple_items(typ: Type | None) -> list[Type] | None:
+    """Item types of a tuple type or a ParamList/TList subclass instance."""
+    proper = get_proper_type(typ) if typ is not None else None
+    if isinstance(proper, Instance) and proper.type.tuple_type is not None:
+        proper = proper.type.tuple_type
+    return list(proper.items) if isinstance(proper, TupleType) else None

@@ -6,34 +6,55 @@ from dataclasses import dataclass, field
 
 from mypy.checker import TypeChecker
 from mypy.errorcodes import ErrorCode
-from mypy.nodes import Context, Expression, FuncItem
+from mypy.literals import literal
+from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
+from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
 from mypy.types import CallableType, Instance, Type, get_proper_type
 
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.carrier import shape_of, signature_names
-from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Rigid, Sym, TShape, Var, add_rigid, restrict
+from .algebra import Operand
+from .carrier import shape_of, signature_names
+from .intsize import ModuleIndex, module_index, size_of
+from .literals import label
+from .spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
 
 _SCALARS = ("builtins.int", "builtins.float", "builtins.bool")
 _RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
+# Per stack of enclosing functions (by identity): the rigid names and the owner key.
+_SCOPES: dict[tuple[int, ...], tuple[tuple[FuncItem, ...], Rigid, str]] = {}
+_RESTRICTED: dict[tuple[TShape, tuple[int, ...]], TShape] = {}
 
 
 def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
-    """The named dims of ``func``'s own signature (cached per function object)."""
+    """The named dims of ``func``'s parameters (cached per function object).
+
+    A name written only in the return annotation is bound by the returned value
+    (as jaxtyping does), so it is not rigid, unless an ``int`` parameter of that
+    name gives its size (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
+    """
     cached = _RIGID_CACHE.get(id(func))
     if cached is not None and cached[0] is func:
         return cached[1]
     sig = func.type
-    names = (
-        signature_names([*sig.arg_types, sig.ret_type])
-        if isinstance(sig, CallableType)
-        else frozenset()
-    )
+    names: frozenset[Sym | Var] = frozenset()
+    if isinstance(sig, CallableType):
+        sized = {
+            name
+            for name, typ in zip(sig.arg_names, sig.arg_types, strict=True)
+            if name and _is_int(typ)
+        }
+        names = signature_names(list(sig.arg_types)) | frozenset(
+            n for n in signature_names([sig.ret_type]) if n.name in sized
+        )
     _RIGID_CACHE[id(func)] = (func, names)
     return names
+
+
+def _is_int(typ: Type) -> bool:
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
 
 
 def owner_key(func: FuncItem) -> str:
@@ -47,35 +68,79 @@ class Env:
 
     api: CheckerPluginInterface
     rigid: Rigid = field(init=False)
+    owner: str = field(init=False, default="")
+    _key: tuple[int, ...] = field(init=False, default=())
+    # Ints whose size is known here regardless of the module's assignments (inline.py).
+    ints: dict[MypyVar, Item] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        rigid: Rigid = {}
+        funcs: tuple[FuncItem, ...] = ()
         if isinstance(self.api, TypeChecker):
-            for item in self.api.scope.stack:
-                if isinstance(item, FuncItem):
-                    rigid = add_rigid(rigid, owner_key(item), rigid_names(item))
-        self.rigid = rigid
+            funcs = tuple(f for f in self.api.scope.stack if isinstance(f, FuncItem))
+        self._key = tuple(id(f) for f in funcs)
+        cached = _SCOPES.get(self._key)
+        if cached is None or cached[0] != funcs:
+            rigid: Rigid = {}
+            for func in funcs:
+                rigid = add_rigid(rigid, owner_key(func), rigid_names(func))
+            cached = (funcs, rigid, owner_key(funcs[-1]) if funcs else "")
+            _SCOPES[self._key] = cached
+        self.rigid, self.owner = cached[1], cached[2]
 
     def shape(self, typ: Type | None) -> TShape | None:
         """The shape of ``typ`` in this function's terms (foreign names forgotten)."""
         shape = shape_of(typ)
-        return None if shape is None else restrict(shape, self.rigid)
+        if shape is None:
+            return None
+        key = (shape, self._key)
+        restricted = _RESTRICTED.get(key)
+        if restricted is None:
+            if len(_RESTRICTED) > 65536:
+                _RESTRICTED.clear()
+            restricted = _RESTRICTED[key] = restrict(shape, self.rigid)
+        return restricted
 
     def type_of(self, expr: Expression) -> Type | None:
         """The type mypy inferred for an already-checked expression."""
         return self.api.lookup_type_or_none(expr) if isinstance(self.api, TypeChecker) else None
 
-    def dims_of(self, expr: Expression) -> tuple[object, ...] | None:
-        shape = self.shape(self.type_of(expr))
+    def flow_type(self, expr: Expression | None, typ: Type | None) -> Type | None:
+        """``typ`` as of here for a variable that was reassigned (the binder's own record).
+
+        mypy reads a reassigned variable as the *meet* of its first type and its
+        current one, and the meet keeps the first shape when the current type has
+        none (a plain ``Tensor``, or a join of two shapes): a stale shape that
+        would be reported on correct code. The binder holds the current type alone.
+        """
+        if (
+            isinstance(self.api, TypeChecker)
+            and isinstance(expr, NameExpr | MemberExpr | IndexExpr)
+            and literal(expr) >= LITERAL_TYPE
+        ):
+            current = self.api.binder.get(expr)
+            if current is not None:
+                return current
+        return typ
+
+    def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
+        shape = self.shape(self.flow_type(expr, self.type_of(expr)))
         return shape.dims if shape is not None and shape.fixed else None
 
     def operand(self, expr: Expression | None, typ: Type | None) -> Operand | None:
         """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
+        typ = self.flow_type(expr, typ)
         proper = get_proper_type(typ) if typ is not None else None
         if isinstance(proper, Instance) and proper.type.fullname in _SCALARS:
             return Operand(label(expr), TShape((), None), proper.type.fullname.split(".")[1])
         shape = self.shape(typ)
         return None if shape is None else Operand(label(expr), shape)
+
+    def size(self, expr: Expression | None) -> Item:
+        """The size an int expression stands for (see :mod:`intsize`), None if unknown."""
+        return size_of(self, expr)
+
+    def module_index(self) -> ModuleIndex | None:
+        return module_index(self.api.tree) if isinstance(self.api, TypeChecker) else None
 
     def str_type(self) -> Instance:
         return self.api.named_generic_type("builtins.str", [])

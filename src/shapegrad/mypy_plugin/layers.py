@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from shapegrad.mypy_plugin.algebra import Mismatch, Operand, differ, resolve_axis
-from shapegrad.mypy_plugin.spec import Item, TShape, Var, show, show_item
+from . import sizes
+from .algebra import Mismatch, Operand, differ, resolve_axis
+from .literals import DYNAMIC, UNKNOWN
+from .spec import Item, TShape, Var, show, show_item
 
 Pair = tuple[int, int] | None  # None: not a literal
 
@@ -12,6 +14,8 @@ def _window(size: Item, kernel: Item, stride: int | None, pad: int | None) -> It
     """Output size of a sliding window: ``(size + 2 pad - kernel) // stride + 1``."""
     if isinstance(size, int) and isinstance(kernel, int) and stride and pad is not None:
         return (size + 2 * pad - kernel) // stride + 1
+    if stride == 1 and pad is not None and kernel is not None:
+        return sizes.add(sizes.sub(size, kernel), 2 * pad + 1)  # exact: no rounding at stride 1
     return None
 
 
@@ -102,8 +106,26 @@ def layer_norm(x: Operand, params: list[Operand], axes: list[int] | None) -> TSh
     return x.shape
 
 
+def _slice_length(size: Item, item: slice) -> Item:
+    """Length of ``size[item]``; symbolic bounds are taken as in range (``wpe[:t]`` is ``t``)."""
+    lo, hi, step = item.start, item.stop, item.step
+    if any(b is UNKNOWN for b in (lo, hi, step)):
+        return None
+    if isinstance(size, int) and all(b is None or isinstance(b, int) for b in (lo, hi, step)):
+        start, stop, stride = slice(lo, hi, step).indices(size)
+        return max(0, -(-(max(stop, start) - start) // stride))
+    if step not in (None, 1):
+        return None
+    if isinstance(lo, int) and lo < 0:
+        lo = sizes.add(size, lo)
+    if isinstance(hi, int) and hi < 0:
+        hi = sizes.add(size, hi)
+    length = sizes.sub(size if hi is None else hi, 0 if lo is None else lo)
+    return None if isinstance(length, int) and length < 0 else length
+
+
 def index(x: Operand, items: list[object]) -> TShape | None:
-    """Basic indexing with literal ints, slices (positive steps), None and ``...``."""
+    """Basic indexing with ints, slices (positive steps, sizes as bounds), None and ``...``."""
     if not x.shape.fixed:
         return None
     dims = list(x.shape.dims)
@@ -128,14 +150,8 @@ def index(x: Operand, items: list[object]) -> TShape | None:
                     f"index: index {item} is out of bounds for axis {axis} of {x.describe()}"
                 )
         elif isinstance(item, slice):
-            if item == slice(None):
-                out.append(size)
-            elif isinstance(size, int):
-                lo, hi, step = item.indices(size)
-                out.append(max(0, -(-(max(hi, lo) - lo) // step)))
-            else:
-                out.append(None)
-        else:
+            out.append(size if item == slice(None) else _slice_length(size, item))
+        elif item is not DYNAMIC:
             return None
         axis += 1
     return TShape(tuple(out), x.shape.dtype)
@@ -146,3 +162,24 @@ def prepend(prefix: TShape, rest: tuple[Item, ...], dtype: str | None) -> TShape
     if sum(isinstance(d, Var) for d in (*prefix.dims, *rest)) > 1:
         return None
     return TShape(prefix.dims + rest, dtype)
+
+
+def linear(x: Operand, w: Operand, b: Operand | None, op: str = "linear") -> TShape | None:
+    """``sg.nn.linear``: ``x [..., in]``, ``w [out, in]``, ``b [out]`` -> ``[..., out]``."""
+    if w.shape.fixed and len(w.shape.dims) != 2:
+        raise Mismatch(f"{op}: weight must be [out, in], got {w.describe()}")
+    if not x.shape.dims or not w.shape.fixed:
+        return None
+    last = x.shape.dims[-1]
+    out, fan_in = w.shape.dims
+    if not isinstance(last, Var) and differ(last, fan_in):
+        raise Mismatch(
+            f"{op}: input {x.describe()} needs a weight [out, {show_item(last)}], got "
+            f"{w.describe()} ({show_item(last)} != {show_item(fan_in)})"
+        )
+    if b is not None and b.shape.fixed and (len(b.shape.dims) != 1 or differ(b.shape.dims[0], out)):
+        raise Mismatch(f"{op}: bias {b.describe()} should be [{show_item(out)}] for {w.describe()}")
+    if isinstance(last, Var):
+        return None
+    dtype = x.shape.dtype if x.shape.dtype == w.shape.dtype else None
+    return TShape((*x.shape.dims[:-1], out), dtype)

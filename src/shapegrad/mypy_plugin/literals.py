@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mypy.nodes import (
+    CallExpr,
     EllipsisExpr,
     Expression,
     IndexExpr,
@@ -18,10 +19,6 @@ from mypy.nodes import (
     UnaryExpr,
     Var,
 )
-
-from shapegrad.mypy_plugin.spec import Dim
-
-ShapeOf = Callable[[Expression], tuple[object, ...] | None]
 
 
 def int_of(expr: Expression | None) -> int | None:
@@ -80,25 +77,28 @@ def is_none(expr: Expression | None) -> bool:
     return expr is None or (isinstance(expr, NameExpr) and expr.fullname == "builtins.None")
 
 
-def dim_of(expr: Expression, dims_of: Callable[[Expression], tuple[Dim, ...] | None]) -> Dim:
-    """A reshape size: a literal int, or ``t.shape[k]`` of a tensor with a static shape."""
-    value = int_of(expr)
-    if value is not None:
-        return value
-    if (
-        isinstance(expr, IndexExpr)
-        and isinstance(expr.base, MemberExpr)
-        and expr.base.name == "shape"
-        and (k := int_of(expr.index)) is not None
-    ):
-        dims = dims_of(expr.base.expr)
-        if dims is not None and -len(dims) <= k < len(dims):
-            return dims[k]
-    return None
+class Unknown:
+    """A slice bound or index that is not statically known."""
 
 
-def index_items(expr: Expression) -> list[object] | None:
-    """``x[0, :, None, ...]`` as Python ints/slices/None/Ellipsis; None when not literal."""
+UNKNOWN = Unknown()
+
+
+class DynamicIndex:
+    """An int index whose value is not known (it still drops its dim)."""
+
+
+DYNAMIC = DynamicIndex()
+
+
+def index_items(
+    expr: Expression, size: Callable[[Expression], object], is_int: Callable[[Expression], bool]
+) -> list[object] | None:
+    """``x[0, :, None, ..., 1:t]`` as ints/slices/None/Ellipsis; None when not understood.
+
+    Slice bounds are sizes (``int``, named or symbolic, see :mod:`intsize`) or
+    :data:`UNKNOWN`; an int index of unknown value is :data:`DYNAMIC`.
+    """
     parts = expr.items if isinstance(expr, TupleExpr) else [expr]
     out: list[object] = []
     for part in parts:
@@ -107,18 +107,18 @@ def index_items(expr: Expression) -> list[object] | None:
         elif is_none(part):
             out.append(None)
         elif isinstance(part, SliceExpr):
-            bounds = [
-                None if e is None else int_of(e)
-                for e in (part.begin_index, part.end_index, part.stride)
-            ]
-            given = [e for e in (part.begin_index, part.end_index, part.stride) if e is not None]
-            if len([b for b in bounds if b is not None]) != len(given) or (
-                bounds[2] is not None and bounds[2] < 1
-            ):
+            bounds: list[object] = []
+            for e in (part.begin_index, part.end_index, part.stride):
+                value = None if e is None else size(e)
+                bounds.append(UNKNOWN if e is not None and value is None else value)
+            step = bounds[2]
+            if isinstance(step, int) and step < 1:
                 return None
-            out.append(slice(bounds[0], bounds[1], bounds[2]))
+            out.append(slice(*bounds))
         elif (value := int_of(part)) is not None:
             out.append(value)
+        elif is_int(part):
+            out.append(DYNAMIC)
         else:
             return None
     return out
@@ -134,4 +134,7 @@ def label(expr: Expression | None) -> str:
     if isinstance(expr, IndexExpr):
         inner, idx = label(expr.base), int_of(expr.index)
         return f"{inner}[{idx}]" if inner and idx is not None else ""
+    if isinstance(expr, CallExpr):
+        inner = label(expr.callee)
+        return f"{inner}(...)" if inner else ""
     return ""

@@ -14,14 +14,18 @@ from mypy.nodes import (
     AssignmentStmt,
     Block,
     ClassDef,
+    ConditionalExpr,
     Decorator,
     Expression,
     ForStmt,
     FuncDef,
     IfStmt,
+    ListExpr,
     MypyFile,
     NameExpr,
+    OperatorAssignmentStmt,
     ReturnStmt,
+    StarExpr,
     Statement,
     TempNode,
     TryStmt,
@@ -32,11 +36,11 @@ from mypy.nodes import (
 )
 from mypy.types import CallableType, TupleType, Type, get_proper_type
 
-from shapegrad.mypy_plugin.carrier import tensor_items
-from shapegrad.mypy_plugin.env import SHAPE_ERROR, owner_key, rigid_names
-from shapegrad.mypy_plugin.literals import label
-from shapegrad.mypy_plugin.spec import Rigid, add_rigid, restrict, show
-from shapegrad.mypy_plugin.unify import compare
+from .carrier import tensor_items
+from .env import SHAPE_ERROR, owner_key, rigid_names
+from .literals import label
+from .spec import Rigid, add_rigid, restrict, show
+from .unify import compare
 
 
 def check_module(api: TypeChecker, tree: MypyFile) -> None:
@@ -46,8 +50,11 @@ def check_module(api: TypeChecker, tree: MypyFile) -> None:
         if not isinstance(sig, CallableType):
             continue
         declared: set[Var] = set()  # names annotated without a value: `w: Float[...]`
+        merged = _merged_vars(func.body)
         for stmt in _statements(func.body):
             if isinstance(stmt, ReturnStmt) and stmt.expr is not None:
+                if _is_merged(stmt.expr, merged):
+                    continue
                 got = api.lookup_type_or_none(stmt.expr)
                 _report(api, rigid, got, sig.ret_type, "return value", label(stmt.expr), stmt)
             elif isinstance(stmt, AssignmentStmt) and isinstance(stmt.rvalue, TempNode):
@@ -57,7 +64,65 @@ def check_module(api: TypeChecker, tree: MypyFile) -> None:
                     if isinstance(t, NameExpr) and isinstance(t.node, Var)
                 }
             elif isinstance(stmt, AssignmentStmt):
-                _check_assignment(api, rigid, stmt, declared)
+                _check_assignment(api, rigid, stmt, declared, merged)
+
+
+def _merged_vars(body: Block) -> set[Var]:
+    """Variables assigned inside a branch or loop, or from a conditional expression.
+
+    Where control flow merges, mypy joins their types (dropping shapes that differ)
+    and then reads the variable as the meet with its *first* type, which brings the
+    first shape back; the type it recorded there cannot be trusted.
+    """
+    out: set[Var] = set()
+
+    def visit(block: Block, inside: bool) -> None:
+        for stmt in block.body:
+            if isinstance(stmt, AssignmentStmt) and (
+                inside or isinstance(stmt.rvalue, ConditionalExpr)
+            ):
+                for target in stmt.lvalues:
+                    out.update(_names(target))
+            elif isinstance(stmt, OperatorAssignmentStmt) and inside:
+                out.update(_names(stmt.lvalue))
+            if isinstance(stmt, ForStmt):
+                out.update(_names(stmt.index))
+            for child in _child_blocks(stmt):
+                visit(child, True)
+
+    visit(body, False)
+    return out
+
+
+def _names(target: Expression) -> list[Var]:
+    if isinstance(target, NameExpr) and isinstance(target.node, Var):
+        return [target.node]
+    if isinstance(target, TupleExpr | ListExpr):
+        return [v for item in target.items for v in _names(item)]
+    if isinstance(target, StarExpr):
+        return _names(target.expr)
+    return []
+
+
+def _is_merged(expr: Expression, merged: set[Var]) -> bool:
+    if isinstance(expr, NameExpr):
+        return isinstance(expr.node, Var) and expr.node in merged
+    if isinstance(expr, TupleExpr):
+        return any(_is_merged(e, merged) for e in expr.items)
+    return False
+
+
+def _child_blocks(stmt: Statement) -> list[Block]:
+    blocks: list[Block | None] = []
+    if isinstance(stmt, IfStmt):
+        blocks = [*stmt.body, stmt.else_body]
+    elif isinstance(stmt, ForStmt | WhileStmt):
+        blocks = [stmt.body, stmt.else_body]
+    elif isinstance(stmt, WithStmt):
+        blocks = [stmt.body]
+    elif isinstance(stmt, TryStmt):
+        blocks = [stmt.body, *stmt.handlers, stmt.else_body, stmt.finally_body]
+    return [b for b in blocks if b is not None]
 
 
 def _functions(defs: list[Statement], outer: Rigid) -> Iterator[tuple[FuncDef, Rigid]]:
@@ -75,22 +140,12 @@ def _statements(block: Block) -> Iterator[Statement]:
     """Statements of a function body, into compound statements but not nested defs."""
     for stmt in block.body:
         yield stmt
-        blocks: list[Block | None] = []
-        if isinstance(stmt, IfStmt):
-            blocks = [*stmt.body, stmt.else_body]
-        elif isinstance(stmt, ForStmt | WhileStmt):
-            blocks = [stmt.body, stmt.else_body]
-        elif isinstance(stmt, WithStmt):
-            blocks = [stmt.body]
-        elif isinstance(stmt, TryStmt):
-            blocks = [stmt.body, *stmt.handlers, stmt.else_body, stmt.finally_body]
-        for b in blocks:
-            if b is not None:
-                yield from _statements(b)
+        for b in _child_blocks(stmt):
+            yield from _statements(b)
 
 
 def _check_assignment(
-    api: TypeChecker, rigid: Rigid, stmt: AssignmentStmt, declared: set[Var]
+    api: TypeChecker, rigid: Rigid, stmt: AssignmentStmt, declared: set[Var], merged: set[Var]
 ) -> None:
     """``y: Float[...] = value``, and ``w, b = params`` into names declared as ``w: Float[...]``.
 
@@ -98,6 +153,8 @@ def _check_assignment(
     like jaxtyping, an annotation constrains the value it is written on.
     """
     got = api.lookup_type_or_none(stmt.rvalue)
+    if _is_merged(stmt.rvalue, merged):
+        return
     if stmt.type is not None and len(stmt.lvalues) == 1:
         _check_target(api, rigid, stmt.lvalues[0], got, stmt, None)
     elif declared:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mypy.nodes import Expression, ListExpr, TupleExpr
+from mypy.nodes import Expression, ListExpr, MemberExpr, TupleExpr
+from mypy.types import Instance, get_proper_type
 
-from shapegrad.mypy_plugin import algebra as A
-from shapegrad.mypy_plugin import layers as L
-from shapegrad.mypy_plugin.algebra import Operand
-from shapegrad.mypy_plugin.call import Call
-from shapegrad.mypy_plugin.literals import (
+from . import algebra as A
+from . import layers as L
+from . import sizes
+from .algebra import Operand
+from .call import Call
+from .literals import (
     bool_of,
-    dim_of,
     index_items,
     int_of,
     ints_of,
@@ -25,7 +26,7 @@ from shapegrad.mypy_plugin.literals import (
     pair_of,
     str_of,
 )
-from shapegrad.mypy_plugin.spec import Dim, TShape
+from .spec import Dim, Expr, Sym, TShape, Var
 
 Rule = Callable[[Call], TShape | None]
 
@@ -142,21 +143,32 @@ def _argmax(call: Call) -> TShape | None:
 
 
 def _sizes(call: Call, exprs: list[Expression]) -> list[Dim] | None:
-    """Literal sizes from ``f(2, 3)`` or ``f((2, 3))`` arguments (``t.shape[k]`` allowed)."""
-    if len(exprs) == 1 and isinstance(exprs[0], TupleExpr | ListExpr):
-        exprs = list(exprs[0].items)
-    elif len(exprs) == 1 and int_of(exprs[0]) is None and not _is_shape_index(exprs[0]):
-        return None
-    return [dim_of(e, call.env.dims_of) for e in exprs]  # type: ignore[arg-type]
+    """Sizes from ``f(2, b)``, ``f((2, t - 1))`` or ``f(y.shape)`` arguments (see :mod:`intsize`)."""
+    env = call.env
+    if len(exprs) == 1:
+        only = exprs[0]
+        if isinstance(only, TupleExpr | ListExpr):
+            exprs = list(only.items)
+        elif isinstance(only, MemberExpr) and only.name == "shape":
+            dims = env.dims_of(only.expr)
+            if dims is None or not all(isinstance(d, int | Sym | Expr) for d in dims):
+                return None
+            return [d for d in dims if isinstance(d, int | Sym | Expr)]
+        elif not _is_int(call, only):
+            return None  # a tuple held in a variable: not followed
+    out: list[Dim] = []
+    for e in exprs:
+        size = env.size(e)
+        out.append(size if not isinstance(size, Var) else None)
+    return out
 
 
-def _is_shape_index(expr: Expression) -> bool:
-    from mypy.nodes import IndexExpr, MemberExpr
-
-    return (
-        isinstance(expr, IndexExpr)
-        and isinstance(expr.base, MemberExpr)
-        and expr.base.name == "shape"
+def _is_int(call: Call, expr: Expression) -> bool:
+    typ = call.env.type_of(expr)
+    proper = get_proper_type(typ) if typ is not None else None
+    return isinstance(proper, Instance) and proper.type.fullname in (
+        "builtins.int",
+        "builtins.bool",
     )
 
 
@@ -262,7 +274,9 @@ def _elementwise2(name: str) -> Rule:
 def _index(call: Call) -> TShape | None:
     x = call.self_operand
     expr = call.expr("index", 0)
-    items = index_items(expr) if expr is not None else None
+    items = (
+        index_items(expr, call.env.size, lambda e: _is_int(call, e)) if expr is not None else None
+    )
     return None if x is None or items is None else L.index(x, items)
 
 
@@ -323,7 +337,7 @@ def _layer_norm(call: Call) -> TShape | None:
 
 def _one_hot(call: Call) -> TShape | None:
     labels = call.operand("labels", 0)
-    n = int_of(call.expr("num_classes", 1))
+    n = call.env.size(call.expr("num_classes", 1))
     if labels is None:
         return None
     return L.prepend(labels.shape, (n,), "float" if call.expr("dtype", 2) is None else None)
@@ -342,10 +356,25 @@ def _creation(call: Call) -> TShape | None:
     return None if sizes is None else TShape(tuple(sizes), None if dtype_given else "float")
 
 
+def _arange(call: Call) -> TShape | None:
+    """``arange(n)`` is ``[n]``; ``arange(a, b)`` is ``[b - a]`` (unit step, sizes as ints)."""
+    env = call.env
+    start, stop = call.expr("start", 0), call.expr("stop", 1)
+    if call.given("step", 2) or start is None:
+        return None
+    length = env.size(start) if is_none(stop) else sizes.sub(env.size(stop), env.size(start))
+    dtype = None if call.given("dtype", 3) else _arange_dtype(call, [start, stop])
+    return TShape((length,), dtype)
+
+
+def _arange_dtype(call: Call, exprs: list[Expression | None]) -> str | None:
+    return "int" if all(e is None or _is_int(call, e) for e in exprs) else None
+
+
 def _eye(call: Call) -> TShape | None:
-    n = int_of(call.expr("n", 0))
+    n = call.env.size(call.expr("n", 0))
     m_expr = call.expr("m", 1)
-    m = n if is_none(m_expr) else int_of(m_expr)
+    m = n if is_none(m_expr) else call.env.size(m_expr)
     return TShape((n, m), None if call.given("dtype", 3) else "float")
 
 
@@ -373,7 +402,33 @@ def _broadcast_to(call: Call) -> TShape | None:
     return TShape(tuple(sizes), x.shape.dtype)
 
 
+def _linear(call: Call) -> TShape | None:
+    x, w = call.operand("x", 0), call.operand("w", 1)
+    b = call.operand("b", 2)
+    if x is None or w is None or x.scalar is not None:
+        return None
+    return L.linear(x, w, b if b is not None and b.scalar is None else None)
+
+
+def _mlp(call: Call) -> TShape | None:
+    """``sg.nn.mlp(params, x)``: ``linear`` over (weight, bias) pairs of a ParamList/tuple."""
+    x = call.operand("x", 1)
+    items = call.tuple_operands("params", 0)
+    if x is None or items is None or len(items) % 2 or x.scalar is not None:
+        return None
+    h: Operand | None = x
+    for i in range(0, len(items), 2):
+        w, b = items[i], items[i + 1]
+        if h is None or w is None:
+            return None
+        shape = L.linear(h, w, b, f"mlp layer {i // 2 + 1}")
+        h = None if shape is None else Operand("", shape)
+    return None if h is None else h.shape
+
+
 FUNCTION_RULES: dict[str, Rule] = {
+    "linear": _linear,
+    "mlp": _mlp,
     **dict.fromkeys(_UNARY, _unary),
     **{name: _reduction(name) for name in _REDUCE},
     "softmax": _softmax,
@@ -400,6 +455,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     "embedding": _embedding,
     **dict.fromkeys(("zeros", "ones", "rand", "randn", "full"), _creation),
     "eye": _eye,
+    "arange": _arange,
 }
 
 METHOD_RULES: dict[str, Rule] = {

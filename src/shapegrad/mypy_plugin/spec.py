@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 
@@ -38,8 +39,25 @@ class Var:
     scope: str
 
 
-Dim = int | Sym | None
-Item = int | Sym | Var | None
+Atom = tuple[Sym, int]  # a named dim and its (possibly negative) power
+Term = tuple[tuple[Atom, ...], Fraction]  # sorted atoms, coefficient
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A size computed from named dims: a sum of ``coefficient * product of powers``.
+
+    Built by :mod:`shapegrad.mypy_plugin.sizes` in normal form (terms sorted, no
+    zero coefficients), so two equal sizes are equal objects: ``b * t``, ``c // 4``,
+    ``t - 1``. A :class:`Sym` whose scope starts with ``~`` is *opaque*: an int
+    whose value is unknown but fixed (``cfg.n_embd``); it never makes sizes differ.
+    """
+
+    terms: tuple[Term, ...]
+
+
+Dim = int | Sym | Expr | None
+Item = int | Sym | Expr | Var | None
 
 
 @dataclass(frozen=True)
@@ -97,7 +115,11 @@ def _parse_token(token: str, scope: str) -> Item:
         return int(token)
     if token.isidentifier() and not token.startswith("_"):
         return Sym(token, scope)
-    # `_`, `_name` (unchecked), `#name` (broadcastable), `?b`, `b+1`, `name=...`: unknown size.
+    if token[0].isalnum() or token[0] == "(":
+        from .sizes import parse  # sizes builds on this module
+
+        return parse(token, scope)  # `3*c`, `h+1`, `c//4`: a size expression
+    # `_`, `_name` (unchecked), `#name` (broadcastable), `?b`, `name=...`: unknown size.
     return None
 
 
@@ -118,6 +140,21 @@ def parse_spec(spec: str, dtype: str | None, scope: str) -> TShape | None:
 # --- compact text form (what mypy stores in its types and caches) -------------------------
 
 
+def _encode_term(term: Term) -> str:
+    atoms, coef = term
+    return f"{coef}*" + ",".join(f"{s.name}@{s.scope}^{p}" for s, p in atoms)
+
+
+def _decode_term(text: str) -> Term:
+    coef, _, body = text.partition("*")
+    atoms: list[Atom] = []
+    for piece in filter(None, body.split(",")):
+        sym, _, power = piece.rpartition("^")
+        name, _, scope = sym.partition("@")
+        atoms.append((Sym(name, scope), int(power)))
+    return tuple(atoms), Fraction(coef)
+
+
 def _encode_item(item: Item) -> str:
     if item is None:
         return "?"
@@ -125,12 +162,16 @@ def _encode_item(item: Item) -> str:
         return str(item)
     if isinstance(item, Sym):
         return f"{item.name}@{item.scope}"
+    if isinstance(item, Expr):
+        return "{" + ";".join(_encode_term(t) for t in item.terms) + "}"
     return "..." if item.name is None else f"*{item.name}@{item.scope}"
 
 
 def _decode_item(token: str) -> Item:
     if token == "?":
         return None
+    if token.startswith("{"):
+        return Expr(tuple(_decode_term(t) for t in token[1:-1].split(";") if t))
     if token == "...":
         return Var(None, "")
     if token.startswith("*"):
@@ -155,7 +196,7 @@ def decode(text: str) -> TShape | None:
         return None
     try:
         items = tuple(_decode_item(tok) for tok in body.split())
-    except ValueError:
+    except (ValueError, ZeroDivisionError):
         return None
     return TShape(items, None if dtype == "-" else dtype)
 
@@ -163,14 +204,36 @@ def decode(text: str) -> TShape | None:
 # --- for people -------------------------------------------------------------------------------
 
 
+def _show_term(atoms: tuple[Atom, ...], coef: Fraction) -> str:
+    num = [s.name if p == 1 else f"{s.name}**{p}" for s, p in atoms if p > 0]
+    den = [s.name if p == -1 else f"{s.name}**{-p}" for s, p in atoms if p < 0]
+    if coef.numerator != 1 or not num:
+        num.insert(0, str(coef.numerator))
+    text = " * ".join(num)
+    for d in [*den, *([str(coef.denominator)] if coef.denominator != 1 else [])]:
+        text = f"{text} // {d}"
+    return text
+
+
 def show_item(item: Item) -> str:
-    """A dim as a person reads it: ``784``, ``b``, ``?``, ``*batch``, ``...``."""
+    """A dim as a person reads it: ``784``, ``b``, ``?``, ``*batch``, ``...``, ``b * t``."""
     if item is None:
         return "?"
     if isinstance(item, int):
         return str(item)
     if isinstance(item, Sym):
         return item.name
+    if isinstance(item, Expr):
+        text = ""
+        for atoms, coef in item.terms:
+            sign = "-" if coef < 0 else "+"
+            body = _show_term(atoms, abs(coef))
+            text = (
+                f"-{body}"
+                if not text and sign == "-"
+                else (body if not text else f"{text} {sign} {body}")
+            )
+        return text
     return "..." if item.name is None else f"*{item.name}"
 
 
@@ -183,8 +246,48 @@ def show(dims: Sequence[Item]) -> str:
 
 
 def names_in(shape: TShape) -> set[Sym | Var]:
-    """The named dims and named variadics of ``shape``."""
-    return {d for d in shape.dims if isinstance(d, Sym) or (isinstance(d, Var) and d.name)}
+    """The named dims and named variadics of ``shape`` (inside size expressions too)."""
+    out: set[Sym | Var] = set()
+    for d in shape.dims:
+        if isinstance(d, Sym) or (isinstance(d, Var) and d.name):
+            out.add(d)
+        elif isinstance(d, Expr):
+            out.update(sym for atoms, _ in d.terms for sym, _ in atoms if not is_opaque(sym))
+    return out
+
+
+def is_opaque(sym: Sym) -> bool:
+    """An int of unknown but fixed value (``cfg.n_embd``), not a signature name."""
+    return sym.scope.startswith("~")
+
+
+def _restrict_sym(sym: Sym, rigid: Rigid) -> Sym | None:
+    if is_opaque(sym):
+        return sym
+    canonical = rigid.get((sym.name, sym.scope, False))
+    return canonical if isinstance(canonical, Sym) else None
+
+
+def _restrict_expr(expr: Expr, rigid: Rigid) -> Expr | None:
+    terms: list[Term] = []
+    for atoms, coef in expr.terms:
+        mapped: list[Atom] = []
+        for sym, power in atoms:
+            canonical = _restrict_sym(sym, rigid)
+            if canonical is None:
+                return None
+            mapped.append((canonical, power))
+        terms.append((tuple(sorted(mapped, key=_atom_key)), coef))
+    return Expr(tuple(sorted(terms, key=_term_key)))
+
+
+def _atom_key(atom: Atom) -> tuple[str, str, int]:
+    return (atom[0].name, atom[0].scope, atom[1])
+
+
+def _term_key(term: Term) -> tuple[int, tuple[tuple[str, str, int], ...]]:
+    atoms = term[0]
+    return (-sum(abs(p) for _, p in atoms), tuple(_atom_key(a) for a in atoms))
 
 
 Rigid = dict[tuple[str, str, bool], Sym | Var]  # (name, scope, variadic) -> canonical name
@@ -216,13 +319,14 @@ def restrict(shape: TShape, rigid: Rigid) -> TShape:
     variables); a name seen only in a body annotation, or one that leaked from
     another function, says nothing about sizes here, so it must never cause an error.
     """
-    if not any(isinstance(d, Sym | Var) for d in shape.dims):
+    if not any(isinstance(d, Sym | Var | Expr) for d in shape.dims):
         return shape
     out: list[Item] = []
     for d in shape.dims:
         if isinstance(d, Sym):
-            canonical = rigid.get((d.name, d.scope, False))
-            out.append(canonical if isinstance(canonical, Sym) else None)
+            out.append(_restrict_sym(d, rigid))
+        elif isinstance(d, Expr):
+            out.append(_restrict_expr(d, rigid))
         elif isinstance(d, Var) and d.name is not None:
             out.append(rigid.get((d.name, d.scope, True), Var(None, "")))
         else:

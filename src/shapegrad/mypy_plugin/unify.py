@@ -8,8 +8,9 @@ binding the callee's names to the caller's dims, like solving type variables.
 
 from __future__ import annotations
 
-from shapegrad.mypy_plugin.algebra import Mismatch, differ
-from shapegrad.mypy_plugin.spec import Item, Sym, TShape, Var, show, show_item
+from . import sizes
+from .algebra import Mismatch, differ
+from .spec import Expr, Item, Sym, TShape, Var, show, show_item
 
 
 def _split(dims: tuple[Item, ...]) -> tuple[tuple[Item, ...], Var | None, tuple[Item, ...]]:
@@ -70,30 +71,46 @@ class Binder:
         self.dims: dict[str, tuple[Item, str]] = {}
         self.runs: dict[str, tuple[tuple[Item, ...], str]] = {}
 
-    def match(self, label: str, got: TShape, want: TShape) -> None:
-        """Match one argument; raises :class:`Mismatch` naming the argument and the dim."""
+    def match(self, label: str, got: TShape, want: TShape, parameter: str | None = None) -> None:
+        """Match one argument; raises :class:`Mismatch` naming the argument and the dim.
+
+        ``parameter`` is the callee's name for it when the argument is called otherwise
+        (``loss: argument ys for parameter x ...``: swapped arguments read plainly).
+        """
         pairs = _pairs(got.dims, want.dims)
-        head = f"{self.callee}: argument {label} has shape {show(got.dims)}, expected {show(want.dims)}"
+        shown = label if parameter in (None, label) else f"{label} for parameter {parameter}"
+        head = f"{self.callee}: argument {shown} has shape {show(got.dims)}, expected {show(want.dims)}"
         if isinstance(pairs, str):
             raise Mismatch(f"{head} ({pairs})")
         for pos, a, b in pairs:
             if isinstance(b, Sym):
                 self._bind(b, a, label)
-            elif differ(a, b):
+                continue
+            if isinstance(b, Expr):  # `3*c`: compared once its names are bound
+                b = sizes.substitute(b, self._bound)
+            if differ(a, b):
                 raise Mismatch(f"{head} (dimension {pos}: {show_item(a)} != {show_item(b)})")
         if got.dtype and want.dtype and got.dtype != want.dtype:
             raise Mismatch(f"{self.callee}: argument {label} is {got.dtype}, expected {want.dtype}")
         self._bind_run(label, got, want)
 
+    def _bound(self, name: Sym) -> Item:
+        seen = self.dims.get(name.name)
+        return seen[0] if seen is not None else None
+
     def _bind(self, name: Sym, dim: Item, label: str) -> None:
+        self.bind_size(name.name, dim, label)
+
+    def bind_size(self, name: str, dim: Item, label: str) -> None:
+        """Bind dim ``name`` to ``dim`` (from argument ``label``); a different earlier size raises."""
         if dim is None or isinstance(dim, Var):
             return
-        seen = self.dims.get(name.name)
+        seen = self.dims.get(name)
         if seen is None:
-            self.dims[name.name] = (dim, label)
+            self.dims[name] = (dim, label)
         elif differ(seen[0], dim):
             raise Mismatch(
-                f"{self.callee}: dimension {name.name!r} is {show_item(seen[0])} in "
+                f"{self.callee}: dimension {name!r} is {show_item(seen[0])} in "
                 f"{seen[1]} but {show_item(dim)} in {label}"
             )
 
@@ -119,6 +136,8 @@ class Binder:
             if isinstance(d, Sym):
                 bound = self.dims.get(d.name)
                 out.append(bound[0] if bound else None)
+            elif isinstance(d, Expr):
+                out.append(sizes.substitute(d, self._bound))
             elif isinstance(d, Var):
                 run = self.runs.get(d.name) if d.name else None
                 out.extend(run[0] if run else (Var(None, ""),))

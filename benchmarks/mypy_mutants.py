@@ -1,0 +1,160 @@
+"""Catch rate of the mypy plugin on shape bugs planted in the realistic correct corpus.
+
+Each corpus file (tests/mypy_fixtures/corpus, all correct and runnable) is mutated
+one site at a time with edits people make by mistake: a dropped or spurious
+``.T``, another reduction/softmax/concat axis, a lost ``keepdims``, a reshape
+that drops or repeats a size, a shifted slice, a changed literal size, two
+arguments swapped. A mutant is a *real bug* when running its ``run()`` raises;
+it is *caught* when mypy with the plugin reports a ``shapegrad-shape`` error in
+it. The mutants are checked in one mypy run.
+
+Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N] [--plugin P --src DIR]
+(``--plugin shapegrad.mypy_plugin --src OTHER/src`` measures another version of the plugin.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "mypy_fixtures" / "corpus"
+
+# (name, pattern, replacement): each match of the pattern is one mutant.
+OPERATORS: list[tuple[str, str, str]] = [
+    ("drop .T", r"@ (\w+)\.T\b", r"@ \1"),
+    ("add .T", r"@ (w\w*|W\w*|head|fc)\b(?!\.T|\[)", r"@ \1.T"),
+    ("axis -1 -> 1", r"axis=-1\b", "axis=1"),
+    ("axis 1 -> 0", r"axis=1\b", "axis=0"),
+    ("axis 0 -> 1", r"axis=0\b", "axis=1"),
+    ("drop keepdims", r", keepdims=True", ""),
+    ("reshape drops a size", r"reshape\((\w+), (\w+), (\w+)\)", r"reshape(\1, \3)"),
+    ("reshape repeats a size", r"reshape\((\w+ \* \w+), (\w+)\)", r"reshape(\1, \1)"),
+    ("slice shift", r"\[:, 1:\]", "[:, :]"),
+    ("slice shift", r"\[:, :-1\]", "[:, :]"),
+    ("literal size", r'(Float\[Tensor, "[^"]*?)\b(16|32|10|8)\b', r"\g<1>12"),
+    ("literal size", r"\b(5 \* 5|7 \* 7|4 \* 4)\b", "6 * 6"),
+    ("swap args", r"\((\w+), (\w+), (w\w*)\)", r"(\2, \1, \3)"),
+]
+
+
+@dataclass
+class Mutant:
+    source: Path
+    operator: str
+    line: int
+    text: str
+
+
+def mutants() -> list[Mutant]:
+    out: list[Mutant] = []
+    for path in sorted(CORPUS.glob("*.py")):
+        original = path.read_text()
+        body_start = original.find("\ndef run(")  # mutate the model code, not the driver
+        for name, pattern, repl in OPERATORS:
+            for match in re.finditer(pattern, original):
+                if body_start != -1 and match.start() > body_start:
+                    continue
+                new = original[: match.start()] + match.expand(repl) + original[match.end() :]
+                if new != original:
+                    line = original.count("\n", 0, match.start()) + 1
+                    out.append(Mutant(path, name, line, new))
+    return out
+
+
+def run_time_failure(path: Path) -> tuple[bool, int | None]:
+    """(does ``run()`` fail, the mutant's line the error names if it names one)."""
+    spec = importlib.util.spec_from_file_location(f"mutant_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            spec.loader.exec_module(module)
+            value = module.run()
+        return not math.isfinite(float(value)), None
+    except Exception as err:
+        where = re.search(re.escape(path.name) + r":(\d+)", str(err))
+        return True, int(where[1]) if where else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--show-missed", action="store_true")
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--plugin", default="shapegrad_mypy", help="the plugins= entry")
+    parser.add_argument("--src", default=str(ROOT / "src"), help="shapegrad sources to check with")
+    args = parser.parse_args()
+    found = mutants()
+    if args.limit:
+        found = found[: args.limit]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        files = []
+        for k, m in enumerate(found):
+            f = work / f"m{k:03d}_{m.source.stem}.py"
+            f.write_text(m.text)
+            files.append(f)
+        config = work / "mypy.ini"
+        config.write_text(f"[mypy]\npython_version = 3.11\nplugins = {args.plugin}\n")
+        env = {**os.environ, "PYTHONPATH": args.src}
+        done = subprocess.run(
+            [sys.executable, "-m", "mypy", "--config-file", str(config), "--cache-dir",
+             str(work / "cache"), "--no-pretty", *map(str, files)],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        reported: dict[str, list[str]] = {}
+        lines: dict[str, set[int]] = {}
+        for line in done.stdout.splitlines():
+            if line.endswith("[shapegrad-shape]"):
+                name = Path(line.split(":")[0]).name
+                reported.setdefault(name, []).append(line)
+                lines.setdefault(name, set()).add(int(line.split(":")[1]))
+        sys.path.insert(0, str(ROOT / "src"))
+        real = caught = false_alarm = located = same_line = 0
+        rows: dict[str, list[int]] = {}
+        missed: list[str] = []
+        for f, m in zip(files, found, strict=True):
+            bug, where = run_time_failure(f)
+            hit = f.name in reported
+            if bug and hit and where is not None:
+                located += 1
+                same_line += where in lines[f.name]
+            stats = rows.setdefault(m.operator, [0, 0, 0])
+            if bug:
+                real += 1
+                stats[0] += 1
+                if hit:
+                    caught += 1
+                    stats[1] += 1
+                else:
+                    missed.append(f"{m.source.name}:{m.line} {m.operator}")
+            elif hit:
+                false_alarm += 1
+                stats[2] += 1
+                missed.append(f"REPORTED BUT RAN: {m.source.name}:{m.line} {m.operator}: "
+                              f"{reported[f.name][0].split(': ', 2)[-1]}")  # fmt: skip
+        print(f"{len(found)} mutants of {len(list(CORPUS.glob('*.py')))} corpus files; "
+              f"{real} fail at run time (real bugs), {len(found) - real} still run")  # fmt: skip
+        print("| mutation | real bugs | caught | reported but ran |")
+        print("|---|---|---|---|")
+        for name, (n, c, fa) in sorted(rows.items()):
+            print(f"| {name} | {n} | {c} | {fa} |")
+        print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.0f}%) | {false_alarm} |")
+        print(f"caught bugs whose run-time error names a line: {located}; "
+              f"mypy reports that same line for {same_line}")  # fmt: skip
+        if args.show_missed:
+            print("\n".join(missed))
+
+
+if __name__ == "__main__":
+    main()
