@@ -400,6 +400,8 @@ class ScalarTrainer:
             *inputs: the loss function's arguments after ``params`` (arrays or tensors).
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
+        if self.comm is None:  # one process: no batch agreement, no watchdog
+            return self._strategy.step(self.optimizer, _checked_inputs(inputs), lr)
         self._check_batch(_checked_inputs(inputs))
         with watch(self.comm, "ScalarTrainer.step"):
             return self._strategy.step(self.optimizer, inputs, lr)
@@ -561,6 +563,8 @@ def _resolve_backend(name: str, fallback: str | None) -> str:
 def _checked_inputs(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     """The loss inputs, refusing what can only fail deep inside the loss (None, str, dict)."""
     for k, x in enumerate(inputs):
+        if type(x) is np.ndarray or type(x) is Tensor:  # the common case, checked first
+            continue
         if x is None or isinstance(x, str | bytes | dict | set):
             raise TypeError(
                 f"ScalarTrainer: input {k} of the loss (after params) is {type(x).__name__}; "
