@@ -12,6 +12,11 @@ Workloads (float32, plain SGD, forward + backward + update per step):
   with ``--widths`` a second table gives GFLOP/s of the C step next to the machine's
   sgemm rate measured in the same run (OpenBLAS through NumPy, 2048^3).
 
+``--gpt`` runs the transformer workload instead (char-level GPT: context 64, d_model 128,
+4 heads, 2 pre-LN blocks, GELU 4x, batch 32, cross-entropy, AdamW): ``depth.py``'s
+charlm step for shapegrad C (unrolled and layer loop), PyTorch eager and JAX jit, in
+interleaved rounds (``--threads`` sets every framework's thread count).
+
 ``--background-load N`` runs N busy processes during the whole measurement (users'
 laptops and CI runners are busy too); the 1-minute load average is printed.
 
@@ -420,6 +425,8 @@ def main() -> None:
     parser.add_argument("--only", help="moons10,moons256,mlp,cnn (comma separated)")
     parser.add_argument("--columns", help="subset of: " + ", ".join(COLUMNS))
     parser.add_argument("--widths", action="store_true", help="MLP width scaling table")
+    parser.add_argument("--gpt", action="store_true", help="the transformer (charlm) step")
+    parser.add_argument("--threads", type=int, default=1, help="with --gpt: threads per framework")
     parser.add_argument("--background-load", type=int, default=0, metavar="N")
     parser.add_argument("--cell", nargs=2, metavar=("COLUMN", "ROW"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -442,6 +449,12 @@ def run_tables(args: argparse.Namespace) -> None:
     )
     if args.widths:
         width_table()
+        return
+    if args.gpt:
+        depth = os.path.join(os.path.dirname(os.path.abspath(__file__)), "depth.py")
+        cmd = [sys.executable, depth, "--only", "charlm", "--threads", str(args.threads)]
+        subprocess.run(cmd, check=False)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
         return
     rows = [r for r in (args.only.split(",") if args.only else DEFAULT_ROWS) if r in ROWS]
     columns = [c for c in COLUMNS if not args.columns or c in args.columns.split(",")]
