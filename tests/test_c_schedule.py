@@ -126,13 +126,14 @@ def test_thread_count_follows_shapegrad_then_openmp_variables(
     assert num_threads() == 1
 
 
-def test_openmp_waits_passively_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_openmp_spinning_is_bounded_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     from shapegrad.backends.c.executable import configure_openmp_waiting
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     configure_openmp_waiting()
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert os.environ["GOMP_SPINCOUNT"] == "2000"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     configure_openmp_waiting()
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -99,19 +99,23 @@ def num_threads() -> int:
 
 
 def configure_openmp_waiting() -> None:
-    """Make idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``) unless
-    the user chose a policy (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set).
+    """Bound how long idle OpenMP threads spin before they sleep (``GOMP_SPINCOUNT=2000``,
+    a few microseconds) unless the user chose a policy (``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT`` set).
 
     libgomp reads the policy once, when it is first loaded, so this runs before the first
     compiled library is opened; it applies to the whole process (other libraries using
     libgomp too). Why: a spinning thread that the OS deschedules stalls every parallel
-    region. Measured on the 2-core box with other processes running (load average 5-6):
-    the MLP 784-512-512-10 b128 step took 128-172 ms with libgomp's default spinning,
-    19-24 ms on one thread and 3.5-15 ms with passive waiting (benchmarks/train_step.py
-    --cell "C 1-step" mlp, interleaved runs).
+    region, while a thread that sleeps at once pays a wake-up per region. Measured on the
+    2-core box, MLP 784-512-512-10 b128 step (``benchmarks/train_step.py --cell "C 1-step"
+    mlp``, interleaved runs): quiet, libgomp's default spinning 2.21-2.34 ms, spin count
+    2000 2.47-2.65 ms, passive 2.66-3.44 ms; with two busy processes, spin count 2000
+    4.2-4.3 ms, passive 3.9-5.3 ms, spin count 20000 6.4-6.5 ms, one thread 3.5-6.7 ms; with
+    load average 5-6, default spinning 128-172 ms against 3.5-26 ms for bounded or passive
+    waiting.
     """
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ["GOMP_SPINCOUNT"] = "2000"
 
 
 class NativeError(RuntimeError):
