@@ -193,12 +193,10 @@ def residual_vjp(
     from shapegrad.control import (
         _rows,
         _scan_vjp,
-        _split,
         _zero_range,
-        bind_scan,
         layout,
+        run_reverse,
         stacked_ys,
-        unpack,
     )
 
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
@@ -228,20 +226,11 @@ def residual_vjp(
         xs_in.append(piece if r.aval.dtype == piece.dtype else piece.astype(r.aval.dtype))
     conservative = _conservative_needs(body)
     need_k = [i for i in range(nc + nx, len(inputs)) if conservative[i]]
-    carry_in += [p.zeros_like(inputs[i]) for i in need_k]
-    flat = bind_scan(br, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, "recompute")
-    carry_out, ys = unpack(flat, br, length, False, not reverse)
-    result: list[Tensor | None] = [None] * len(inputs)
-    if has_c:
-        for i, g in enumerate(_split(carry_out[0], body.carry_avals)):
-            result[i] = g
-        carry_out = carry_out[1:]
-    for i, g in zip(need_k, carry_out, strict=True):
-        result[i] = g if needs[i] else None
     need_x = [i for i in range(nc, nc + nx) if conservative[i]]
-    for i, g in zip(need_x, ys, strict=True):
-        result[i] = g if needs[i] else None
-    return result
+    result = run_reverse(
+        br, body, inputs, carry_in, xs_in, (need_k, need_x), (length, reverse), "recompute", has_c
+    )
+    return [g if needs[i] or i < nc else None for i, g in enumerate(result)]
 
 
 __all__ = ["residual_forward", "residual_vjp"]

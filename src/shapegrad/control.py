@@ -484,7 +484,31 @@ def _scan_vjp(
         xs_in += stacked_ys(ct, body, lay)
     need_k = [i for i in range(nc + nx, len(inputs)) if needs_t[i]]
     bwd = _backward_body(body, needs_t, has_c and history_ct)
-    carry_in += [p.zeros_like(inputs[i]) for i in need_k]
+    need_x = [i for i in range(nc, nc + nx) if needs_t[i]]
+    return run_reverse(
+        bwd, body, inputs, carry_in, xs_in, (need_k, need_x), (length, reverse), policy, has_c
+    )
+
+
+def run_reverse(
+    bwd: Body,
+    body: Body,
+    inputs: Sequence[Tensor],
+    carry_in: list[Tensor],
+    xs_in: list[Tensor],
+    needed: tuple[list[int], list[int]],
+    loop: tuple[int, bool],
+    policy: Policy,
+    has_c: bool,
+) -> list[Tensor | None]:
+    """Run the backward loop ``bwd`` (the other way round) and place its results: the
+    initial carries' cotangent (when ``has_c``), then the closed-over inputs' (``needed[0]``)
+    and the stacked inputs' (``needed[1]``) gradients; None for the others. Shared by both
+    VJP policies (recompute here, stored residuals in ``_remat.py``)."""
+    length, reverse = loop
+    need_k, need_x = needed
+    nc = body.n_carry
+    carry_in = [*carry_in, *(p.zeros_like(inputs[i]) for i in need_k)]
     flat = bind_scan(bwd, [*carry_in, *xs_in, *inputs[nc:]], length, not reverse, False, policy)
     carry_out, ys = unpack(flat, bwd, length, False, not reverse)
     result: list[Tensor | None] = [None] * len(inputs)
@@ -494,7 +518,6 @@ def _scan_vjp(
         carry_out = carry_out[1:]
     for i, g in zip(need_k, carry_out, strict=True):
         result[i] = g
-    need_x = [i for i in range(nc, nc + nx) if needs_t[i]]
     for i, g in zip(need_x, ys, strict=True):
         result[i] = g
     return result

@@ -46,13 +46,7 @@ def _arg(ctx: FunctionContext, name: str, position: int) -> int | None:
 
 
 def _fn_type(ctx: FunctionContext) -> CallableType | None:
-    slot = _arg(ctx, "fn", 0)
-    if slot is None:
-        return None
-    fn = get_proper_type(ctx.arg_types[slot][0])
-    if isinstance(fn, CallableType) and not fn.is_type_obj():
-        return fn
-    return wrapped_fn(fn)
+    return _fn_type_at(ctx, "fn", 0)
 
 
 def differentiate(ctx: FunctionContext, with_value: bool) -> Type:
