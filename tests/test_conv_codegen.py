@@ -51,3 +51,68 @@ def test_weight_gradient_partials_are_tall_and_match_numpy(target: str, threads:
     np.testing.assert_allclose(value.numpy(), ref_value.numpy(), rtol=1e-5)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def _pool_loss(kind: str):  # type: ignore[no-untyped-def]
+    pool = sg.max_pool2d if kind == "max" else sg.avg_pool2d
+    return lambda x, c: (pool(sg.relu(x), 2) * c).sum()
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling_gradient_has_no_div_mod_indexing(kind: str) -> None:
+    # stride == kernel: the windows are a reshape of x, so the backward pass is elementwise;
+    # the reshape back to [N, C, H, W] indexes by h // 2 and h % 2, which the renderer
+    # removes by running h as 2*h_2 + r
+    x, c = _f32(4, 3, 12, 10), _f32(4, 3, 6, 5, seed=1)
+    grad = sg.grad(_pool_loss(kind))
+    _, source = generate(sg.compile(grad, backend="numpy").graph(x, c))
+    body = source[source.index("sg_body") :]
+    assert "/ 2)" not in body and "% 2)" not in body
+    got = sg.compile(grad, backend="c")(sg.tensor(x), sg.tensor(c)).numpy()
+    want = sg.compile(grad, backend="numpy")(sg.tensor(x), sg.tensor(c)).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_max_pool_ties_share_the_gradient_evenly() -> None:
+    x = np.array([[[[1, 1, 0, 2], [1, 0, 2, 2], [5, 5, 3, 0], [5, 5, 1, 3]]]], np.float32)
+    want = np.array(
+        [
+            [
+                [
+                    [1 / 3, 1 / 3, 0, 1 / 3],
+                    [1 / 3, 0, 1 / 3, 1 / 3],
+                    [1 / 4] * 2 + [1 / 2, 0],
+                    [1 / 4] * 2 + [0, 1 / 2],
+                ]
+            ]
+        ],
+        np.float32,
+    )
+    loss = lambda x: sg.max_pool2d(x, 2).sum()  # noqa: E731
+    eager = sg.grad(loss)(sg.tensor(x)).numpy()
+    compiled = sg.compile(sg.grad(loss), backend="c")(sg.tensor(x)).numpy()
+    np.testing.assert_allclose(eager, want, rtol=1e-6)
+    np.testing.assert_allclose(compiled, want, rtol=1e-6)
+
+
+def test_div_split_runs_a_variable_as_outer_times_factor_plus_rest() -> None:
+    from shapegrad.compiler import loops as L
+    from shapegrad.compiler.segments import div_split, split_var
+
+    h, w = L.Var("h", 12), L.Var("w", 10)
+    flat = L.var(h) * 10 + L.var(w)
+    src = L.floordiv(flat, 20) * 5 + L.floordiv(L.var(w), 2)  # [h // 2, w // 2] of a 6 x 5 grid
+    inner = L.Loop(w, "parallel", (L.Store("dst", flat, L.Load(sg.float32, "src", src)),))
+    assert div_split(L.Loop(h, "parallel", (inner,))) == 2
+    assert div_split(inner) is None  # (10 h + w) // 20 needs a factor 20 of w: too many copies
+    h2 = L.Var("h_2", 6)
+    (split,) = split_var((inner,), h, h2, 2, 1)
+    assert isinstance(split, L.Loop) and div_split(split) == 2
+    (store,) = split.body
+    assert isinstance(store, L.Store) and isinstance(store.value, L.Load)
+    assert store.value.index == L.var(h2) * 5 + L.floordiv(L.var(w), 2)
+    assert store.index == L.var(h2) * 20 + L.var(w) + 10
+    # an extent the factor does not divide is left alone
+    odd = L.Var("o", 7)
+    load = L.Load(sg.float32, "src", L.floordiv(L.var(odd), 2))
+    assert div_split(L.Loop(odd, "parallel", (L.Store("dst", L.var(odd), load),))) is None

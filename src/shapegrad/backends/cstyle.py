@@ -18,7 +18,14 @@ from __future__ import annotations
 import math
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.segments import segments, specialize, substitute_var, unrolls
+from shapegrad.compiler.segments import (
+    div_split,
+    segments,
+    specialize,
+    split_var,
+    substitute_var,
+    unrolls,
+)
 from shapegrad.dtypes import DType
 
 # C spellings shared by C and CUDA; a subclass may override entries (CUDA: float16 -> __half).
@@ -239,6 +246,16 @@ class CStyleRenderer:
                 self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
                 self.emit(depth, "}")
             return
+        d = div_split(s)
+        if d is not None:  # v // d and v % d in the indices: run v as d*outer + r, r unrolled
+            outer = L.Var(f"{v}_{d}", s.var.extent // d)
+            self.emit(depth, f"for (int64_t {outer} = 0; {outer} < {outer.extent}; ++{outer}) {{")
+            for r in range(d):
+                self.emit(depth + 1, f"{{ /* {v} = {d}*{outer} + {r} */")
+                self.stmts(split_var(s.body, s.var, outer, d, r), depth + 2, parallel_ok)
+                self.emit(depth + 1, "}")
+            self.emit(depth, "}")
+            return
         segs = segments(s)
         if segs is None:
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
@@ -322,6 +339,7 @@ class CStyleRenderer:
 
     def collective(self, s: L.Collective, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for collectives")
+
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         raise NotImplementedError(
             f"{type(self).__name__}: layer loops (sg.scan / sg.checkpoint) are not supported by "

@@ -178,12 +178,14 @@ def unflatten(flat: Affine, shape: tuple[int, ...]) -> tuple[Affine, ...]:
     return tuple(out)
 
 
-def substitute(a: Affine, var: Var, value: int) -> Affine:
-    """``a`` with ``var`` replaced by the constant ``value`` (div/mod atoms re-simplified)."""
+def substitute(a: Affine, var: Var, value: int | Affine) -> Affine:
+    """``a`` with ``var`` replaced by ``value`` (a constant or an affine expression, e.g.
+    ``2*outer + inner`` when a loop is split), div/mod atoms re-simplified."""
+    value = const(value) if isinstance(value, int) else value
     out = Affine((), a.const)
     for atom, coef in a.terms:
         if atom == var:
-            out = out + coef * value
+            out = out + value * coef
         elif isinstance(atom, DivMod):
             inner = substitute(atom.inner, var, value)
             part = mod(inner, atom.divisor) if atom.is_mod else floordiv(inner, atom.divisor)
@@ -191,3 +193,18 @@ def substitute(a: Affine, var: Var, value: int) -> Affine:
         else:
             out = out + Affine.of(atom, coef)
     return out
+
+
+def divmods_of(a: Affine) -> Iterator[DivMod]:
+    """Every floordiv/mod atom in ``a``, nested ones included."""
+    for atom in a.atoms():
+        if isinstance(atom, DivMod):
+            yield atom
+            yield from divmods_of(atom.inner)
+
+
+def mentions(a: Affine, v: Var) -> bool:
+    """Whether ``v`` occurs in ``a``, directly or inside a floordiv/mod."""
+    return any(
+        atom == v or (isinstance(atom, DivMod) and mentions(atom.inner, v)) for atom in a.atoms()
+    )

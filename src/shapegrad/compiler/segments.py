@@ -5,11 +5,18 @@ per element. A renderer can instead run ``v`` over the segments between the test
 break points, with each test replaced by its (constant) value on the segment: the body
 then has no per-element branches and no conditional loads, so it vectorizes. Values are
 unchanged: a select with a constant condition is exactly the branch it picks.
+
+Reshapes between tiled and flat layouts (a pooling window's gradient spread back over
+its pixels) index with ``v // d`` and ``v % d``; :func:`div_split` runs such a loop as
+``v = d*outer + r`` with one body copy per ``r`` (:func:`split_var`), which makes the
+indices affine again. Iterations keep their order, so results are identical.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Iterator
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
@@ -112,3 +119,72 @@ def _fold(e: L.Expr, var: L.Var | None, lo: int, hi: int) -> L.Expr:
         if tb is True:
             return e.a
     return e
+
+
+def _indices(body: tuple[L.Stmt, ...]) -> Iterator[L.Affine]:
+    for s in L.walk(body):
+        if isinstance(s, L.Store | L.IndexLoad):
+            yield s.index
+    for e in L.all_expressions(body):
+        for x in L.walk_expr(e):
+            if isinstance(x, L.Load | L.IndexValue | L.InRange):
+                yield x.index
+            elif isinstance(x, L.Random):
+                yield x.counter
+
+
+def div_split(loop: L.Loop) -> int | None:
+    """The factor ``d`` (``2 <= d <= MAX_UNROLL``, dividing the extent) such that writing
+    ``loop.var`` as ``d*outer + r`` removes every floordiv/mod of it from the body's
+    indices, or None (no such div/mod, no such ``d``, or a statement that is not plain
+    loops, stores and reductions)."""
+    v = loop.var
+    if any(not isinstance(s, L.Loop | L.Store | L.Reduce | L.Local) for s in L.walk(loop.body)):
+        return None
+    factors = set()
+    for index in _indices(loop.body):
+        for dm in L.divmods_of(index):
+            c = dm.inner.coef(v)
+            if c:
+                factors.add(dm.divisor // math.gcd(dm.divisor, abs(c)))
+            elif L.mentions(dm.inner, v):
+                return None  # v only under a nested div/mod: leave it
+    if not factors:
+        return None
+    d = math.lcm(*factors)
+    if d < 2 or d > MAX_UNROLL or d >= v.extent or v.extent % d:
+        return None
+    outer = L.Var(f"{v.name}_{d}", v.extent // d)
+    for r in range(d):
+        value = L.var(outer) * d + r
+        for index in _indices(loop.body):
+            if not L.mentions(index, v):
+                continue
+            split = L.substitute(index, v, value)
+            if any(L.mentions(dm.inner, outer) for dm in L.divmods_of(split)):
+                return None
+    return d
+
+
+def split_var(
+    body: tuple[L.Stmt, ...], var: L.Var, outer: L.Var, d: int, r: int
+) -> tuple[L.Stmt, ...]:
+    """``body`` with ``var`` replaced by ``d*outer + r`` in every index (see :func:`div_split`)."""
+    value = L.var(outer) * d + r
+
+    def index(a: L.Affine) -> L.Affine:
+        return L.substitute(a, var, value) if L.mentions(a, var) else a
+
+    def expr(e: L.Expr) -> L.Expr:
+        if isinstance(e, L.Load | L.IndexValue | L.InRange):
+            return replace(e, index=index(e.index))
+        if isinstance(e, L.Random):
+            return replace(e, counter=index(e.counter))
+        return e
+
+    def stmt(s: L.Stmt) -> L.Stmt:
+        if isinstance(s, L.Store | L.IndexLoad):
+            return replace(s, index=index(s.index))
+        return s
+
+    return L.map_body(body, expr, stmt)
