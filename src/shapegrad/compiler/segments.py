@@ -177,10 +177,10 @@ def split_var(
 
     def expr(e: L.Expr) -> L.Expr:
         if isinstance(e, L.Load | L.IndexValue | L.InRange):
-            return replace(e, index=index(e.index))
-        if isinstance(e, L.Random):
-            return replace(e, counter=index(e.counter))
-        return e
+            e = replace(e, index=index(e.index))
+        elif isinstance(e, L.Random):
+            e = replace(e, counter=index(e.counter))
+        return _fold(e, None, 0, 0)  # r is a constant now: tests on it fold
 
     def stmt(s: L.Stmt) -> L.Stmt:
         if isinstance(s, L.Store | L.IndexLoad):
