@@ -116,3 +116,46 @@ def test_div_split_runs_a_variable_as_outer_times_factor_plus_rest() -> None:
     odd = L.Var("o", 7)
     load = L.Load(sg.float32, "src", L.floordiv(L.var(odd), 2))
     assert div_split(L.Loop(odd, "parallel", (L.Store("dst", L.var(odd), load),))) is None
+
+
+def test_segments_resolve_div_mod_that_is_constant_on_a_segment() -> None:
+    from shapegrad.compiler import loops as L
+    from shapegrad.compiler.segments import segments, specialize
+
+    # a strided convolution's input gradient: (w - 1) // 14 and its rest, and a flat index
+    # whose quotient is only constant once w >= 1
+    h, w = L.Var("h", 6), L.Var("w", 16)
+    q = L.floordiv(L.var(w) + (-1), 14)
+    flat = L.floordiv(L.var(h) * 16 + L.var(w) + (-1), 96)
+    load = L.Load(sg.float32, "src", q * 100 + L.mod(L.var(w) + (-1), 14) + flat)
+    loop = L.Loop(w, "parallel", (L.Store("dst", L.var(h) * 16 + L.var(w), load),))
+    segs = segments(loop)
+    assert segs == [(0, 1), (1, 15), (15, 16)]
+    (store,) = specialize(loop.body, w, 1, 15)
+    assert isinstance(store, L.Store) and isinstance(store.value, L.Load)
+    assert store.value.index == L.var(w) + (-1)  # quotient 0, rest w - 1, flat // 96 = 0
+    (store,) = specialize(loop.body, w, 15, 16)
+    assert isinstance(store, L.Store) and isinstance(store.value, L.Load)
+    assert store.value.index == L.var(w) + 85  # 100 + (w - 1 - 14) + 0
+    # values agree with Python's floor division and modulo on every point
+    for lo, hi in segs:
+        (s,) = specialize(loop.body, w, lo, hi)
+        assert isinstance(s, L.Store) and isinstance(s.value, L.Load)
+        for hv in range(6):
+            for wv in range(lo, hi):
+                got = L.substitute(L.substitute(s.value.index, w, wv), h, hv)
+                want = (wv - 1) // 14 * 100 + (wv - 1) % 14 + (hv * 16 + wv - 1) // 96
+                assert got == L.const(want)
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_strided_conv_gradients_match_numpy(target: str) -> None:
+    def loss(x: sg.Tensor, w: sg.Tensor, c: sg.Tensor) -> sg.Tensor:
+        return (sg.relu(sg.conv2d(x, w, padding=1, stride=2)) * c).sum()
+
+    args = (_f32(4, 3, 16, 15), _f32(6, 3, 3, 3, seed=1), _f32(4, 6, 8, 8, seed=2))
+    grad = sg.grad(loss, argnums=(0, 1))
+    got = sg.compile(grad, backend="c", target=TARGETS[target])(*map(sg.tensor, args))
+    want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)

@@ -16,10 +16,12 @@ Every statement class of the loop IR has a rule here or in the subclass
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.segments import (
     div_split,
+    rebase,
     segments,
     specialize,
     split_var,
@@ -263,8 +265,13 @@ class CStyleRenderer:
             self.emit(depth, "}")
             return
         for lo, hi in segs:
+            body = specialize(s.body, s.var, lo, hi)
+            sub = rebase(body, s.var, lo, hi) if div_split(s) is None else None
+            if sub is not None:  # a v % d left on this segment: split it from its start
+                self.loop(replace(sub, kind=s.kind), depth, parallel_ok)
+                continue
             self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
-            self.stmts(specialize(s.body, s.var, lo, hi), depth + 1, parallel_ok)
+            self.stmts(body, depth + 1, parallel_ok)
             self.emit(depth, "}")
 
     def store(self, s: L.Store) -> str:

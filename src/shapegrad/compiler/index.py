@@ -208,3 +208,44 @@ def mentions(a: Affine, v: Var) -> bool:
     return any(
         atom == v or (isinstance(atom, DivMod) and mentions(atom.inner, v)) for atom in a.atoms()
     )
+
+
+def resolve(a: Affine, v: Var, lo: int, hi: int) -> Affine:
+    """``a`` for ``lo <= v < hi`` only (a segment of ``v``'s loop): every floordiv/mod whose
+    quotient is constant there (its operand's bounds, with ``v`` restricted, stay within
+    one multiple of the divisor) is replaced by an affine expression; innermost first."""
+    out = Affine((), a.const)
+    for atom, coef in a.terms:
+        if not isinstance(atom, DivMod):
+            out = out + Affine.of(atom, coef)
+            continue
+        inner, d = resolve(atom.inner, v, lo, hi), atom.divisor
+        whole, rest = _split(inner, d)
+        r_lo, r_hi = _bounds_in(rest, v, lo, hi)
+        if r_lo // d == r_hi // d:
+            q = r_lo // d
+            part = rest + (-d * q) if atom.is_mod else whole + q
+        else:
+            part = mod(inner, d) if atom.is_mod else floordiv(inner, d)
+        out = out + part * coef
+    return out
+
+
+def _bounds_in(a: Affine, v: Var, lo: int, hi: int) -> tuple[int, int]:
+    """Inclusive bounds of ``a`` with ``v`` in ``[lo, hi)`` and other variables in full."""
+    b_lo = b_hi = a.const
+    for atom, coef in a.terms:
+        if atom == v:
+            x_lo, x_hi = lo, hi - 1
+        elif isinstance(atom, DivMod):
+            i_lo, i_hi = _bounds_in(atom.inner, v, lo, hi)
+            if atom.is_mod:
+                in_one = i_lo >= 0 and i_hi < atom.divisor
+                x_lo, x_hi = (i_lo, i_hi) if in_one else (0, atom.divisor - 1)
+            else:
+                x_lo, x_hi = i_lo // atom.divisor, i_hi // atom.divisor
+        else:
+            x_lo, x_hi = _atom_bounds(atom)
+        b_lo += min(coef * x_lo, coef * x_hi)
+        b_hi += max(coef * x_lo, coef * x_hi)
+    return b_lo, b_hi

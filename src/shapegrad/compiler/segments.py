@@ -30,14 +30,26 @@ MAX_UNROLL = 8
 
 def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     """``[(lo, hi), ...]`` covering ``[0, extent)`` split at the break points of the range
-    tests on ``loop.var`` inside ``loop``, or None when there are none (or too many)."""
+    tests on ``loop.var`` inside ``loop`` (and, while the count allows, where a
+    ``(var + c) // d`` changes value), or None when there are none (or too many)."""
     n = loop.var.extent
     points = {0, n}
     for e in L.all_expressions(loop.body):
         for x in L.walk_expr(e):
             if isinstance(x, L.InRange) and x.index.terms == ((loop.var, 1),):
                 points |= {min(max(b - x.index.const, 0), n) for b in (x.lo, x.hi)}
-    if len(points) <= 2 or len(points) - 1 > MAX_SEGMENTS:
+    if len(points) - 1 > MAX_SEGMENTS:
+        return None
+    for index in _indices(loop.body):
+        for dm in L.divmods_of(index):
+            if dm.inner.terms != ((loop.var, 1),):
+                continue
+            c, d = dm.inner.const, dm.divisor
+            first = (c // d + 1) * d  # the first multiple of d above c
+            more = {m - c for m in range(first, c + n, d)}
+            if len(points | more) - 1 <= MAX_SEGMENTS:
+                points |= more
+    if len(points) <= 2:
         return None
     ordered = sorted(points)
     return list(itertools.pairwise(ordered))
@@ -86,8 +98,34 @@ def _vars(a: L.Affine) -> list[L.Var]:
 
 
 def specialize(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> tuple[L.Stmt, ...]:
-    """``body`` with every range test on ``var`` folded for ``lo <= var < hi``."""
-    return L.map_body(body, lambda e: _fold(e, var, lo, hi))
+    """``body`` for ``lo <= var < hi``: every range test on ``var`` folded, and every
+    ``(var + c) // d`` constant there replaced (see :func:`loops.resolve`)."""
+
+    def index(a: L.Affine) -> L.Affine:
+        return L.resolve(a, var, lo, hi) if any(True for _ in L.divmods_of(a)) else a
+
+    def expr(e: L.Expr) -> L.Expr:
+        if isinstance(e, L.Load | L.IndexValue | L.InRange):
+            e = replace(e, index=index(e.index))
+        elif isinstance(e, L.Random):
+            e = replace(e, counter=index(e.counter))
+        return _fold(e, var, lo, hi)
+
+    def stmt(s: L.Stmt) -> L.Stmt:
+        if isinstance(s, L.Store | L.IndexLoad):
+            return replace(s, index=index(s.index))
+        return s
+
+    return L.map_body(body, expr, stmt)
+
+
+def rebase(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> L.Loop | None:
+    """The segment ``lo <= var < hi`` of a loop as a loop of its own over a fresh variable
+    from 0, when that loop can be run by :func:`div_split` (the segment's start aligned
+    with the remaining ``var % d``), else None."""
+    fresh = L.Var(f"{var.name}_s{lo}", hi - lo)
+    loop = L.Loop(fresh, "parallel", split_var(body, var, fresh, 1, lo))
+    return loop if div_split(loop) is not None else None
 
 
 def _truth(e: L.Expr) -> bool | None:
