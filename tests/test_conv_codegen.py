@@ -4,6 +4,7 @@ several team sizes, with and without batch fusion of the patches."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -159,3 +160,21 @@ def test_strided_conv_gradients_match_numpy(target: str) -> None:
     want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args))
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_strided_conv_input_gradient_is_split_inside_out_without_div_mod() -> None:
+    # the strided slices' gradient interleaves zeros through reshapes and pads: indices
+    # like ((224 h + 14 w + v - 1) // 3584 + n + 63) % 64 that only simplify once the inner
+    # loop is cut into segments; presplit cuts from the inside out
+    def loss(x: sg.Tensor, w: sg.Tensor, c: sg.Tensor) -> sg.Tensor:
+        return (sg.conv2d(x, w, padding=1, stride=2) * c).sum()
+
+    args = (_f32(4, 3, 16, 16), _f32(6, 3, 3, 3, seed=1), _f32(4, 6, 8, 8, seed=2))
+    grad = sg.grad(loss, argnums=0)
+    _, source = generate(sg.compile(grad, backend="numpy").graph(*args))
+    body = source[source.index("sg_body") :]
+    assert not re.search(r"\) [/%] \d+\)", body), "div/mod left in the generated indices"
+    assert "_s0" in body  # segment loops made by presplit
+    got = sg.compile(grad, backend="c")(*map(sg.tensor, args)).numpy()
+    want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

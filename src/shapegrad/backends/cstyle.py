@@ -21,6 +21,8 @@ from dataclasses import replace
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.segments import (
     div_split,
+    is_presplit,
+    presplit,
     rebase,
     segments,
     specialize,
@@ -247,6 +249,9 @@ class CStyleRenderer:
                 self.emit(depth, f"{{ /* {v} = {value} */")
                 self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
                 self.emit(depth, "}")
+            return
+        if not is_presplit(s.var) and (parts := presplit(s)) is not None:
+            self.stmts(parts, depth, parallel_ok)  # div/mod indexing resolved inside out
             return
         d = div_split(s)
         if d is not None:  # v // d and v % d in the indices: run v as d*outer + r, r unrolled

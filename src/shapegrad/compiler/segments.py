@@ -36,8 +36,9 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     points = {0, n}
     for e in L.all_expressions(loop.body):
         for x in L.walk_expr(e):
-            if isinstance(x, L.InRange) and x.index.terms == ((loop.var, 1),):
-                points |= {min(max(b - x.index.const, 0), n) for b in (x.lo, x.hi)}
+            c = _coef(x, loop.var)
+            if c and isinstance(x, L.InRange):  # c*v + k crosses lo and hi at these v
+                points |= {min(max(-((x.index.const - b) // c), 0), n) for b in (x.lo, x.hi)}
     if len(points) - 1 > MAX_SEGMENTS:
         return None
     for index in _indices(loop.body):
@@ -136,8 +137,8 @@ def _fold(e: L.Expr, var: L.Var | None, lo: int, hi: int) -> L.Expr:
     """One bottom-up folding step (children are already folded)."""
     if isinstance(e, L.InRange) and not e.index.terms:
         return L.bool_const(e.lo <= e.index.const < e.hi)
-    if var is not None and isinstance(e, L.InRange) and e.index.terms == ((var, 1),):
-        first, last = lo + e.index.const, hi - 1 + e.index.const
+    if var is not None and isinstance(e, L.InRange) and (c := _coef(e, var)):
+        first, last = c * lo + e.index.const, c * (hi - 1) + e.index.const
         if e.lo <= first and last < e.hi:
             return L.bool_const(True)
         if last < e.lo or first >= e.hi:
@@ -226,3 +227,54 @@ def split_var(
         return s
 
     return L.map_body(body, expr, stmt)
+
+
+def _coef(e: L.Expr, var: L.Var) -> int:
+    """``c`` when ``e`` is a range test on ``c*var + k`` with ``c > 0``, else 0."""
+    if not isinstance(e, L.InRange) or len(e.index.terms) != 1:
+        return 0
+    ((atom, c),) = e.index.terms
+    return c if atom == var and c > 0 else 0
+
+
+def presplit(loop: L.Loop) -> tuple[L.Stmt, ...] | None:
+    """Index-set splitting of a nest from the inside out, for nests indexed through
+    floordiv/mod (a strided convolution's input gradient): each loop over ``v`` whose
+    indices divide ``v`` is cut into :func:`segments`, each a loop of its own over a fresh
+    ``v_s<lo>`` from 0, with its div/mod resolved (:func:`specialize`). Resolving an inner
+    loop's div/mod exposes plain range tests on the outer variables, so the outer loops
+    split in turn. Iterations keep their order. None when nothing splits."""
+    out, changed = _presplit(loop)
+    return out if changed else None
+
+
+def is_presplit(var: L.Var) -> bool:
+    """Whether ``var`` is a segment variable made by :func:`presplit` (split once only)."""
+    head, _, tail = var.name.rpartition("_s")
+    return bool(head) and tail.isdigit()
+
+
+def _presplit(s: L.Stmt) -> tuple[tuple[L.Stmt, ...], bool]:
+    if not isinstance(s, L.Loop):
+        return (s,), False
+    body: list[L.Stmt] = []
+    changed = False
+    for x in s.body:
+        parts, c = _presplit(x)
+        body.extend(parts)
+        changed |= c
+    loop = replace(s, body=tuple(body))
+    divides = any(
+        L.mentions(dm.inner, s.var) for ix in _indices(loop.body) for dm in L.divmods_of(ix)
+    )
+    if not divides or div_split(loop) is not None:
+        return (loop,), changed  # nothing to resolve, or the renderer's d*outer + r does it
+    segs = segments(loop)
+    if segs is None:
+        return (loop,), changed
+    out: list[L.Stmt] = []
+    for lo, hi in segs:
+        fresh = L.Var(f"{s.var.name}_s{lo}", hi - lo)
+        seg = split_var(specialize(loop.body, s.var, lo, hi), s.var, fresh, 1, lo)
+        out.append(L.Loop(fresh, s.kind, seg))
+    return tuple(out), True
