@@ -23,6 +23,9 @@ from shapegrad.compiler import loops as L
 
 # More segments than this are not worth the code size.
 MAX_SEGMENTS = 6
+# A nest cut by :func:`presplit` into more statements than this many times its own is
+# left to the top-down splitting (nested segments multiply: code size and compile time).
+PRESPLIT_GROWTH = 32
 # Loops this short whose variable appears in range tests together with other variables
 # (``3*kh + kw`` of a convolution's patch index) run as one copy per value instead.
 MAX_UNROLL = 8
@@ -245,7 +248,13 @@ def presplit(loop: L.Loop) -> tuple[L.Stmt, ...] | None:
     loop's div/mod exposes plain range tests on the outer variables, so the outer loops
     split in turn. Iterations keep their order. None when nothing splits."""
     out, changed = _presplit(loop)
-    return out if changed else None
+    if not changed or _size(out) > PRESPLIT_GROWTH * _size((loop,)):
+        return None
+    return out
+
+
+def _size(body: tuple[L.Stmt, ...]) -> int:
+    return sum(1 for _ in L.walk(body))
 
 
 def is_presplit(var: L.Var) -> bool:
