@@ -9,7 +9,12 @@ unchanged: a select with a constant condition is exactly the branch it picks.
 Reshapes between tiled and flat layouts (a pooling window's gradient spread back over
 its pixels) index with ``v // d`` and ``v % d``; :func:`div_split` runs such a loop as
 ``v = d*outer + r`` with one body copy per ``r`` (:func:`split_var`), which makes the
-indices affine again. Iterations keep their order, so results are identical.
+indices affine again. Where a quotient ``(v + c) // d`` only changes a few times over
+the loop, :func:`segments` also breaks there and :func:`specialize` resolves it on each
+segment; :func:`presplit` does this from the innermost loop of a nest outwards, since
+resolving an inner quotient (a strided slice's gradient: zeros interleaved through
+reshapes and pads) is what exposes plain range tests on the outer variables.
+Iterations keep their order, so results are identical.
 """
 
 from __future__ import annotations
