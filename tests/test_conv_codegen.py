@@ -178,3 +178,22 @@ def test_strided_conv_input_gradient_is_split_inside_out_without_div_mod() -> No
     got = sg.compile(grad, backend="c")(*map(sg.tensor, args)).numpy()
     want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling_window_runs_as_a_row_with_unchanged_values(kind: str) -> None:
+    # the window (2 x 2 terms) is combined per output in the same order, but the loop over
+    # outputs is the inner one, so it vectorizes
+    pool = sg.max_pool2d if kind == "max" else sg.avg_pool2d
+    x = _f32(4, 3, 12, 10)
+    x[0, 0, :2, :2] = np.nan  # NaN propagates through the window's max
+    f = lambda x: pool(sg.relu(x), 2)  # noqa: E731
+    _, source = generate(sg.compile(f, backend="numpy").graph(x))
+    assert re.search(r"float acc\d+_row\[5\];", source)
+    got = sg.compile(f, backend="c")(sg.tensor(x)).numpy()
+    want = sg.compile(f, backend="numpy")(sg.tensor(x)).numpy()
+    if kind == "max":  # exact: a max is the max in any order
+        np.testing.assert_array_equal(got, want)
+    else:  # the reference sums in NumPy's order
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.isnan(got[0, 0, 0, 0])

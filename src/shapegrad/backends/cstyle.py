@@ -29,6 +29,7 @@ from shapegrad.compiler.segments import (
     split_var,
     substitute_var,
     unrolls,
+    window_rows,
 )
 from shapegrad.dtypes import DType
 
@@ -253,6 +254,9 @@ class CStyleRenderer:
         if not is_presplit(s.var) and (parts := presplit(s)) is not None:
             self.stmts(parts, depth, parallel_ok)  # div/mod indexing resolved inside out
             return
+        if (window := window_rows(s)) is not None:
+            self.window_row(s, window, depth)
+            return
         d = div_split(s)
         if d is not None:  # v // d and v % d in the indices: run v as d*outer + r, r unrolled
             outer = L.Var(f"{v}_{d}", s.var.extent // d)
@@ -278,6 +282,29 @@ class CStyleRenderer:
             self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
             self.stmts(body, depth + 1, parallel_ok)
             self.emit(depth, "}")
+
+    def window_row(self, s: L.Loop, r: L.Reduce, depth: int) -> None:
+        """``for v: acc = reduce(window); store`` as a row of accumulators (``window_rows``):
+        the loop over outputs becomes the inner loop, which vectorizes."""
+        v, n, t = s.var.name, s.var.extent, self.type_name(r.init.dtype)
+        row = f"{r.name}_row"
+        e = self.emit
+        e(depth, "{")
+        e(depth + 1, f"{t} {row}[{n}];")
+        e(depth + 1, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {row}[{v}] = {self.expr(r.init)};")
+        d = depth + 1
+        for w in r.vars:
+            e(d, f"for (int64_t {w.name} = 0; {w.name} < {w.extent}; ++{w.name})")
+            d += 1
+        step = self.binary(r.op, r.value.dtype, f"{row}[{v}]", self.expr(r.value))
+        e(d, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {row}[{v}] = {step};")
+        e(depth + 1, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {{")
+        e(depth + 2, f"{t} {r.name} = {row}[{v}];")
+        store = s.body[1]
+        assert isinstance(store, L.Store)
+        e(depth + 2, self.store(store))
+        e(depth + 1, "}")
+        e(depth, "}")
 
     def store(self, s: L.Store) -> str:
         target = f"{s.buffer}[{self.affine(s.index)}]"

@@ -292,3 +292,22 @@ def _presplit(s: L.Stmt) -> tuple[tuple[L.Stmt, ...], bool]:
         seg = split_var(specialize(loop.body, s.var, lo, hi), s.var, fresh, 1, lo)
         out.append(L.Loop(fresh, s.kind, seg))
     return tuple(out), True
+
+
+def window_rows(loop: L.Loop) -> L.Reduce | None:
+    """The reduction of ``for v: acc = reduce(...); dst[..v..] = f(acc)`` when it is a small
+    window (at most :data:`MAX_UNROLL` terms, a pooling window) that a renderer should run
+    as a row: ``row[v] = init; for window: for v: row[v] = op(row[v], value)``, then the
+    stores. Each output still combines its terms in the same order, and the inner loop
+    runs over outputs, so it vectorizes. None when the body is anything else, the row is
+    long, or the window reads what the stores write."""
+    if len(loop.body) != 2 or not 1 < loop.var.extent <= 4096:
+        return None
+    red, store = loop.body
+    if not isinstance(red, L.Reduce) or not isinstance(store, L.Store) or store.accumulate:
+        return None
+    if math.prod(v.extent for v in red.vars) > MAX_UNROLL or len(red.vars) == 0:
+        return None
+    if any(ld.buffer == store.buffer for ld in L.loads_in((L.Store("_", L.const(0), red.value),))):
+        return None
+    return red
