@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from shapegrad._winograd import winograd_conv2d
 from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, fmt
@@ -68,8 +69,41 @@ def _patches(
     return p.concat(pieces, axis=2)
 
 
+ALGORITHMS = ("auto", "im2col", "winograd")
+
+# "auto" picks Winograd F(2x2, 3x3) when both channel counts reach this: below it the
+# tile transforms (linear in channels) cost more than the 2.25x fewer multiply-adds of
+# the channel products (quadratic) save. Measured by benchmarks/winograd_threshold.py.
+WINOGRAD_MIN_CHANNELS = 8
+
+
+def _choose_algorithm(
+    algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]
+) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(
+            f"conv2d: algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, "
+            f"got {algorithm!r}"
+        )
+    fits = w.shape[2:] == (3, 3) and stride == (1, 1) and x.dtype.is_float
+    if algorithm == "winograd" and not fits:
+        raise ValueError(
+            "conv2d: algorithm='winograd' needs a 3x3 float weight and stride 1, got weight "
+            f"{fmt(w.shape)} ({w.dtype}), stride {stride}; use 'im2col' or 'auto'"
+        )
+    if algorithm == "auto":
+        wide = min(w.shape[0], w.shape[1]) >= WINOGRAD_MIN_CHANNELS
+        return "winograd" if fits and wide else "im2col"
+    return algorithm
+
+
 def conv2d(
-    x: Tensor, w: Tensor, bias: Tensor | None = None, stride: IntPair = 1, padding: IntPair = 0
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    stride: IntPair = 1,
+    padding: IntPair = 0,
+    algorithm: str = "auto",
 ) -> Tensor:
     """2-d cross-correlation like ``torch.nn.functional.conv2d`` (no dilation or groups).
 
@@ -79,6 +113,12 @@ def conv2d(
         bias: optional ``[O]``.
         stride: int or ``(sh, sw)``.
         padding: zero padding, int or ``(ph, pw)``, on both sides.
+        algorithm: ``"im2col"`` (patches + one product), ``"winograd"`` (F(2x2, 3x3):
+            2.25x fewer multiply-adds; 3x3 float weights and stride 1 only; float32
+            results differ from im2col by a few ulps times the transform constants) or
+            ``"auto"``: Winograd for stride-1 3x3 float convolutions with at least
+            ``WINOGRAD_MIN_CHANNELS`` input and output channels, where it measured
+            faster, im2col otherwise. Both are differentiated by the same VJP rules.
     Returns:
         ``[N, O, Ho, Wo]`` with ``Ho = (H + 2 ph - kh) // sh + 1``.
     Example:
@@ -100,9 +140,12 @@ def conv2d(
     strides = _pair("conv2d", "stride", stride, 1)
     pads = _pair("conv2d", "padding", padding, 0)
     out = _out_size("conv2d", x, kernel, strides, pads)
-    cols = _patches(x, kernel, strides, pads, out, 0.0)
-    cols = p.reshape(cols, [x.shape[0], x.shape[1], *kernel, *out])
-    y = p.einsum("nckluv,ockl->nouv", cols, w)
+    if _choose_algorithm(algorithm, x, w, strides) == "winograd":
+        y = winograd_conv2d(x, w, pads)
+    else:
+        cols = _patches(x, kernel, strides, pads, out, 0.0)
+        cols = p.reshape(cols, [x.shape[0], x.shape[1], *kernel, *out])
+        y = p.einsum("nckluv,ockl->nouv", cols, w)
     if bias is None:
         return y
     if bias.shape != (w.shape[0],):
