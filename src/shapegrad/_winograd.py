@@ -13,17 +13,20 @@ backends and every renderer get it without a line of their own. The transforms u
 the matrices' structure (entries 0, +-1, +-1/2) as adds and subtracts instead of
 small constant matrix products: fewer operations, and nothing for fusion to undo.
 
-Layout: the tile products want channels innermost, so the input is permuted to NHWC
-once; each of the 16 transformed inputs ``V`` is ``[N, th, tw, Cin]``, transformed
-filters ``U`` are ``[Cout, Cin]`` and their products ``M`` ``[N, th, tw, Cout]``; all
-three products of a training step (forward, input and weight gradients) are plain
-GEMMs on these layouts. Odd output sizes pad the input to whole tiles and crop the result.
+Layout: the tile products want the tiles of all images contiguous, so the input is
+permuted to CNHW once (an outer-axis swap: whole rows move); each of the 16
+transformed inputs ``V`` is ``[Cin, N, th, tw]``, transformed filters ``U`` are
+``[Cout, Cin]`` and their products ``M`` ``[Cout, N, th, tw]``; all three products of
+a training step (forward, input and weight gradients) are plain GEMMs on these
+layouts. Odd output sizes pad the input to whole tiles and crop the result.
 
 float32 error: the transforms add at most 4 terms with coefficients 1 or 1/2, so the
 error grows by a small constant factor over im2col's (measured in the tests).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from shapegrad.ops import prims as p
 from shapegrad.tensor import Tensor
@@ -40,9 +43,41 @@ def _take(x: Tensor, axis: int, start: int, count: int, step: int) -> Tensor:
     return p.slice_(x, starts, stops, steps)
 
 
-def _input_rows(r: list[Tensor]) -> list[Tensor]:
-    """``B^T d`` along one axis: B^T = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]]."""
-    return [r[0] - r[2], r[1] + r[2], r[2] - r[1], r[1] - r[3]]
+# F(2x2, 3x3) transforms (Lavin & Gray 2016): Y = A^T [(G g G^T) * (B^T d B)] A.
+_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
+
+
+def _signed_sum(terms: list[tuple[int, Tensor]]) -> Tensor:
+    """``sum(sign * t)`` for signs +-1, as adds and subtracts (a + term first: no negation)."""
+    terms = sorted(terms, key=lambda st: -st[0])
+    sign, total = terms[0]
+    if sign < 0:
+        total = -total
+    for sign, t in terms[1:]:
+        total = total + t if sign > 0 else total - t
+    return total
+
+
+def _two_sided(mat: tuple[tuple[int, ...], ...], tile: list[list[Tensor]]) -> list[Tensor]:
+    """``(mat @ tile @ mat^T)`` entries, row-major, each straight from the tile's entries.
+
+    Every entry is one elementwise sum of its few nonzero terms (4 for B^T, 9 for A^T),
+    with no row-transformed intermediate: fusion then reads the tile views directly
+    instead of materializing a buffer per row combination.
+    """
+    out = []
+    for row_k in mat:
+        for row_l in mat:
+            terms = [
+                (ck * cl, tile[a][b])
+                for a, ck in enumerate(row_k)
+                if ck
+                for b, cl in enumerate(row_l)
+                if cl
+            ]
+            out.append(_signed_sum(terms))
+    return out
 
 
 def _filter_rows(g: list[Tensor]) -> list[Tensor]:
@@ -52,51 +87,62 @@ def _filter_rows(g: list[Tensor]) -> list[Tensor]:
     return [g[0], even + odd, even - odd, g[2]]
 
 
-def _output_rows(m: list[Tensor]) -> list[Tensor]:
-    """``A^T m`` along one axis: A^T = [[1,1,1,0],[0,1,-1,-1]]."""
-    return [m[0] + m[1] + m[2], m[1] - m[2] - m[3]]
-
-
-def _transform_input(x: Tensor, padding: tuple[int, int], tiles: tuple[int, int]) -> list[Tensor]:
-    """16 tensors ``[N, th, tw, C]``: entry ``4k + l`` of ``B^T d B`` of every 4x4 tile."""
+def _transform_input(x: Tensor, padding: tuple[int, int], tiles: tuple[int, int]) -> Tensor:
+    """``[16, C, N, th, tw]``: entry ``4k + l`` of ``B^T d B`` of every 4x4 tile."""
     h, w = x.shape[2], x.shape[3]
     th, tw = tiles
     ph, pw = padding
-    # NHWC so that each tile's channel vector is contiguous for the products.
-    xh = p.permute(x, [0, 2, 3, 1])
+    # CNHW: (N, th, tw) contiguous makes the products one batched GEMM, and swapping
+    # the two outer axes moves whole image rows (cheap, unlike a channels-last transpose).
+    xc = p.permute(x, [1, 0, 2, 3])
     # Pad to exactly 2 * tiles + 2 rows/columns: the user's padding, plus one extra
     # row/column at the bottom/right when the output size is odd (cropped at the end).
     high = (2 * th + 2 - h - ph, 2 * tw + 2 - w - pw)
-    xh = p.pad(xh, [0, ph, pw, 0], [0, high[0], high[1], 0])
-    rows = _input_rows([_take(xh, 1, a, th, 2) for a in range(4)])
-    return [col for row in rows for col in _input_rows([_take(row, 2, b, tw, 2) for b in range(4)])]
+    xc = p.pad(xc, [0, 0, ph, pw], [0, 0, high[0], high[1]])
+    # Row 2i + a of tile row i is row i + a // 2 of parity a % 2: as a [.., th + 1, 2,
+    # tw + 1, 2] view the tile entries are unit-stride slices, whose VJP is a plain pad
+    # (a stride-2 slice's VJP interleaves, with div/mod indexing per element).
+    c, n = xc.shape[0], xc.shape[1]
+    xc = p.reshape(xc, [c, n, th + 1, 2, tw + 1, 2])
+
+    def entry(a: int, b: int) -> Tensor:
+        rows = _take(_take(xc, 2, a // 2, th, 1), 3, a % 2, 1, 1)
+        return p.reshape(_take(_take(rows, 4, b // 2, tw, 1), 5, b % 2, 1, 1), [c, n, th, tw])
+
+    tile = [[entry(a, b) for b in range(4)] for a in range(4)]
+    return p.concat([p.reshape(v, [1, c, n, th, tw]) for v in _two_sided(_BT, tile)], axis=0)
 
 
-def _transform_filter(w: Tensor) -> list[Tensor]:
-    """16 tensors ``[O, C]``: entry ``4k + l`` of ``G g G^T`` of every 3x3 filter."""
+def _transform_filter(w: Tensor) -> Tensor:
+    """``[16, O, C]``: entry ``4k + l`` of ``G g G^T`` of every 3x3 filter."""
     o, c = w.shape[0], w.shape[1]
     rows = _filter_rows([_take(w, 2, a, 1, 1) for a in range(3)])
-    return [
-        p.reshape(col, [o, c])
-        for row in rows
-        for col in _filter_rows([_take(row, 3, b, 1, 1) for b in range(3)])
-    ]
+    return p.concat(
+        [
+            p.reshape(col, [1, o, c])
+            for row in rows
+            for col in _filter_rows([_take(row, 3, b, 1, 1) for b in range(3)])
+        ],
+        axis=0,
+    )
 
 
-def _transform_output(parts: list[Tensor], out: tuple[int, int]) -> Tensor:
-    """``[N, O, Ho, Wo]`` from the 16 products ``[N, th, tw, O]``: ``A^T m A``, then crop."""
-    n, th, tw, o = parts[0].shape
-    # Rows (over k of 4k + l) for each column l, then the columns of each output row.
-    by_col = [_output_rows([parts[4 * k + col] for k in range(4)]) for col in range(4)]
-    out_rows = []
-    for a in range(2):
-        ya = _output_rows([by_col[col][a] for col in range(4)])
-        pieces = [p.reshape(y, [n, th, 1, tw, 1, o]) for y in ya]
-        out_rows.append(p.concat(pieces, axis=4))
-    # [N, th, 2, tw, 2, O] interleaves the 2x2 output blocks: a reshape away from NHWC.
-    y = p.reshape(p.concat(out_rows, axis=2), [n, 2 * th, 2 * tw, o])
-    y = p.slice_(y, [0, 0, 0, 0], [n, out[0], out[1], o], [1, 1, 1, 1])
-    return p.permute(y, [0, 3, 1, 2])
+def _transform_output(m: Tensor, out: tuple[int, int]) -> Tensor:
+    """``[N, O, Ho, Wo]`` from the products ``M = [16, O, N, th, tw]``: ``A^T m A``, crop.
+
+    One product with the constant ``[16, 4]`` matrix ``kron(A, A)`` rather than sums of
+    slices of ``M``: its VJP is again one product, while a slice's VJP is a zero pad,
+    and 16 padded pieces summed per element is what the gradient of ``M`` would become.
+    """
+    o, n, th, tw = m.shape[1:]
+    at = np.array(_AT, dtype=np.float64)
+    kron = p.constant(np.kron(at, at).T, m.dtype, like=m)
+    y = p.einsum("xr,xonij->ronij", kron, m)
+    # Entry r = 2a + b of tile (i, j) is output (2i + a, 2j + b).
+    y = p.permute(p.reshape(y, [2, 2, o, n, th, tw]), [2, 3, 4, 0, 5, 1])
+    y = p.reshape(y, [o, n, 2 * th, 2 * tw])
+    y = p.slice_(y, [0, 0, 0, 0], [o, n, out[0], out[1]], [1, 1, 1, 1])
+    return p.permute(y, [1, 0, 2, 3])
 
 
 def winograd_conv2d(x: Tensor, w: Tensor, padding: tuple[int, int]) -> Tensor:
@@ -108,8 +154,6 @@ def winograd_conv2d(x: Tensor, w: Tensor, padding: tuple[int, int]) -> Tensor:
     tiles = ((ho + 1) // 2, (wo + 1) // 2)
     v = _transform_input(x, padding, tiles)
     u = _transform_filter(w)
-    # 16 separate products rather than one batched product over a stacked axis: the
-    # stacking CONCAT and the SLICEs taking it apart would turn, in the backward pass,
-    # into sums of 16 padded pieces (selects on every element) around every product.
-    m = [p.einsum("nijc,oc->nijo", vi, ui) for vi, ui in zip(v, u, strict=True)]
+    # One batched product (16 GEMMs [O, C] @ [C, N * th * tw]) in one Contract.
+    m = p.einsum("xoc,xcnij->xonij", u, v)
     return _transform_output(m, (ho, wo))
