@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-import references as R
 
+import references as R
 import shapegrad as sg
 
 # The module, not the sg.conv2d function re-exported under the package.
@@ -115,6 +115,7 @@ def test_gradients_match_float64_central_differences(shape: tuple[int, ...]) -> 
     numeric = (f(eps) - f(-eps)) / (2 * eps)
     analytic = float(np.sum(gx.numpy() * dx) + np.sum(gw.numpy() * dw))
     assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+
     # And each gradient against im2col's (same VJP rules, other decomposition).
     def loss_im2col(x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
         return (_conv("im2col", pad)(x, w) * sg.tensor(cot)).sum()
@@ -128,7 +129,9 @@ def test_bias_is_added_once() -> None:
     x, w = _args((2, 3, 6, 6, 4, 1), "float64", seed=6)
     b = np.arange(4.0)
     got = sg.conv2d(sg.tensor(x), sg.tensor(w), sg.tensor(b), padding=1, algorithm="winograd")
-    np.testing.assert_allclose(got.numpy(), R.conv2d(x, w, b, padding=(1, 1)), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        got.numpy(), R.conv2d(x, w, b, padding=(1, 1)), rtol=1e-12, atol=1e-12
+    )
 
 
 def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float() -> None:
@@ -145,7 +148,7 @@ def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float() -> None:
 
 def test_bad_algorithm_names_and_unsupported_shapes_are_clear_errors() -> None:
     x, w = sg.zeros((1, 2, 6, 6)), sg.zeros((3, 2, 3, 3))
-    with pytest.raises(ValueError, match="conv2d: algorithm must be one of .*got 'fft'"):
+    with pytest.raises(ValueError, match=r"conv2d: algorithm must be one of .*got 'fft'"):
         sg.conv2d(x, w, algorithm="fft")
     with pytest.raises(ValueError, match=r"winograd.*stride \(2, 2\)"):
         sg.conv2d(x, w, stride=2, algorithm="winograd")

@@ -77,9 +77,7 @@ ALGORITHMS = ("auto", "im2col", "winograd")
 WINOGRAD_MIN_CHANNELS = 8
 
 
-def _choose_algorithm(
-    algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]
-) -> str:
+def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]) -> str:
     if algorithm not in ALGORITHMS:
         raise ValueError(
             f"conv2d: algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, "
