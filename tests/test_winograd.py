@@ -134,16 +134,36 @@ def test_bias_is_added_once() -> None:
     )
 
 
-def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float() -> None:
+def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code() -> None:
     wide = conv_module.WINOGRAD_MIN_CHANNELS
-    x = sg.zeros((1, wide, 6, 6))
     choose = conv_module._choose_algorithm
-    assert choose("auto", x, sg.zeros((wide, wide, 3, 3)), (1, 1)) == "winograd"
-    assert choose("auto", x, sg.zeros((wide - 1, wide, 3, 3)), (1, 1)) == "im2col"
-    assert choose("auto", x, sg.zeros((wide, wide, 3, 3)), (2, 2)) == "im2col"
-    assert choose("auto", x, sg.zeros((wide, wide, 5, 5)), (1, 1)) == "im2col"
-    assert choose("im2col", x, sg.zeros((wide, wide, 3, 3)), (1, 1)) == "im2col"
-    assert choose("winograd", x, sg.zeros((1, wide, 3, 3)), (1, 1)) == "winograd"
+    picked: dict[str, str] = {}
+
+    def f(x: sg.Tensor, w: sg.Tensor, narrow: sg.Tensor, w5: sg.Tensor) -> sg.Tensor:
+        picked["wide"] = choose("auto", x, w, (1, 1))
+        picked["narrow"] = choose("auto", x, narrow, (1, 1))
+        picked["stride 2"] = choose("auto", x, w, (2, 2))
+        picked["5x5"] = choose("auto", x, w5, (1, 1))
+        picked["forced"] = choose("im2col", x, w, (1, 1))
+        return sg.conv2d(x, w, padding=1)
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, wide, 3, 5)).astype(np.float32)
+    w = (rng.standard_normal((wide, wide, 3, 3)) / wide).astype(np.float32)
+    zeros = (np.zeros((wide - 1, wide, 3, 3), np.float32), np.zeros((wide, wide, 5, 5), np.float32))
+    got = sg.compile(f, backend="numpy")(*map(sg.tensor, (x, w, *zeros))).numpy()
+    assert picked == {
+        "wide": "winograd",
+        "narrow": "im2col",
+        "stride 2": "im2col",
+        "5x5": "im2col",
+        "forced": "im2col",
+    }
+    want = R.conv2d(x.astype(np.float64), w.astype(np.float64), padding=(1, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # Eager mode runs im2col under "auto" (Winograd's many small NumPy calls are slower).
+    assert choose("auto", sg.tensor(x), sg.tensor(w), (1, 1)) == "im2col"
+    assert choose("winograd", sg.tensor(x), sg.tensor(w), (1, 1)) == "winograd"
 
 
 def test_bad_algorithm_names_and_unsupported_shapes_are_clear_errors() -> None:

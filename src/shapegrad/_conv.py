@@ -15,6 +15,7 @@ import numpy as np
 from shapegrad._winograd import winograd_conv2d
 from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
+from shapegrad.ops.graph import GraphOps
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
@@ -71,10 +72,13 @@ def _patches(
 
 ALGORITHMS = ("auto", "im2col", "winograd")
 
-# "auto" picks Winograd F(2x2, 3x3) when both channel counts reach this: below it the
-# tile transforms (linear in channels) cost more than the 2.25x fewer multiply-adds of
-# the channel products (quadratic) save. Measured by benchmarks/winograd_threshold.py.
-WINOGRAD_MIN_CHANNELS = 8
+# "auto" picks Winograd F(2x2, 3x3) for traced (compiled) code when both channel counts
+# reach this: its tile transforms are memory passes linear in channels, the products it
+# shrinks 2.25x are quadratic. Measured (benchmarks/winograd_threshold.py, C, 1 thread,
+# batch 64, 28x28, interleaved, loaded machine): im2col/winograd = 0.49 at 16x32, 0.58
+# at 32x32, 0.87-1.07 at 64x64, 1.04-1.05 at 96x96, 1.10-1.14 at 128x128 (batch 32,
+# 14x14: 1.19 at 64x64, 1.47 at 128x128).
+WINOGRAD_MIN_CHANNELS = 96
 
 
 def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]) -> str:
@@ -90,8 +94,11 @@ def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, i
             f"{fmt(w.shape)} ({w.dtype}), stride {stride}; use 'im2col' or 'auto'"
         )
     if algorithm == "auto":
+        # Eager mode runs each of Winograd's ~100 small ops as its own NumPy call:
+        # measured 3.5-7x slower than im2col even at 256 channels, so only traced code.
+        traced = isinstance(p.pick_ops([x, w]), GraphOps)
         wide = min(w.shape[0], w.shape[1]) >= WINOGRAD_MIN_CHANNELS
-        return "winograd" if fits and wide else "im2col"
+        return "winograd" if fits and wide and traced else "im2col"
     return algorithm
 
 
@@ -115,8 +122,8 @@ def conv2d(
             2.25x fewer multiply-adds; 3x3 float weights and stride 1 only; float32
             results differ from im2col by a few ulps times the transform constants) or
             ``"auto"``: Winograd for stride-1 3x3 float convolutions with at least
-            ``WINOGRAD_MIN_CHANNELS`` input and output channels, where it measured
-            faster, im2col otherwise. Both are differentiated by the same VJP rules.
+            ``WINOGRAD_MIN_CHANNELS`` input and output channels in traced (compiled)
+            code, where it measured faster, im2col otherwise (and always in eager mode). Both are differentiated by the same VJP rules.
     Returns:
         ``[N, O, Ho, Wo]`` with ``Ho = (H + 2 ph - kh) // sh + 1``.
     Example:
