@@ -54,13 +54,20 @@ Array = np.ndarray
 
 
 def conv3x3(x: sg.Tensor, w: sg.Tensor, b: sg.Tensor) -> sg.Tensor:
-    """3x3 convolution, padding 1, stride 1: ``sg.conv2d`` (NCHW, OIHW).
+    """3x3 convolution, padding 1, stride 1, as im2col + one einsum (NCHW, OIHW).
 
-    ``SHAPEGRAD_BENCH_CONV`` picks its algorithm (``auto``, the default, ``im2col`` or
-    ``winograd``) for A/B runs of the same tree.
+    With ``SHAPEGRAD_BENCH_CONV`` set (``auto``, ``im2col`` or ``winograd``) it is
+    ``sg.conv2d`` with that algorithm instead, for A/B runs of the same tree.
     """
-    algorithm = os.environ.get("SHAPEGRAD_BENCH_CONV", "auto")
-    return sg.conv2d(x, w, b, padding=1, algorithm=algorithm)
+    algorithm = os.environ.get("SHAPEGRAD_BENCH_CONV")
+    if algorithm:
+        return sg.conv2d(x, w, b, padding=1, algorithm=algorithm)
+    _, c, h, wd = x.shape
+    o = w.shape[0]
+    xp = F.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    cols = F.stack([xp[:, :, dy : dy + h, dx : dx + wd] for dy in range(3) for dx in range(3)], 2)
+    out = F.einsum("bckhw,ock->bohw", cols, w.reshape((o, c, 9)))
+    return out + b.reshape((1, o, 1, 1))
 
 
 def mlp_logits(params: list[sg.Tensor], x: sg.Tensor) -> sg.Tensor:
