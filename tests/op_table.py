@@ -290,6 +290,9 @@ def nn_cases() -> list[Case]:
         ("stride_pad_bias", (2, 3, 5, 6), (4, 3, 3, 3), {"stride": 2, "padding": 1}),
         ("rect", (1, 2, 7, 5), (3, 2, 3, 2), {"stride": (2, 1), "padding": (1, 0)}),
         ("empty_batch", (0, 2, 4, 4), (3, 2, 3, 3), {}),
+        # Winograd F(2x2, 3x3): odd output sizes (padded to whole tiles, cropped).
+        ("winograd", (2, 3, 7, 5), (4, 3, 3, 3), {"padding": 1, "algorithm": "winograd"}),
+        ("winograd_empty", (0, 2, 4, 4), (3, 2, 3, 3), {"algorithm": "winograd"}),
     ]
     cases = []
     for label, xs, ws, kw in conv:
@@ -337,7 +340,8 @@ def nn_cases() -> list[Case]:
 
 
 def _pairs(kw: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    return {k: v if isinstance(v, tuple) else (v, v) for k, v in kw.items()}
+    """The reference's keyword pairs (the ``algorithm`` choice does not change values)."""
+    return {k: v if isinstance(v, tuple) else (v, v) for k, v in kw.items() if k != "algorithm"}
 
 
 def constructor_cases() -> list[Case]:
