@@ -15,6 +15,11 @@ the merged kernels is only ever accessed at one index expression: then iteration
 of the merged loop touches exactly the elements that iteration ``p`` of each original
 loop touched, and no other iteration touches them. Loads of buffers nobody in the
 group writes may use any index (broadcast biases, gathers of earlier results).
+
+A merged loop may then store temps that no other kernel touches (the intermediate
+products of GELU's backward, materialized only because several kernels read them):
+:func:`forward_private_temps` replaces their loads by the stored expression and drops
+the store and the buffer, so they never reach memory.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import replace
 from shapegrad.compiler import loops as L
 
 MAX_GROUP = 6  # kernels per merged loop: beyond this the body's registers spill
+MAX_FORWARDED_NODES = 160  # expression size up to which a private temp is recomputed inline
 
 
 def _nest(kernel: L.Kernel) -> tuple[list[L.Var], tuple[L.Store, ...]] | None:
@@ -143,4 +149,55 @@ def fuse_elementwise_kernels(program: L.Program) -> L.Program:
             fused.append(kernel)
             group = 1 if _nest(kernel) is not None else 0
     program.kernels = fused
+    forward_private_temps(program)
     return program
+
+
+def forward_private_temps(program: L.Program) -> L.Program:
+    """Temps stored and read inside one merged loop only become inline expressions."""
+    users: dict[str, int] = {}
+    for kernel in program.kernels:
+        for name in L.reads(kernel.body) | L.writes(kernel.body):
+            users[name] = users.get(name, 0) + 1
+    outputs = set(program.outputs)
+    for n, kernel in enumerate(program.kernels):
+        nest = _nest(kernel)
+        if nest is None or len(nest[1]) < 2:
+            continue
+        vars_, stores = nest
+        private = {
+            s.buffer
+            for s in stores
+            if users.get(s.buffer) == 1
+            and s.buffer not in outputs
+            and program.buffers[s.buffer].kind == "temp"
+        }
+        kept = _forward(stores, private)
+        if len(kept) == len(stores):
+            continue
+        body: tuple[L.Stmt, ...] = kept
+        for v in reversed(vars_):
+            body = (L.Loop(v, "parallel", body),)
+        program.kernels[n] = replace(kernel, body=body)
+        for name in {s.buffer for s in stores} - {s.buffer for s in kept}:
+            del program.buffers[name]
+    return program
+
+
+def _forward(stores: tuple[L.Store, ...], private: set[str]) -> tuple[L.Store, ...]:
+    """``stores`` with private temps substituted into later stores (within a size bound)."""
+    values: dict[str, L.Expr] = {}
+
+    def inline(e: L.Expr) -> L.Expr:
+        return values[e.buffer] if isinstance(e, L.Load) and e.buffer in values else e
+
+    kept: list[L.Store] = []
+    for s in stores:
+        value = L.map_expr(s.value, inline)
+        if s.buffer in private and sum(1 for _ in L.walk_expr(value)) <= MAX_FORWARDED_NODES:
+            values[s.buffer] = value  # every access uses s.index (checked when merging)
+            continue
+        kept.append(replace(s, value=value))
+    if not kept:  # nothing left to compute: keep the last store (never happens for temps
+        return stores  # nobody reads, which dead-code elimination already removed)
+    return tuple(kept)
