@@ -84,6 +84,7 @@ def main() -> None:
     if args.no_profile:
         return
     prof = [(name, root, (s - base[name]) / (rounds * k)) for name, root, s in exe.profile()]
+    work = {kern.name: kern.work for kern in exe.program.kernels}
     total = sum(p[2] for p in prof)
     print(f"kernels: {len(prof)}, profiled total {total * 1e3:.2f} ms/step")
     by_op: dict[str, float] = {}
@@ -93,7 +94,8 @@ def main() -> None:
     shown = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in sorted(by_op.items(), key=lambda p: -p[1]))
     print(f"by root op (ms/step): {shown}")
     for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
-        print(f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}%  {name:12} {root[:90]}")
+        rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
+        print(f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}")
 
 
 if __name__ == "__main__":
