@@ -88,6 +88,35 @@ def exp_flushing_denormals(dtype: DType, x: L.Expr) -> L.Expr:
     return L.Binary(dtype, "mul", L.Unary(dtype, "exp", arg), kept)
 
 
+def _reshape_groups(
+    old: tuple[int, ...], new: tuple[int, ...]
+) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """Matching axis ranges ``((old_lo, old_hi), (new_lo, new_hi))`` of equal size that a
+    row-major reshape maps onto each other, or None (empty shapes)."""
+    if 0 in old or 0 in new:
+        return None
+    groups = []
+    i = j = 0
+    while i < len(old) or j < len(new):
+        i0, j0 = i, j
+        a = b = 1
+        while True:
+            if a <= b and i < len(old):
+                a *= old[i]
+                i += 1
+            elif j < len(new):
+                b *= new[j]
+                j += 1
+            else:
+                break
+            if a == b and (i == len(old) or old[i] != 1 or j == len(new) or new[j] != 1):
+                break
+        if a != b:
+            return None
+        groups.append(((i0, i), (j0, j)))
+    return groups
+
+
 class ExprBuilder:
     """Expands a node's value at an index: loads for materialized nodes, inline math otherwise.
 
@@ -148,6 +177,16 @@ class ExprBuilder:
                 kept = iter([i for i, d in zip(ix, node.shape, strict=True) if d != 1])
                 inner = tuple(L.const(0) if d == 1 else next(kept) for d in ins[0].shape)
                 return self.value(ins[0], inner)
+            groups = None if ins[0].id in self.names else _reshape_groups(ins[0].shape, node.shape)
+            if not isinstance(ix, FlatIx) and groups is not None:
+                # A layout view below: split/merge axis groups one by one, so an index
+                # component never leaks into another group's div/mod (a merged head axis
+                # of attention stays exact in batch and time).
+                inner_ix: list[L.Affine] = []
+                for (o0, o1), (n0, n1) in groups:
+                    flat = L.flatten(ix[n0:n1], node.shape[n0:n1])
+                    inner_ix.extend(L.unflatten(flat, ins[0].shape[o0:o1]))
+                return self.value(ins[0], tuple(inner_ix))
             return self.value(ins[0], FlatIx(flat_index(ix, node.shape)))
         return self._layout(node, multi_index(ix, node.shape))
 
