@@ -239,3 +239,44 @@ def test_gelu_mlp_step_fuses_and_matches_numpy() -> None:
     np.testing.assert_allclose(float(value.numpy()), ref_value, rtol=1e-5)
     np.testing.assert_allclose(gw.numpy(), x64.T @ dh, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(gb.numpy(), dh.sum(0), rtol=1e-4, atol=1e-4)
+
+
+# --- reshapes of layout views --------------------------------------------------------------
+
+
+def test_reshape_groups_pair_axes_of_equal_size() -> None:
+    from shapegrad.compiler.expand import _reshape_groups
+
+    assert _reshape_groups((32, 64, 128), (32, 64, 4, 32)) == [
+        ((0, 1), (0, 1)),
+        ((1, 2), (1, 2)),
+        ((2, 3), (2, 4)),
+    ]
+    assert _reshape_groups((2, 3), (3, 2)) == [((0, 2), (0, 2))]
+    assert _reshape_groups((0, 4), (4, 0)) is None
+
+
+@needs_cc
+def test_head_merge_of_a_permuted_view_has_no_div_mod_on_batch_or_time() -> None:
+    q = _f32(2, 3, 4, 5)  # [batch, heads, time, dim]
+
+    def merge_heads(q: sg.Tensor) -> sg.Tensor:
+        merged = q.transpose((0, 2, 1, 3)).reshape((2, 4, 15))
+        return sg.functional.pad(merged, ((0, 0), (0, 0), (0, 15))) * 2.0
+
+    graph = _graph(merge_heads, sg.tensor(q))
+    program, _ = lower_program(graph, C_TARGET, "t")
+    (store,) = [s for k in program.kernels for s in L.walk(k.body) if isinstance(s, L.Store)]
+    loads = [x for x in L.walk_expr(store.value) if isinstance(x, L.Load)]
+    divided = {
+        v
+        for ld in loads
+        for a in ld.index.atoms()
+        if isinstance(a, L.DivMod)
+        for v in a.inner.atoms()
+    }
+    loop_vars = [s.var for s in L.walk(program.kernels[-1].body) if isinstance(s, L.Loop)]
+    assert loop_vars[0] not in divided and loop_vars[1] not in divided  # batch, time exact
+    out = sg.compile(merge_heads, backend="c")(sg.tensor(q)).numpy()
+    ref = np.pad(q.transpose(0, 2, 1, 3).reshape(2, 4, 15), ((0, 0), (0, 0), (0, 15))) * 2
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
