@@ -105,6 +105,32 @@ def test_broadcast_letter_the_other_operand_lacks_is_kept() -> None:
     np.testing.assert_allclose(out, np.broadcast_to(np.outer(u, v), (3, 4, 5)), rtol=1e-6)
 
 
+def test_transposed_product_writes_the_transposed_layout() -> None:
+    a, b = _f32(32, 64), _f32(64, 24, seed=1)
+    graph = _graph(lambda a, b: (a @ b).T, sg.tensor(a), sg.tensor(b))
+    assert _einsums(graph) == ["ij,jk->ki"]
+    assert not any(n.prim is Prim.PERMUTE for n in graph.nodes())
+    (product,) = _contracts(graph)
+    assert (product.m, product.n) == (24, 32)  # computed as b^T a^T: no transpose pass
+    out = sg.compile(lambda a, b: (a @ b).T, backend="c")(sg.tensor(a), sg.tensor(b)).numpy()
+    np.testing.assert_allclose(out, (a.astype(np.float64) @ b).T, rtol=1e-5, atol=1e-5)
+
+
+def test_permute_moving_a_batch_letter_stays_a_permute() -> None:
+    # batched attention output [b, h, t, d] -> [b, t, h, d]: a batch letter would leave
+    # the front, and the product could no longer be one batched library call
+    p, v = _f32(2, 3, 4, 4), _f32(2, 3, 4, 5, seed=1)
+
+    def fn(p: sg.Tensor, v: sg.Tensor) -> sg.Tensor:
+        return (p @ v).transpose((0, 2, 1, 3))
+
+    graph = _graph(fn, sg.tensor(p), sg.tensor(v))
+    assert any(n.prim is Prim.PERMUTE for n in graph.nodes())
+    out = sg.compile(fn, backend="c")(sg.tensor(p), sg.tensor(v)).numpy()
+    ref = (p.astype(np.float64) @ v).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_rules_reach_a_fixed_point_in_the_pipeline() -> None:
     args = (sg.tensor(_f32(16, 32)), sg.tensor(_f32(4, 8, 16)), sg.tensor(_f32(4, 8, 32)))
     graph = _graph(sg.value_and_grad(_dense_loss), *args)

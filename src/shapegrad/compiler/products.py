@@ -13,6 +13,10 @@ Two rules remove both shapes of waste at the root, for every model:
   moves the sum into the product (``aik,aij->jk``): the batch becomes part of the
   contracted dimension, one product and no partial results. Only when the product has
   no other consumer, so nothing is computed twice.
+* :func:`_permute_into_product`: a ``permute`` of a product (a weight gradient in the
+  weight's layout) is the product with its output letters reordered: the library writes
+  the final layout, and the optimizer's update reads it contiguously instead of with a
+  stride across its inner loop. Also only for a product with no other consumer.
 
 Both are exact rewrites of the math; only the floating-point summation order changes
 (as it does between BLAS blockings).
@@ -70,12 +74,30 @@ def _sum_into_product(node: Node, b: Builder, uses: Counter[int]) -> Node | None
     return b.make(Prim.EINSUM, list(product.inputs), spec=f"{ta},{tb}->{kept}")
 
 
+def _permute_into_product(node: Node, b: Builder, uses: Counter[int]) -> Node | None:
+    """``permute(einsum(a, b))`` -> one einsum writing its output in the permuted order."""
+    if node.prim is not Prim.PERMUTE:
+        return None
+    product = node.inputs[0]
+    if product.prim is not Prim.EINSUM or uses[product.id] != 1:
+        return None
+    terms, out = product.attr["spec"].split("->")
+    ta, tb = terms.split(",") if "," in terms else (terms, terms)
+    perm: tuple[int, ...] = node.attr["perm"]
+    order = "".join(out[p] for p in perm)
+    batch = "".join(c for c in out if c in ta and c in tb)
+    if not order.startswith(batch):
+        return None  # batch letters must stay a leading prefix for a batched library product
+    return b.make(Prim.EINSUM, list(product.inputs), spec=f"{terms}->{order}")
+
+
 def merge_product_batches(graph: Graph) -> Graph:
     """Products over broadcast operands and sums of products become single products.
 
     Example: ``einsum("aij,ajk->aik", x, broadcast(w))`` becomes
-    ``einsum("aij,jk->aik", x, w)``, and ``reduce_sum(einsum("aik,aij->ajk", g, x), (0,))``
-    becomes ``einsum("aik,aij->jk", g, x)``.
+    ``einsum("aij,jk->aik", x, w)``, ``reduce_sum(einsum("aik,aij->ajk", g, x), (0,))``
+    becomes ``einsum("aik,aij->jk", g, x)``, and ``permute(einsum("ij,jk->ik"), (1, 0))``
+    becomes ``einsum("ij,jk->ki")``.
     """
     uses: Counter[int] = Counter()
     for n in graph.nodes():
@@ -84,6 +106,8 @@ def merge_product_batches(graph: Graph) -> Graph:
 
     def rule(node: Node, b: Builder) -> Node | None:
         found = _drop_broadcast_letters(node, b)
-        return found if found is not None else _sum_into_product(node, b, uses)
+        if found is None:
+            found = _sum_into_product(node, b, uses)
+        return found if found is not None else _permute_into_product(node, b, uses)
 
     return rewrite_graph(graph, rule)
