@@ -95,7 +95,9 @@ def main() -> None:
     print(f"by root op (ms/step): {shown}")
     for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
         rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
-        print(f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}")
+        print(
+            f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}"
+        )
 
 
 if __name__ == "__main__":
