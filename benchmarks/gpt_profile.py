@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-profile", action="store_true", help="time the step only")
+    parser.add_argument("--loop", action="store_true", help="blocks as one layer loop (sg.scan)")
     args = parser.parse_args()
 
     made: list[CExecutable] = []
@@ -43,7 +44,13 @@ def main() -> None:
 
     CExecutable.__init__ = record  # type: ignore[method-assign]
 
-    from shapegrad.nn.transformer import BlockStack, block_init, embed, transformer_block
+    from shapegrad.nn.transformer import (
+        BlockStack,
+        block_init,
+        embed,
+        transformer_block,
+        transformer_stack,
+    )
 
     vocab, d, blocks, heads, t, bsz, k = 94, 128, 2, 4, 64, 32, 10
     rng = np.random.default_rng(2)
@@ -59,7 +66,9 @@ def main() -> None:
 
     def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
         h = embed(p["tokens"], p["positions"], ids)
-        for i in range(blocks):
+        if args.loop:
+            h = transformer_stack(p["blocks"], h, heads, causal=True, loop=True, remat=False)
+        for i in range(0 if args.loop else blocks):
             h = transformer_block([w[i] for w in p["blocks"]], h, heads, causal=True)
         h = sg.layer_norm(h, p["ln_w"], p["ln_b"])
         logits = h @ p["tokens"].T
