@@ -74,11 +74,14 @@ ALGORITHMS = ("auto", "im2col", "winograd")
 
 # "auto" picks Winograd F(2x2, 3x3) for traced (compiled) code when both channel counts
 # reach this: its tile transforms are memory passes linear in channels, the products it
-# shrinks 2.25x are quadratic. Measured (benchmarks/winograd_threshold.py, C, 1 thread,
-# batch 64, 28x28, interleaved, loaded machine): im2col/winograd = 0.49 at 16x32, 0.58
-# at 32x32, 0.87-1.07 at 64x64, 1.04-1.05 at 96x96, 1.10-1.14 at 128x128 (batch 32,
-# 14x14: 1.19 at 64x64, 1.47 at 128x128).
-WINOGRAD_MIN_CHANNELS = 96
+# shrinks 2.25x are quadratic. Measured with benchmarks/winograd_threshold.py (C, forward
+# + both gradients, interleaved, loaded machine), im2col time / winograd time:
+#   1 thread, batch 64, 28x28: 0.49 at 16x32, 0.58 at 32x32, 0.87-1.07 at 64x64,
+#     1.04-1.05 at 96x96, 1.10-1.14 at 128x128; batch 32, 14x14: 1.19 at 64, 1.47 at 128;
+#   2 threads, batch 64, 28x28: 0.39 at 16x32, 0.60 at 64x64, 0.97 at 128x128;
+#     batch 32, 14x14: 0.67 at 64, 1.24 at 128, 1.38 at 256.
+# 128 is where it is faster or even in every run.
+WINOGRAD_MIN_CHANNELS = 128
 
 
 def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]) -> str:
