@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
         "ops",
         "functional",
         "_conv",
+        "_winograd",
         "_einsum",
         "_creation",
         "_indexing",

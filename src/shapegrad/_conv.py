@@ -12,10 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad._winograd import winograd_conv2d
 from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
-from shapegrad.ops.graph import GraphOps
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
@@ -99,6 +97,8 @@ def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, i
     if algorithm == "auto":
         # Eager mode runs each of Winograd's ~100 small ops as its own NumPy call:
         # measured 3.5-7x slower than im2col even at 256 channels, so only traced code.
+        from shapegrad.ops.graph import GraphOps  # here: a module-level import is a cycle
+
         traced = isinstance(p.pick_ops([x, w]), GraphOps)
         wide = min(w.shape[0], w.shape[1]) >= WINOGRAD_MIN_CHANNELS
         return "winograd" if fits and wide and traced else "im2col"
@@ -149,6 +149,10 @@ def conv2d(
     pads = _pair("conv2d", "padding", padding, 0)
     out = _out_size("conv2d", x, kernel, strides, pads)
     if _choose_algorithm(algorithm, x, w, strides) == "winograd":
+        # Imported here: at module level _winograd would join the tensor <-> functional
+        # import cycle that _conv is part of (tests/test_import_layers.py).
+        from shapegrad._winograd import winograd_conv2d
+
         y = winograd_conv2d(x, w, pads)
     else:
         # One patch axis (kh * kw) on both sides: the concatenated patches feed the
