@@ -55,8 +55,11 @@ _PRELUDE = r"""
 #include <omp.h>
 #endif
 
-/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
-static int sg_threads = 1;
+/* internal symbols shared by the translation units of one library (direct calls, no PLT) */
+#define SG_HIDDEN __attribute__((visibility("hidden")))
+/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV.
+   Defined once, in the step unit; every kernel unit reads the same variable. */
+SG_HIDDEN extern int sg_threads;
 """ + HELPERS.format(q="static inline")
 
 _BLAS_DECL = r"""
@@ -69,6 +72,8 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int
 """
 
 _STEPS = r"""
+SG_HIDDEN int sg_threads = 1;
+
 int sg_run(void **io, char *arena) { return sg_body(io, arena); }
 
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done) {
@@ -436,8 +441,76 @@ _VECTOR_MATH = "".join(
 )
 
 
+@dataclass(frozen=True)
+class CUnit:
+    """One translation unit of a program's library: ``name`` (``"step"`` for the unit with
+    ``sg_run``; ``"kernels<n>"`` for a group of kernel functions), its full ``source``, and
+    ``lines``, its rendered size (the kernel lines, without the shared header)."""
+
+    name: str
+    source: str
+    lines: int
+
+
+# A unit holds about this many generated lines (consecutive kernels, never split): big
+# enough that gcc's per-unit start-up and the shared header (~70 lines) stay small next to
+# the code, small enough that a 64-layer MLP step (3900 lines) spreads over both cores.
+UNIT_LINES = 1200
+# Programs below this many kernel lines stay one unit: the split only adds a link step and
+# a second compiler start-up (~40 ms) where one compile takes well under a second.
+SPLIT_MIN_LINES = 2000
+
+
+def _header(program: L.Program, profile: bool, vector_math: bool) -> list[str]:
+    """What every unit of ``program`` starts with: includes, helpers, shared declarations."""
+    lines = [f"/* shapegrad generated: program {_comment_safe(program.name)} */", _PRELUDE]
+    if vector_math:
+        lines.append(_VECTOR_MATH)
+    if uses_blas(program):
+        lines.append(_BLAS_DECL)
+    lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
+    if program.communicators:
+        lines.append(mpi_prelude(program))
+    if profile:
+        lines.append(_PROFILE)
+        lines.append(f"extern double sg_profile[{max(len(program.kernels), 1)}];")
+    return lines
+
+
+def _profile_storage(program: L.Program, profile: bool) -> list[str]:
+    return [f"double sg_profile[{max(len(program.kernels), 1)}];"] if profile else []
+
+
+@dataclass
+class _RenderedKernel:
+    body: list[str]  # the kernel's ``{ ... }`` block, at depth 1
+    functions: list[str]  # the layer-body functions it calls (static, numbered uniquely)
+
+
+def _render_kernels(program: L.Program, profile: bool) -> list[_RenderedKernel]:
+    """Each kernel's block and the layer functions it needs, from one renderer (so layer
+    functions are numbered uniquely across the whole program)."""
+    w = CRenderer(program)
+    out = []
+    for number, k in enumerate(program.kernels):
+        first_line, first_fn = len(w.lines), len(w.functions)
+        w.kernel(k, number, profile)
+        out.append(_RenderedKernel(w.lines[first_line:], w.functions[first_fn:]))
+    return out
+
+
+def _layer_decls(functions: list[str]) -> list[str]:
+    """Forward declarations of layer functions (a body may call a nested one defined later)."""
+    return [
+        line.rstrip(" {") + ";"
+        for text in functions
+        for line in text.splitlines()
+        if line.startswith("static int sg_layer")
+    ]
+
+
 def render_c(program: L.Program, profile: bool = False, vector_math: bool = False) -> str:
-    """The full C source of ``program`` (its I/O table already numbered).
+    """The full C source of ``program`` (its I/O table already numbered) as one unit.
 
     With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
     ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``).
@@ -445,35 +518,68 @@ def render_c(program: L.Program, profile: bool = False, vector_math: bool = Fals
     Example:
         >>> print(render_c(program))
     """
-    w = CRenderer(program)
-    w.lines.append(f"/* shapegrad generated: program {_comment_safe(program.name)} */")
-    w.lines.append(_PRELUDE)
-    if vector_math:
-        w.lines.append(_VECTOR_MATH)
-    if uses_blas(program):
-        w.lines.append(_BLAS_DECL)
-    w.lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
-    if program.communicators:
-        w.lines.append(mpi_prelude(program))
-    if profile:
-        w.lines.append(_PROFILE)
-        w.lines.append(f"double sg_profile[{max(len(program.kernels), 1)}];")
-    w.lines.append("")
-    head = len(w.lines)
-    w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
-    w.emit(1, "(void)io; (void)arena;")
-    for number, k in enumerate(program.kernels):
-        w.kernel(k, number, profile)
-    w.emit(1, "return 0;")
-    w.lines.append("}")
-    # layer bodies (declared first: a body may call a nested body defined after it)
-    declared = [
-        f"static int sg_layer{n}(void **restrict io, char *restrict arena);"
-        for n in range(len(w.functions))
-    ]
-    w.lines[head:head] = declared + w.functions
-    w.lines.append(_STEPS)
-    return "\n".join(w.lines) + "\n"
+    kernels = _render_kernels(program, profile)
+    functions = [f for k in kernels for f in k.functions]
+    lines = [*_header(program, profile, vector_math), *_profile_storage(program, profile), ""]
+    lines += _layer_decls(functions) + functions
+    lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
+    lines.append("    (void)io; (void)arena;")
+    for k in kernels:
+        lines += k.body
+    lines += ["    return 0;", "}", _STEPS]
+    return "\n".join(lines) + "\n"
+
+
+def render_c_units(
+    program: L.Program,
+    profile: bool = False,
+    vector_math: bool = False,
+    unit_lines: int = UNIT_LINES,
+    split_min_lines: int = SPLIT_MIN_LINES,
+) -> list[CUnit]:
+    """``program`` as translation units compiled separately (in parallel, each cached by its
+    own content) and linked into one library: the step unit (``sg_body`` calling one
+    function per kernel, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus groups of
+    consecutive kernel functions of about ``unit_lines`` lines each.
+
+    Kernel ``n`` becomes ``SG_HIDDEN int sg_kernel<n>(void **io, char *arena)``, returning
+    0 or its error code; state shared by the units (``sg_threads``, ``sg_profile``) is
+    declared ``extern`` in the common header and defined in the step unit. Programs under
+    ``split_min_lines`` lines, and programs with collectives (their MPI entry points are
+    per-unit statics), stay one unit (:func:`render_c`).
+    """
+    kernels = _render_kernels(program, profile)
+    total = sum(len(k.body) + sum(f.count("\n") + 1 for f in k.functions) for k in kernels)
+    if total < split_min_lines or program.communicators or len(kernels) < 2:
+        source = render_c(program, profile, vector_math)
+        return [CUnit("step", source, total)]
+    header = _header(program, profile, vector_math)
+    groups: list[list[int]] = [[]]
+    size = 0
+    for n, k in enumerate(kernels):
+        if groups[-1] and size >= unit_lines:
+            groups.append([])
+            size = 0
+        groups[-1].append(n)
+        size += len(k.body) + sum(f.count("\n") + 1 for f in k.functions)
+    units = []
+    signature = "(void **restrict io, char *restrict arena)"
+    for g, numbers in enumerate(groups):
+        functions = [f for n in numbers for f in kernels[n].functions]
+        lines = [*header, "", *_layer_decls(functions), *functions]
+        for n in numbers:
+            lines.append(f"SG_HIDDEN int sg_kernel{n}{signature} {{")
+            lines.append("    (void)io; (void)arena;")
+            lines += kernels[n].body
+            lines += ["    return 0;", "}"]
+        units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))
+    step = [*header, *_profile_storage(program, profile), ""]
+    step += [f"SG_HIDDEN int sg_kernel{n}{signature};" for n in range(len(kernels))]
+    step.append(f"static int sg_body{signature} {{")
+    step.append("    int rc;")
+    step += [f"    if ((rc = sg_kernel{n}(io, arena))) return rc;" for n in range(len(kernels))]
+    step += ["    return 0;", "}", _STEPS]
+    return [CUnit("step", "\n".join(step) + "\n", len(step) - len(header)), *units]
 
 
 def _comment_safe(text: str) -> str:
