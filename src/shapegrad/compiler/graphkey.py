@@ -51,6 +51,13 @@ def _encode(value: Any, out: list[str]) -> None:
     elif isinstance(value, ConstValue):
         out.append(f"const:{value.dtype.name}")
         _encode(value.array, out)
+    elif kind is frozenset or kind is set:  # iteration order varies with hash seeds: sort
+        items = []
+        for item in value:
+            part: list[str] = []
+            _encode(item, part)
+            items.append("".join(part))
+        out.append("set{" + ",".join(sorted(items)) + "}")
     elif isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value)
         digest = hashlib.sha256(data.tobytes()).hexdigest()
@@ -109,6 +116,13 @@ def graph_text(graph: Graph) -> str:
     return "".join(out)
 
 
+def canonical_text(value: Any) -> str:
+    """The canonical text of one value (e.g. a backend's Target; raises :class:`Unkeyable`)."""
+    out: list[str] = []
+    _encode(value, out)
+    return "".join(out)
+
+
 def graph_key(graph: Graph, *context: Any) -> str | None:
     """SHA-256 (hex) of ``graph``'s canonical text, ``context`` (backend name, options)
     and the package version; None when something in them has no canonical text.
@@ -127,4 +141,4 @@ def graph_key(graph: Graph, *context: Any) -> str | None:
     return hashlib.sha256("".join(out).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-__all__ = ["Unkeyable", "graph_key", "graph_text"]
+__all__ = ["Unkeyable", "canonical_text", "graph_key", "graph_text"]

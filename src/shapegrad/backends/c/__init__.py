@@ -51,6 +51,7 @@ from shapegrad.backends.c.toolchain import (
 )
 from shapegrad.backends.c.units import LinkSpec, UnitSpec
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.graphkey import Unkeyable, canonical_text
 from shapegrad.compiler.passes import optimize
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import C_TARGET, Target
@@ -154,7 +155,7 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
     with contextlib.suppress(ImportError):
         blas = "|".join(blas_paths())
     return (
-        repr(c_target(options)),
+        canonical_text(c_target(options)),  # not repr: it shows frozensets unordered
         cc,
         compiler_version(cc),
         " ".join(cflags()),
@@ -189,18 +190,16 @@ class CBackend:
         if options.cache_key is not None and not program.communicators:
             # Collectives are never stored: binding them needs the communicator objects,
             # and every process must check its exchanges with the others (check_program).
-            with contextlib.suppress(CompilerNotFound):
-                manifest.write(self._manifest_key(options.cache_key, options), info, graph)
+            mkey = self._manifest_key(options.cache_key, options)
+            if mkey is not None:
+                manifest.write(mkey, info, graph)
         return CExecutable(graph, info, lib, path, program)
 
     def load_keyed(self, key: str, traced: Graph, options: CompileOptions) -> CExecutable | None:
         """The executable a manifest stored under ``key`` describes, without lowering; None
         when there is no usable manifest or its library is not in the cache."""
-        try:
-            mkey = self._manifest_key(key, options)
-        except CompilerNotFound:
-            return None
-        info = manifest.read(mkey, traced)
+        mkey = self._manifest_key(key, options)
+        info = None if mkey is None else manifest.read(mkey, traced)
         if info is None:
             return None
         path = cached_library_by_key(info.library_key)
@@ -216,8 +215,12 @@ class CBackend:
 
         return CExecutable(traced, info, lib, path, relower)
 
-    def _manifest_key(self, graph_key: str, options: CompileOptions) -> str:
-        return manifest.manifest_key(graph_key, *_toolchain_identity(options))
+    def _manifest_key(self, graph_key: str, options: CompileOptions) -> str | None:
+        """The manifest's file key; None without a compiler or for an unkeyable target."""
+        try:
+            return manifest.manifest_key(graph_key, *_toolchain_identity(options))
+        except (CompilerNotFound, Unkeyable):
+            return None
 
 
 register_backend("c", CBackend)
