@@ -12,14 +12,17 @@ numbered by their position in a topological walk from the inputs and outputs (ne
 floats by ``repr`` (round-trips exactly). A value the encoder does not know (a function,
 an arbitrary object, a communicator) makes the graph *unkeyable*: :func:`graph_key`
 returns None and the caller takes the full compile path. Unknown means "not cached",
-never "cached under a guess".
+never "cached under a guess". The package's own source is part of the key too
+(:func:`code_fingerprint`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import os
 from typing import Any
 
 import numpy as np
@@ -116,6 +119,28 @@ def graph_text(graph: Graph) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """SHA-256 of every ``.py`` file of the installed shapegrad package (path and bytes).
+
+    Part of every key: the version string does not change while someone edits the
+    lowering or a renderer in a checkout, and several checkouts may share one cache
+    directory; a manifest must never send a changed compiler to a library built by the
+    old one. Read once per process (~120 files, a few milliseconds).
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as handle:
+                    h.update(handle.read() + b"\0")
+    return h.hexdigest()
+
+
 def canonical_text(value: Any) -> str:
     """The canonical text of one value (e.g. a backend's Target; raises :class:`Unkeyable`)."""
     out: list[str] = []
@@ -131,7 +156,7 @@ def graph_key(graph: Graph, *context: Any) -> str | None:
         >>> graph_key(traced, "c", options.name, options.extra)   # doctest: +SKIP
         '5d1f...'
     """
-    out: list[str] = [FORMAT, __version__]
+    out: list[str] = [FORMAT, __version__, code_fingerprint()]
     try:
         _encode_graph(graph, out)
         out.append("\ncontext ")

@@ -11,7 +11,19 @@ Backend options (``CompileOptions.extra``): ``target`` (a
 ``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
 ``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
 default: where libmvec exists), ``profile``
-(bool: per-kernel wall time, read with ``CExecutable.profile()``).
+(bool: per-kernel wall time, read with ``CExecutable.profile()``), ``unit_lines`` and
+``split_min_lines`` (ints: how the C is split into translation units, see
+``render.render_c_units``; defaults ``render.UNIT_LINES`` / ``render.SPLIT_MIN_LINES``).
+
+Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user):
+
+* the library, keyed by its source, compiler, flags and link line (``toolchain``); a big
+  program is several translation units compiled in parallel, each object cached by its
+  own content (``units``);
+* a manifest keyed *before* lowering (``manifest``): ``sg.compile`` hands
+  :meth:`CBackend.load_keyed` the traced graph's key (``compiler/graphkey.py``), and a
+  fresh process with a warm cache loads the library without running the graph passes,
+  the loop pipeline or the renderer.
 """
 
 from __future__ import annotations
@@ -117,7 +129,13 @@ def build(program: L.Program, options: CompileOptions) -> tuple[Any, str, str, s
         (cffi library, its path, its key, the source compiled, for debug dumps).
     """
     profile, vector_math = bool(options.get("profile", False)), _vector_math(options)
-    rendered = render_c_units(program, profile, vector_math)
+    rendered = render_c_units(
+        program,
+        profile,
+        vector_math,
+        int(options.get("unit_lines", render.UNIT_LINES)),
+        int(options.get("split_min_lines", render.SPLIT_MIN_LINES)),
+    )
     blas = uses_blas(program)
     try:
         spec = make_spec(rendered[0].source, blas, vector_math)
