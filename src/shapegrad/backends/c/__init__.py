@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import shlex
 import shutil
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from shapegrad._names import safe_name
@@ -122,12 +124,21 @@ def _vector_math(options: CompileOptions) -> bool:
 # dominate) while giving up the vectorized loops the step time relies on, so -O2 stays.
 
 
-def build(program: L.Program, options: CompileOptions) -> tuple[Any, str, str, str]:
-    """Render, compile (or fetch from the cache) and load ``program``.
+@dataclass
+class Built:
+    """A loaded library: cffi handle, path, key, the source compiled (for debug dumps) and
+    seconds per phase (``render``, ``cc``: compile and link or cache lookup, ``load``)."""
 
-    Returns:
-        (cffi library, its path, its key, the source compiled, for debug dumps).
-    """
+    lib: Any
+    path: str
+    key: str
+    source: str
+    seconds: dict[str, float]
+
+
+def build(program: L.Program, options: CompileOptions) -> Built:
+    """Render, compile (or fetch from the cache) and load ``program``."""
+    t0 = time.perf_counter()
     profile, vector_math = bool(options.get("profile", False)), _vector_math(options)
     rendered = render_c_units(
         program,
@@ -136,6 +147,7 @@ def build(program: L.Program, options: CompileOptions) -> tuple[Any, str, str, s
         int(options.get("unit_lines", render.UNIT_LINES)),
         int(options.get("split_min_lines", render.SPLIT_MIN_LINES)),
     )
+    t1 = time.perf_counter()
     blas = uses_blas(program)
     try:
         spec = make_spec(rendered[0].source, blas, vector_math)
@@ -151,6 +163,7 @@ def build(program: L.Program, options: CompileOptions) -> tuple[Any, str, str, s
             )
             path, _cached = units.library_for(link)
             key, source = link.key, link.sources()
+        t2 = time.perf_counter()
         try:
             lib = load_library(path, key)
         except OSError:  # corrupt but checksum-matching: rebuild once
@@ -162,7 +175,8 @@ def build(program: L.Program, options: CompileOptions) -> tuple[Any, str, str, s
             lib = load_library(path, key)
     except CompilerNotFound as exc:
         raise BackendUnavailable(str(exc)) from exc
-    return lib, path, key, source
+    seconds = {"render": t1 - t0, "cc": t2 - t1, "load": time.perf_counter() - t2}
+    return Built(lib, path, key, source, seconds)
 
 
 def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
@@ -198,24 +212,29 @@ class CBackend:
         return True, ""
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
+        t0 = time.perf_counter()
         program = lower(graph, options)
+        lowered = time.perf_counter() - t0
         collectives.check_program(program)  # every process runs the same exchanges
-        lib, path, key, source = build(program, options)
+        built = build(program, options)
         if options.debug_dir:
-            dump_program(options.debug_dir, options.name, program, source, ".c")
-        collectives.bind(lib, ffi(), program)
-        info = RuntimeInfo.of(program, key)
+            dump_program(options.debug_dir, options.name, program, built.source, ".c")
+        collectives.bind(built.lib, ffi(), program)
+        info = RuntimeInfo.of(program, built.key)
         if options.cache_key is not None and not program.communicators:
             # Collectives are never stored: binding them needs the communicator objects,
             # and every process must check its exchanges with the others (check_program).
             mkey = self._manifest_key(options.cache_key, options)
             if mkey is not None:
                 manifest.write(mkey, info, graph)
-        return CExecutable(graph, info, lib, path, program)
+        exe = CExecutable(graph, info, built.lib, built.path, program)
+        exe.phase_seconds = {"lower": lowered, **built.seconds}
+        return exe
 
     def load_keyed(self, key: str, traced: Graph, options: CompileOptions) -> CExecutable | None:
         """The executable a manifest stored under ``key`` describes, without lowering; None
         when there is no usable manifest or its library is not in the cache."""
+        t0 = time.perf_counter()
         mkey = self._manifest_key(key, options)
         info = None if mkey is None else manifest.read(mkey, traced)
         if info is None:
@@ -223,6 +242,7 @@ class CBackend:
         path = cached_library_by_key(info.library_key)
         if path is None:
             return None
+        t1 = time.perf_counter()
         try:
             lib = load_library(path, info.library_key)
         except OSError:
@@ -231,7 +251,9 @@ class CBackend:
         def relower() -> L.Program:  # only for exe.program introspection
             return lower(optimize(traced)[0], options)
 
-        return CExecutable(traced, info, lib, path, relower)
+        exe = CExecutable(traced, info, lib, path, relower)
+        exe.phase_seconds = {"manifest": t1 - t0, "load": time.perf_counter() - t1}
+        return exe
 
     def _manifest_key(self, graph_key: str, options: CompileOptions) -> str | None:
         """The manifest's file key; None without a compiler or for an unkeyable target."""

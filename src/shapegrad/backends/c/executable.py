@@ -151,6 +151,9 @@ class CExecutable:
         self.info = info
         self.lib = lib
         self.source_path = source_path
+        # Seconds per backend phase of this executable's compile (set by the backend:
+        # lower/render/cc/load, or manifest/load for a keyed-cache hit).
+        self.phase_seconds: dict[str, float] = {}
         self._program = program if isinstance(program, L.Program) else None
         self._relower = None if isinstance(program, L.Program) else program
         f = ffi()
