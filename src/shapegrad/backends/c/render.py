@@ -576,7 +576,7 @@ def render_c_units(
             lines.append(f"SG_HIDDEN int sg_kernel{n}{signature} {{")
             lines.append("    (void)io; (void)arena;")
             lines += kernels[n].body
-            lines += ["    return 0;", "}"]
+            lines += ["    return 0;", "}", ""]
         units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))
     step = [*header, *_profile_storage(program, profile), ""]
     step += [f"SG_HIDDEN int sg_kernel{n}{signature};" for n in range(len(kernels))]
