@@ -116,12 +116,15 @@ def _vector_math(options: CompileOptions) -> bool:
     return bool(options.get("vector_math", has_vector_math()))
 
 
-# Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement.
-# 64-layer MLP step (width 64, batch 64, 265 kernels) in 5 units of ~1500 lines; gcc 12,
-# `gcc -c` per unit, 2-core box, wall seconds per 1500-line unit: -O2 0.49-0.62,
-# -O2 -fno-peel-loops 0.45, -O1 0.38-0.58, -O1 without vectorizing/peeling 0.45, -O0 0.26.
-# -O1 saves at most ~10-20% of compile time (parsing the header and generating code
-# dominate) while giving up the vectorized loops the step time relies on, so -O2 stays.
+# Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement on
+# the 2-core box (gcc 12, 1 thread, load average 5-6, so only ratios within one run count):
+# * `gcc -c` of one ~1500-line kernel unit, wall seconds: 64-layer MLP step -O2 0.49-0.62,
+#   -O2 -fno-peel-loops 0.45, -O1 0.38-0.58, -O0 0.26; GPT step -O2 1.11, -O2
+#   -fno-peel-loops 1.22, -O1 1.19, -O2 -fno-tree-vectorize 1.04.
+# * whole programs, -O2 vs -O1 (SHAPEGRAD_CFLAGS), interleaved in one process: 64-layer MLP
+#   value_and_grad compile 4.3 vs 3.3 s, step 8.8 vs 11.4 ms (-O1 1.3x slower); GPT
+#   value_and_grad compile 6.7 vs 6.1 s, step 154 vs 164 ms.
+# -O1 saves 10-25% of compile time and costs 6-30% of every step, so no unit gets it.
 
 
 @dataclass
