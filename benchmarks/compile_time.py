@@ -1,6 +1,8 @@
 """Compile time: cold (empty cache) and warm-cache first calls, next to JAX jit's first call.
 
 Run: ``python benchmarks/compile_time.py [--only mlp64,gpt] [--rounds 3] [--threads 1]``
+A/B of two source trees, interleaved: ``git worktree add /tmp/base main`` and
+``python benchmarks/compile_time.py --trees /tmp/base,.``
 
 Workloads (the targets of issue #12):
 
@@ -65,7 +67,7 @@ def report(total):
         parts["optimize"] += lw.optimize_seconds
         for name, sec in getattr(lw.executable, "phase_seconds", {}).items():
             parts[name] = parts.get(name, 0.0) + sec
-        hits.append(lw.from_cache)
+        hits.append(getattr(lw, "from_cache", False))  # older trees: no keyed cache
     parts["run"] = total - sum(parts.values())
     parts["total"] = total
     print("RESULT " + json.dumps({"parts": parts, "hits": hits, "cc_runs": toolchain.compile_count}))
@@ -214,9 +216,9 @@ WORKLOADS = {"mlp64": (_SG_MLP, _JAX_MLP), "gpt": (_SG_GPT, _JAX_GPT)}
 COLUMNS = ["trace", "optimize", "manifest", "lower", "render", "cc", "load", "run"]
 
 
-def run_child(code: str, cache: str, threads: int) -> dict[str, object]:
+def run_child(code: str, cache: str, threads: int, src: str) -> dict[str, object]:
     env = dict(os.environ, XDG_CACHE_HOME=cache, SHAPEGRAD_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     if threads == 1:
         env.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
     out = subprocess.run(
@@ -240,31 +242,46 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument(
+        "--trees",
+        default=str(ROOT),
+        help="comma-separated source trees to compare, interleaved (e.g. a `git worktree "
+        "add /tmp/base main` checkout and .); each tree's src/ is imported",
+    )
     opts = parser.parse_args()
     jax_ok = not opts.no_jax and has_jax()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"load average at start {load:.2f}; {opts.rounds} interleaved rounds, {opts.threads} thread(s)")
+    print(
+        f"load average at start {load:.2f}; {opts.rounds} interleaved rounds, {opts.threads} thread(s)"
+    )
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     hits: dict[tuple[str, str], list[object]] = {}
+    trees = [str(Path(t).resolve()) for t in opts.trees.split(",")]
+    label = {t: (f"[{n}] " if len(trees) > 1 else "") for n, t in enumerate(trees)}
+    for n, tree in enumerate(trees):
+        print(f"[{n}] {tree}" if len(trees) > 1 else f"tree {tree}")
     for _ in range(opts.rounds):
         for name in opts.only.split(","):
             sg_code, jax_code = WORKLOADS[name]
-            with tempfile.TemporaryDirectory(prefix="sg-compile-time-") as cache:
-                for kind in ("sg cold", "sg warm"):
-                    result = run_child(_SG_COMMON + sg_code, cache, opts.threads)
-                    rows.setdefault((name, kind), []).append(result["parts"])  # type: ignore[arg-type]
-                    hits.setdefault((name, kind), []).append((result["hits"], result["cc_runs"]))
+            for tree in trees:
+                src = os.path.join(tree, "src")
+                with tempfile.TemporaryDirectory(prefix="sg-compile-time-") as cache:
+                    for kind in ("sg cold", "sg warm"):
+                        result = run_child(_SG_COMMON + sg_code, cache, opts.threads, src)
+                        row = (name, label[tree] + kind)
+                        rows.setdefault(row, []).append(result["parts"])  # type: ignore[arg-type]
+                        hits.setdefault(row, []).append((result["hits"], result["cc_runs"]))
             if jax_ok:
                 with tempfile.TemporaryDirectory(prefix="sg-compile-time-") as cache:
-                    result = run_child(_JAX_COMMON + jax_code, cache, opts.threads)
+                    result = run_child(_JAX_COMMON + jax_code, cache, opts.threads, trees[0])
                 rows.setdefault((name, "JAX first"), []).append(result["parts"])  # type: ignore[arg-type]
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"load average at end {end_load:.2f}\n")
-    head = f"{'workload':<8} {'kind':<10} {'total s':>8} {'(min-max)':>13}"
+    head = f"{'workload':<8} {'kind':<14} {'total s':>8} {'(min-max)':>13}"
     print(head + "".join(f" {c:>8}" for c in COLUMNS) + "  keyed hit / cc runs")
     for (name, kind), results in rows.items():
         totals = [r["total"] for r in results]
-        line = f"{name:<8} {kind:<10} {statistics.median(totals):>8.3f} "
+        line = f"{name:<8} {kind:<14} {statistics.median(totals):>8.3f} "
         line += f"{f'{min(totals):.2f}-{max(totals):.2f}':>13}"
         for column in COLUMNS:
             values = [r[column] for r in results if column in r]
