@@ -444,7 +444,7 @@ _VECTOR_MATH = "".join(
 @dataclass(frozen=True)
 class CUnit:
     """One translation unit of a program's library: ``name`` (``"step"`` for the unit with
-    ``sg_run``; ``"kernels<n>"`` for a group of kernel functions), its full ``source``, and
+    ``sg_run``; ``"kernels<n>"`` for a group of kernels), its full ``source``, and
     ``lines``, its rendered size (the kernel lines, without the shared header)."""
 
     name: str
@@ -452,18 +452,21 @@ class CUnit:
     lines: int
 
 
-# A unit holds about this many generated lines (consecutive kernels, never split): big
-# enough that gcc's per-unit start-up (~0.1 s wall: cc1 + as processes; the 70-line shared
-# header parses in 0.04 s) stays small next to the code, small enough that a 64-layer MLP
-# step (3900 lines: 4 kernel units) or the GPT step (4400 lines: 3) keeps two cores busy.
-UNIT_LINES = 1200
+# A unit holds about this many generated lines (consecutive kernels, never split), as ONE
+# function: gcc's per-function overhead made one function per kernel cost 12-20% more
+# compiler CPU than one per unit (GPT step 3.0-3.2 vs 2.7-2.9 s; 64-layer MLP 1.8-1.9 vs
+# 1.5 s). Units of 600 or 1200 lines cost the same CPU (GPT 2.7-2.9 s, MLP 1.5 s); 600
+# gives 7-8 units, which balance better over the compiler processes and recompile less
+# after an edit. Per unit, gcc's start-up is ~0.1 s wall (cc1 + as; the 70-line shared
+# header parses in 0.04 s).
+UNIT_LINES = 600
 # Programs below this many kernel lines stay one unit. Measured (gcc 12, -O2, compiler CPU
-# seconds, single unit vs split into ~600-line units + step unit + link): MLP step depth 8
-# (~700 lines) 0.19 vs 0.30, depth 16 (~1300) 0.38 vs 0.60, depth 32 (~2000) 0.87 vs 1.05,
-# depth 64 (3900) 2.0 vs 2.0-2.15, GPT (4400) 2.7 vs 3.0-3.2. On two free cores the split
-# finishes in about half its CPU time, so it pays from ~2000 lines on; below, the extra
-# step unit, link and process start-ups cost more than the parallelism saves.
-SPLIT_MIN_LINES = 2000
+# seconds, one unit vs 600-line units + step unit + link, load average 7 so wall times are
+# not comparable): MLP step depth 8 (~700 lines) 0.18 vs 0.21, depth 16 (~1300) 0.35 vs
+# 0.37, depth 32 (~2000) 0.82 vs 0.76, depth 64 (3900) 1.9 vs 1.5, GPT (4400) 2.5-2.8 vs
+# 2.7-2.8. On two free cores the split finishes in about half its CPU time, so it pays
+# from ~1000 lines on; below, the extra units and the link cost more than they save.
+SPLIT_MIN_LINES = 1000
 
 
 def _header(program: L.Program, profile: bool, vector_math: bool) -> list[str]:
@@ -544,11 +547,12 @@ def render_c_units(
 ) -> list[CUnit]:
     """``program`` as translation units compiled separately (in parallel, each cached by its
     own content) and linked into one library: the step unit (``sg_body`` calling one
-    function per kernel, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus groups of
-    consecutive kernel functions of about ``unit_lines`` lines each.
+    function per kernel unit, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus kernel
+    units of about ``unit_lines`` lines each.
 
-    Kernel ``n`` becomes ``SG_HIDDEN int sg_kernel<n>(void **io, char *arena)``, returning
-    0 or its error code; state shared by the units (``sg_threads``, ``sg_profile``) is
+    Kernel unit ``g`` holds consecutive kernels as the blocks of one function
+    ``SG_HIDDEN int sg_kernels<g>(void **io, char *arena)``, returning 0 or the first
+    error code (a kernel's ``return``); state shared by the units (``sg_threads``, ``sg_profile``) is
     declared ``extern`` in the common header and defined in the step unit. Programs under
     ``split_min_lines`` lines, and programs with collectives (their MPI entry points are
     per-unit statics), stay one unit (:func:`render_c`).
@@ -569,20 +573,21 @@ def render_c_units(
         size += len(k.body) + sum(f.count("\n") + 1 for f in k.functions)
     units = []
     signature = "(void **restrict io, char *restrict arena)"
+    calls = [f"sg_kernels{g}" for g in range(len(groups))]
     for g, numbers in enumerate(groups):
         functions = [f for n in numbers for f in kernels[n].functions]
         lines = [*header, "", *_layer_decls(functions), *functions]
+        lines.append(f"SG_HIDDEN int {calls[g]}{signature} {{")
+        lines.append("    (void)io; (void)arena;")
         for n in numbers:
-            lines.append(f"SG_HIDDEN int sg_kernel{n}{signature} {{")
-            lines.append("    (void)io; (void)arena;")
             lines += kernels[n].body
-            lines += ["    return 0;", "}", ""]
+        lines += ["    return 0;", "}"]
         units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))
     step = [*header, *_profile_storage(program, profile), ""]
-    step += [f"SG_HIDDEN int sg_kernel{n}{signature};" for n in range(len(kernels))]
+    step += [f"SG_HIDDEN int {c}{signature};" for c in calls]
     step.append(f"static int sg_body{signature} {{")
     step.append("    int rc;")
-    step += [f"    if ((rc = sg_kernel{n}(io, arena))) return rc;" for n in range(len(kernels))]
+    step += [f"    if ((rc = {c}(io, arena))) return rc;" for c in calls]
     step += ["    return 0;", "}", _STEPS]
     return [CUnit("step", "\n".join(step) + "\n", len(step) - len(header)), *units]
 
