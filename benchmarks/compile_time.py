@@ -23,7 +23,8 @@ The shapegrad columns split the first call: ``trace`` (Python tracing), ``optimi
 (graph passes), ``lower`` (loop pipeline), ``render`` (C source), ``cc`` (compile + link,
 or the object/library cache), ``load`` (``dlopen`` + executable), ``manifest`` (keyed
 cache lookup on a warm hit), ``run`` (the rest of the first call: the step itself and
-Python around it). Rounds are interleaved (cold, warm, JAX, cold, ...) so every kind
+Python around it); ``cc cpu`` is the CPU time of the compiler processes (what the machine's
+load does not change much, unlike the wall-clock ``cc``). Rounds are interleaved (cold, warm, JAX, cold, ...) so every kind
 sees the same machine load; the table shows the median per column and the spread of the
 total. On a shared machine compare ratios within one run.
 """
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- the child processes ------------------------------------------------------------------
 
 _SG_COMMON = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 import numpy as np
 import shapegrad as sg
 import shapegrad.jit as jit
@@ -70,6 +71,8 @@ def report(total):
         hits.append(getattr(lw, "from_cache", False))  # older trees: no keyed cache
     parts["run"] = total - sum(parts.values())
     parts["total"] = total
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    parts["cc cpu"] = kids.ru_utime + kids.ru_stime  # the compiler processes' CPU seconds
     print("RESULT " + json.dumps({"parts": parts, "hits": hits, "cc_runs": toolchain.compile_count}))
 """
 
@@ -213,7 +216,7 @@ print("RESULT " + json.dumps({"parts": {"total": total}}))
 """
 
 WORKLOADS = {"mlp64": (_SG_MLP, _JAX_MLP), "gpt": (_SG_GPT, _JAX_GPT)}
-COLUMNS = ["trace", "optimize", "manifest", "lower", "render", "cc", "load", "run"]
+COLUMNS = ["trace", "optimize", "manifest", "lower", "render", "cc", "load", "run", "cc cpu"]
 
 
 def run_child(code: str, cache: str, threads: int, src: str) -> dict[str, object]:
