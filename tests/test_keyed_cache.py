@@ -352,3 +352,28 @@ def test_a_damaged_object_is_compiled_again(cache: Path) -> None:
     objects = toolchain.object_compile_count
     units.library_for(spec)
     assert toolchain.object_compile_count - objects == 1
+
+
+def test_units_share_state_and_the_profile(cache: Path) -> None:
+    rng = np.random.default_rng(6)
+    w = (rng.normal(size=(4, 16, 16)) / 4).astype(np.float32)
+    b = np.zeros((4, 16), np.float32)
+    x, y = _f32(8, 16, seed=7), _f32(8, 16, seed=8)
+    fast = sg.compile(
+        sg.value_and_grad(mlp_loss), backend="c", unit_lines=40, split_min_lines=0, profile=True
+    )
+    lowered = fast.lower((w, b), x, y)
+    rendered = cbackend.render_c_units(lowered.executable.program, True, False, 40, 0)
+    step_unit, *kernel_units = rendered
+    assert step_unit.name == "step" and len(kernel_units) >= 3
+    assert "SG_HIDDEN int sg_threads = 1;" in step_unit.source  # defined once
+    for unit in kernel_units:
+        assert "SG_HIDDEN extern int sg_threads;" in unit.source
+        assert "extern double sg_profile[" in unit.source
+        assert "int sg_threads = 1" not in unit.source
+    calls = [f"sg_kernels{g}(io, arena)" for g in range(len(kernel_units))]
+    assert all(call in step_unit.source for call in calls)
+    fast((w, b), x, y)
+    times = lowered.executable.profile()  # sg_profile, written by every unit
+    assert len(times) == len(lowered.executable.program.kernels)
+    assert all(seconds >= 0.0 for _, _, seconds in times) and sum(t for *_, t in times) > 0.0
