@@ -377,3 +377,17 @@ def test_units_share_state_and_the_profile(cache: Path) -> None:
     times = lowered.executable.profile()  # sg_profile, written by every unit
     assert len(times) == len(lowered.executable.program.kernels)
     assert all(seconds >= 0.0 for _, _, seconds in times) and sum(t for *_, t in times) > 0.0
+
+
+def test_graphs_with_communicators_always_take_the_full_path(cache: Path) -> None:
+    from shapegrad import distributed
+
+    def f(x: sg.Tensor) -> sg.Tensor:
+        return distributed.all_reduce(x * 2.0, comm=distributed.LocalCommunicator())
+
+    x = np.arange(3, dtype=np.float32)
+    for _ in range(2):  # a communicator has no canonical text: never keyed, never stored
+        fast = sg.compile(f, backend="c")
+        assert not fast.lower(x).from_cache
+        np.testing.assert_array_equal(fast(x).numpy(), x * 2.0)
+    assert _manifests(cache) == []
