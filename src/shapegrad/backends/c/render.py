@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
+from shapegrad.backends.c.schedule import Tracker, Unit, chunk_size, fork_only, split_units
 from shapegrad.backends.cstyle import HELPERS, CStyleRenderer, estimate_work
 from shapegrad.compiler import loops as L
 
@@ -47,6 +48,12 @@ CONTRACT_SPLIT_MACS = 1 << 20
 # summed axis instead (each thread keeps a private partial of the output on its stack):
 # the products keep all their rows (m=32, not 16, for the CNN's weight gradient).
 SUM_SPLIT_MAX_OUT = 1 << 14
+# Blocks per thread of a split product or row reduction, taken dynamically: with more than
+# one, a thread that keeps running takes the blocks of one the OS descheduled.
+SPLIT_PARTS = 2
+# Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
+# ``_split_kind``).
+COLUMN_SPLIT = True
 
 _PRELUDE = r"""
 #include <stdint.h>
@@ -57,6 +64,20 @@ _PRELUDE = r"""
 
 /* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
 static int sg_threads = 1;
+static inline int sg_thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+static inline int sg_team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
 """ + HELPERS.format(q="static inline")
 
 _BLAS_DECL = r"""
@@ -94,14 +115,149 @@ void sg_set_threads(int n) {
 
 
 class CRenderer(CStyleRenderer):
-    """C with OpenMP scheduling and OpenBLAS products (see the module docstring)."""
+    """C with OpenMP scheduling and OpenBLAS products (see the module docstring).
+
+    ``mode`` says how the statement being rendered runs: ``"fork"`` (no enclosing region:
+    a large loop opens its own ``parallel for``; layer bodies and programs with
+    collectives), ``"shared"`` (inside the step's region, split by an orphaned
+    work-sharing construct) or ``"serial"`` (inside the region, on one thread).
+    """
 
     def __init__(self, program: L.Program) -> None:
         super().__init__(program)
         # functions of layer-loop bodies, shared by the renderers of one translation unit
         self.functions: list[str] = []
+        self.mode = "fork"
+        self._fail_to: tuple[int, str] | None = None  # (flag index, skip label) in a region
+
+    def body(self, kernels: list[L.Kernel], profile: bool, depth: int = 1) -> None:
+        """The statements of ``sg_body`` after its opening line, ending in ``return``.
+
+        With at least one statement worth splitting (and no layer loop or collective),
+        the whole step is one ``#pragma omp parallel`` region (``schedule.py``): shared
+        units are orphaned ``omp for`` loops, runs of serial units one ``omp single``,
+        barriers only where a later unit touches what an earlier one writes. A group that
+        can fail records its code in its own ``sg_fail[g]``; after the group a barrier
+        and a test of that flag send every thread to ``sg_end`` together, so the first
+        failing check's code is returned and the rest skipped.
+        """
+        units = [] if fork_only(self.program) else split_units(kernels, self.shareable)
+        if not any(u.shared for u in units):
+            for number, k in enumerate(kernels):
+                self.kernel(k, number, profile)
+            self.emit(depth, "return 0;")
+            return
+        groups: list[list[Unit]] = []
+        for u in units:
+            if u.shared or not groups or groups[-1][0].shared:
+                groups.append([u])
+            else:
+                groups[-1].append(u)
+        failing = [g for g in groups if any(u.fails for u in g)]
+        e = self.emit
+        if failing:
+            e(depth, f"int sg_fail[{len(failing)}] = {{0}};")
+        e(depth, f"#pragma omp parallel num_threads({self._team_size(kernels)})")
+        e(depth, "{")
+        d = depth + 1
+        pending = Tracker(self.program)
+        for group in groups:
+            reads = set().union(*(u.reads for u in group))
+            writes = set().union(*(u.writes for u in group))
+            if pending.needs_barrier(reads, writes) or profile:
+                e(d, "#pragma omp barrier")
+                pending.clear()
+            pending.add(reads, writes)
+            if group[0].shared:
+                self._unit(group[0], d, profile)
+                continue
+            flag = failing.index(group) if group in failing else -1
+            e(d, "#pragma omp single nowait")
+            e(d, "{")
+            self._fail_to = (flag, f"sg_skip{flag}") if flag >= 0 else None
+            for u in group:
+                self._unit(u, d + 1, profile)
+            self._fail_to = None
+            if flag >= 0:
+                e(d + 1, f"sg_skip{flag}:;")
+            e(d, "}")
+            if flag >= 0:
+                e(d, "#pragma omp barrier")
+                e(d, f"if (sg_fail[{flag}]) goto sg_end;")
+                pending.clear()
+        if failing:
+            e(d, "sg_end:;")
+        e(depth, "}")
+        if failing:
+            e(depth, f"for (int g = 0; g < {len(failing)}; ++g)")
+            e(depth + 1, "if (sg_fail[g]) return sg_fail[g];")
+        e(depth, "return 0;")
+        self.mode = "fork"
+
+    def _team_size(self, kernels: list[L.Kernel]) -> str:
+        """The region's team: ``sg_threads``, at most the scratch slices of any batch-fused
+        product (each thread of the team owns one)."""
+        slots = [s.slots for k in kernels for s in L.walk(k.body) if isinstance(s, L.BatchFused)]
+        if not slots:
+            return "sg_threads"
+        return f"(sg_threads < {min(slots)} ? sg_threads : {min(slots)})"
+
+    def shareable(self, s: L.Stmt) -> bool:
+        """Whether the renderer splits top-level statement ``s`` across the team (the same
+        decisions as ``loop`` and ``contract`` make in fork mode)."""
+        if isinstance(s, L.BatchFused):
+            return True
+        if isinstance(s, L.Contract):
+            return _split_kind(s) is not None
+        if isinstance(s, L.Loop) and estimate_work(s) >= OMP_MIN_WORK:
+            if s.kind == "parallel" and s.var.extent > 1:
+                return True
+            return s.kind == "reduction" and _row_of(s) is not None
+        return False
+
+    def _unit(self, u: Unit, depth: int, profile: bool) -> None:
+        k = u.kernel
+        self.emit(
+            depth, f"/* {k.name}: root {k.root}; work {k.work}{' (shared)' if u.shared else ''} */"
+        )
+        if k.inlined:
+            self.emit(depth, f"/*   inlined: {', '.join(k.inlined)} */")
+        self.emit(depth, "{")
+        if profile:
+            self.emit(depth + 1, "double sg_t0 = sg_now();")
+        for name in sorted(u.reads | u.writes):
+            self.emit(depth + 1, self._pointer(name))
+        self.mode = "shared" if u.shared else "serial"
+        for s in u.body:
+            self.stmt(s, depth + 1, parallel_ok=u.shared)
+        if profile:
+            if u.shared:  # thread 0 times the whole construct, stragglers included
+                self.emit(depth + 1, "#pragma omp barrier")
+                self.emit(depth + 1, "if (sg_thread_id() == 0)")
+                self.emit(depth + 2, f"sg_profile[{u.number}] += sg_now() - sg_t0;")
+            else:
+                self.emit(depth + 1, f"sg_profile[{u.number}] += sg_now() - sg_t0;")
+        self.emit(depth, "}")
+
+    def work_sharing(self, depth: int, schedule: str) -> None:
+        """The pragma that splits the next ``for`` across the team."""
+        if self.mode == "shared":
+            self.emit(depth, f"#pragma omp for schedule({schedule}) nowait")
+        else:
+            self.emit(
+                depth, f"#pragma omp parallel for schedule({schedule}) num_threads(sg_threads)"
+            )
+
+    def team_block(self, depth: int, team: str) -> None:
+        """Open a block every thread of the team runs (a region of its own in fork mode)."""
+        if self.mode != "shared":
+            self.emit(depth, "#ifdef _OPENMP")
+            self.emit(depth, f"#pragma omp parallel num_threads({team})")
+            self.emit(depth, "#endif")
+        self.emit(depth, "{")
 
     def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
+        self.mode = "fork"
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
             self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
@@ -130,7 +286,7 @@ class CRenderer(CStyleRenderer):
         (a bias gradient) is split over the row instead (``_split_rows``). Nothing inside
         a serial loop forks a team: a region per iteration would fork thousands of times."""
         if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
+            self.work_sharing(depth, f"dynamic, {chunk_size(s)}")
             v = s.var.name
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
             self.stmts(s.body, depth + 1, False)
@@ -147,10 +303,11 @@ class CRenderer(CStyleRenderer):
         runs in the same order as serially, so results are identical."""
         j = row.var
         e = self.emit
-        e(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-        e(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
-        e(depth + 1, f"const int64_t j0 = part * {j.extent} / sg_threads;")
-        e(depth + 1, f"const int64_t j1 = (part + 1) * {j.extent} / sg_threads;")
+        parts = f"({SPLIT_PARTS} * sg_threads)"
+        self.work_sharing(depth, "dynamic, 1")
+        e(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
+        e(depth + 1, f"const int64_t j0 = part * {j.extent} / {parts};")
+        e(depth + 1, f"const int64_t j1 = (part + 1) * {j.extent} / {parts};")
 
         def blocked(x: L.Stmt) -> L.Stmt:
             return _BlockLoop(j, x.body) if isinstance(x, L.Loop) and x.var == j else x
@@ -168,7 +325,10 @@ class CRenderer(CStyleRenderer):
         super().stmt(s, depth, parallel_ok)
 
     def fail(self, code: int) -> str:
-        return f"return {code};"
+        if self._fail_to is None:
+            return f"return {code};"
+        flag, label = self._fail_to
+        return f"{{ sg_fail[{flag}] = {code}; goto {label}; }}"
 
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         """The body as its own function (rendered once), called per layer with its I/O
@@ -203,40 +363,48 @@ class CRenderer(CStyleRenderer):
         e(depth, "}")
 
     def contract(self, s: L.Contract, depth: int) -> None:
-        """Library products; large ones are split into row blocks across the OpenMP team
-        (each block a single-threaded BLAS call), see ``sg_set_threads``."""
+        """Library products; large ones are split across the team (``_split_kind``):
+        blocks of rows of ``c`` (or of columns, when ``a`` is the smaller operand: each
+        call packs the whole of the other operand, so split the side that is cheaper to
+        repeat), whole products of a batch, or the summed axis. Blocks are taken
+        dynamically, so a thread that keeps running takes the work of one that was
+        descheduled. Each block is one single-threaded BLAS call (``sg_set_threads``);
+        every output element is computed by one call, as serially."""
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
         f = "f" if s.dtype.name == "float32" else ""
         one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
-        a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
-        big = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS
-        if big and s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= SUM_SPLIT_MAX_OUT:
+        kind = _split_kind(s) if self.mode != "serial" else None
+        if kind == "sum":
             self.contract_sum_split(s, depth)
             return
-        if big and s.batch >= 8:
-            # many independent products: hand whole products to threads, rows stay intact
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-        split = big and s.batch < 8 and s.m >= 16
-        if split:
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-            self.emit(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
+        a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
+        b_col = s.ldb if s.trans_b else 1  # elements between columns of op(b)
+        rows, cols, a_off, b_off, c_off = str(s.m), str(s.n), "", "", ""
+        if kind == "batch":  # many independent products: whole products per thread
+            self.work_sharing(depth, "dynamic, 1")
+        elif kind in ("rows", "cols"):
+            parts = f"({SPLIT_PARTS} * sg_threads)"
+            extent = s.m if kind == "rows" else s.n
+            self.work_sharing(depth, "dynamic, 1")
+            self.emit(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
             depth += 1
-            self.emit(depth, f"int64_t m0 = part * {s.m} / sg_threads;")
-            self.emit(depth, f"int64_t m1 = (part + 1) * {s.m} / sg_threads;")
-            rows, a_off, c_off = "(int)(m1 - m0)", f" + m0 * {a_row}", f" + m0 * {s.n}"
-        else:
-            rows, a_off, c_off = str(s.m), "", ""
+            self.emit(depth, f"const int64_t p0 = part * {extent} / {parts};")
+            self.emit(depth, f"const int64_t p1 = (part + 1) * {extent} / {parts};")
+            if kind == "rows":
+                rows, a_off, c_off = "(int)(p1 - p0)", f" + p0 * {a_row}", f" + p0 * {s.n}"
+            else:
+                cols, b_off, c_off = "(int)(p1 - p0)", f" + p0 * {b_col}", " + p0"
         self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
         self.emit(depth + 1, f"for (int64_t si = 0; si < {s.sum_batch}; ++si)")
         self.emit(
             depth + 2,
-            f"{fn}(101, {ta}, {tb}, {rows}, {s.n}, {s.k}, {alpha}, "
+            f"{fn}(101, {ta}, {tb}, {rows}, {cols}, {s.k}, {alpha}, "
             f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}{a_off}, {s.lda}, "
-            f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}, {s.ldb}, "
+            f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}{b_off}, {s.ldb}, "
             f"si ? {one} : {beta}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
         )
-        if split:
+        if kind in ("rows", "cols"):
             self.emit(depth - 1, "}")
 
     def contract_sum_split(self, s: L.Contract, depth: int) -> None:
@@ -248,15 +416,9 @@ class CRenderer(CStyleRenderer):
         size, total = s.m * s.n, s.sum_batch
         e = self.emit
         e(depth, "{")
-        e(depth, "#ifdef _OPENMP")
-        e(depth, "#pragma omp parallel num_threads(sg_threads)")
-        e(depth, "#endif")
-        e(depth, "{")
+        self.team_block(depth, "sg_threads")
         d = depth + 1
-        e(d, "int nt = 1, tid = 0;")
-        e(d, "#ifdef _OPENMP")
-        e(d, "nt = omp_get_num_threads(); tid = omp_get_thread_num();")
-        e(d, "#endif")
+        e(d, "const int nt = sg_team_size(), tid = sg_thread_id();")
         e(d, f"{t} part[{size}];")
         e(d, f"int64_t s0 = tid * {total} / nt, s1 = (tid + 1) * {total} / nt;")
         e(d, "for (int64_t si = s0; si < s1; ++si)")
@@ -303,21 +465,20 @@ class CRenderer(CStyleRenderer):
         e(depth, "{")
         e(depth, f"int sg_team = sg_threads < {s.slots} ? sg_threads : {s.slots};")
         e(depth, "(void)sg_team;")
-        e(depth, "#pragma omp parallel num_threads(sg_team)")
-        e(depth, "{")
+        self.team_block(depth, "sg_team")
         d = depth + 1
-        e(d, "int64_t sg_tid = 0; int nt = 1;")
-        e(d, "#ifdef _OPENMP")
-        e(d, "sg_tid = omp_get_thread_num(); nt = omp_get_num_threads();")
-        e(d, "#endif")
+        e(d, "const int64_t sg_tid = sg_thread_id(); const int nt = sg_team_size();")
         e(d, "(void)nt;")
         e(d, f"{t} *restrict sg_slice = {s.scratch} + sg_tid * {s.slice};")
         if summed:
             e(d, f"{t} part[{c.m * c.n}];")
             e(d, f"int64_t s0 = sg_tid * {count} / nt, s1 = (sg_tid + 1) * {count} / nt;")
             e(d, "for (int64_t bi = s0; bi < s1; ++bi) {")
-        else:
-            e(d, "#pragma omp for schedule(static)")
+        else:  # each index runs in the slice of the thread that takes it
+            e(
+                d,
+                f"#pragma omp for schedule(dynamic, 1){' nowait' if self.mode == 'shared' else ''}",
+            )
             e(d, f"for (int64_t bi = 0; bi < {count}; ++bi) {{")
         self._slice_nests(s.producer, s.scratch, d + 1)
         if s.operand == "c":
@@ -384,6 +545,24 @@ def _row_of(nest: L.Loop) -> L.Loop | None:
         if any(isinstance(a, L.DivMod) for a in store.index.atoms()):
             return None
     return s
+
+
+def _split_kind(s: L.Contract) -> str | None:
+    """How a product is split across the team: ``"sum"`` (a large sum of few outputs: over
+    the summed axis), ``"batch"`` (whole products of a batch of at least 8), ``"rows"`` or
+    ``"cols"`` (blocks of ``c``; columns when ``op(a)`` is smaller than ``op(b)``, so the
+    operand every block packs again is the small one), or None (too small: one call)."""
+    if s.m * s.n * s.k * s.batch * s.sum_batch < CONTRACT_SPLIT_MACS:
+        return None
+    if s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= SUM_SPLIT_MAX_OUT:
+        return "sum"
+    if s.batch >= 8:
+        return "batch"
+    if s.batch > 1:
+        return None if s.m < 16 else "rows"
+    if COLUMN_SPLIT and s.m < s.n and s.n >= 16:
+        return "cols"
+    return "rows" if s.m >= 16 else None
 
 
 def _alpha(s: L.Contract) -> str:
@@ -462,9 +641,7 @@ def render_c(program: L.Program, profile: bool = False, vector_math: bool = Fals
     head = len(w.lines)
     w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
     w.emit(1, "(void)io; (void)arena;")
-    for number, k in enumerate(program.kernels):
-        w.kernel(k, number, profile)
-    w.emit(1, "return 0;")
+    w.body(program.kernels, profile)
     w.lines.append("}")
     # layer bodies (declared first: a body may call a nested body defined after it)
     declared = [
