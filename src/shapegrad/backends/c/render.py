@@ -71,6 +71,20 @@ static inline int sg_thread_id(void) {
     return 0;
 #endif
 }
+/* Flush-to-zero (render_c(flush_denormals=True) defines SG_FLUSH_DENORMALS): every thread
+   that runs the step sets FTZ|DAZ for the call and restores its own mode after. */
+#if defined(SG_FLUSH_DENORMALS) && (defined(__x86_64__) || defined(__i386__))
+#include <xmmintrin.h>
+#define SG_FP_ENTER unsigned int sg_fp_saved = _mm_getcsr(); _mm_setcsr(sg_fp_saved | 0x8040u)
+#define SG_FP_LEAVE _mm_setcsr(sg_fp_saved)
+#elif defined(SG_FLUSH_DENORMALS) && defined(__aarch64__)
+#define SG_FP_ENTER uint64_t sg_fp_saved; __asm__ __volatile__("mrs %0, fpcr" : "=r"(sg_fp_saved)); \
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved | (1ull << 24)))
+#define SG_FP_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved))
+#else
+#define SG_FP_ENTER (void)0
+#define SG_FP_LEAVE (void)0
+#endif
 static inline int sg_team_size(void) {
 #ifdef _OPENMP
     return omp_get_num_threads();
@@ -90,18 +104,26 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int
 """
 
 _STEPS = r"""
-int sg_run(void **io, char *arena) { return sg_body(io, arena); }
+int sg_run(void **io, char *arena) {
+    SG_FP_ENTER;
+    int rc = sg_body(io, arena);
+    SG_FP_LEAVE;
+    return rc;
+}
 
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done) {
     void *local[SG_NSLOTS + 1];
+    int rc = 0;
+    SG_FP_ENTER;
     *done = 0;
     for (int64_t t = 0; t < k; ++t) {
         for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
-        int rc = sg_body(local, arena);
-        if (rc) return rc;
+        rc = sg_body(local, arena);
+        if (rc) break;
         *done = t + 1;
     }
-    return 0;
+    SG_FP_LEAVE;
+    return rc;
 }
 
 void sg_set_threads(int n) {
@@ -129,6 +151,8 @@ class CRenderer(CStyleRenderer):
         self.functions: list[str] = []
         self.mode = "fork"
         self._fail_to: tuple[int, str] | None = None  # (flag index, skip label) in a region
+        # every region sets flush-to-zero on its threads (``render_c(flush_denormals=True)``)
+        self.flush_denormals = False
 
     def body(self, kernels: list[L.Kernel], profile: bool, depth: int = 1) -> None:
         """The statements of ``sg_body`` after its opening line, ending in ``return``.
@@ -160,6 +184,8 @@ class CRenderer(CStyleRenderer):
         e(depth, f"#pragma omp parallel num_threads({self._team_size(kernels)})")
         e(depth, "{")
         d = depth + 1
+        if self.flush_denormals:
+            e(d, "SG_FP_ENTER;")
         pending = Tracker(self.program)
         for group in groups:
             reads = set().union(*(u.reads for u in group))
@@ -187,6 +213,8 @@ class CRenderer(CStyleRenderer):
                 pending.clear()
         if failing:
             e(d, "sg_end:;")
+        if self.flush_denormals:
+            e(d, "SG_FP_LEAVE;")
         e(depth, "}")
         if failing:
             e(depth, f"for (int g = 0; g < {len(failing)}; ++g)")
@@ -243,10 +271,21 @@ class CRenderer(CStyleRenderer):
         """The pragma that splits the next ``for`` across the team."""
         if self.mode == "shared":
             self.emit(depth, f"#pragma omp for schedule({schedule}) nowait")
+        elif self.flush_denormals:  # a region of its own, whose threads set the mode
+            self.emit(depth, "#pragma omp parallel num_threads(sg_threads)")
+            self.emit(depth, "{")
+            self.emit(depth, "SG_FP_ENTER;")
+            self.emit(depth, f"#pragma omp for schedule({schedule})")
         else:
             self.emit(
                 depth, f"#pragma omp parallel for schedule({schedule}) num_threads(sg_threads)"
             )
+
+    def end_work_sharing(self, depth: int) -> None:
+        """Close what ``work_sharing`` opened (after the loop)."""
+        if self.mode != "shared" and self.flush_denormals:
+            self.emit(depth, "SG_FP_LEAVE;")
+            self.emit(depth, "}")
 
     def team_block(self, depth: int, team: str) -> None:
         """Open a block every thread of the team runs (a region of its own in fork mode)."""
@@ -255,6 +294,14 @@ class CRenderer(CStyleRenderer):
             self.emit(depth, f"#pragma omp parallel num_threads({team})")
             self.emit(depth, "#endif")
         self.emit(depth, "{")
+        if self.mode != "shared" and self.flush_denormals:
+            self.emit(depth + 1, "SG_FP_ENTER;")
+
+    def end_team_block(self, depth: int) -> None:
+        """Close the block of ``team_block``."""
+        if self.mode != "shared" and self.flush_denormals:
+            self.emit(depth + 1, "SG_FP_LEAVE;")
+        self.emit(depth, "}")
 
     def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
         self.mode = "fork"
@@ -291,6 +338,7 @@ class CRenderer(CStyleRenderer):
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
             self.stmts(s.body, depth + 1, False)
             self.emit(depth, "}")
+            self.end_work_sharing(depth)
             return
         if parallel_ok and s.kind == "reduction" and (row := _row_of(s)) is not None:
             self._split_rows(s, row, depth)
@@ -314,6 +362,7 @@ class CRenderer(CStyleRenderer):
 
         self.stmts(L.map_body((nest,), stmt=blocked), depth + 1, False)
         e(depth, "}")
+        self.end_work_sharing(depth)
 
     def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
         if isinstance(s, _BlockLoop):
@@ -337,6 +386,7 @@ class CRenderer(CStyleRenderer):
         self.functions.append("")  # reserve the number; nested bodies come first
         sub = CRenderer(s.body)
         sub.functions = self.functions
+        sub.flush_denormals = self.flush_denormals
         sub.lines.append(f"/* layer body {_comment_safe(s.body.name)} */")
         sub.lines.append(f"static int {fn}(void **restrict io, char *restrict arena) {{")
         sub.emit(1, "(void)io; (void)arena;")
@@ -405,7 +455,10 @@ class CRenderer(CStyleRenderer):
             f"si ? {one} : {beta}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
         )
         if kind in ("rows", "cols"):
-            self.emit(depth - 1, "}")
+            depth -= 1
+            self.emit(depth, "}")
+        if kind is not None:
+            self.end_work_sharing(depth)
 
     def contract_sum_split(self, s: L.Contract, depth: int) -> None:
         """A sum of products (a convolution's weight gradient) split over the summed axis:
@@ -431,7 +484,7 @@ class CRenderer(CStyleRenderer):
             f"si > s0 ? 1.0{f} : 0.0{f}, part, {s.n});",
         )
         self.add_partials(s, d, "tid")
-        e(depth, "}")
+        self.end_team_block(depth)
         e(depth, "}")
 
     def add_partials(self, s: L.Contract, d: int, tid: str) -> None:
@@ -499,7 +552,7 @@ class CRenderer(CStyleRenderer):
         e(d, "}")
         if summed:
             self.add_partials(c, d, "sg_tid")
-        e(depth, "}")
+        self.end_team_block(depth)
         e(depth, "}")
 
     def collective(self, s: L.Collective, depth: int) -> None:
@@ -615,17 +668,28 @@ _VECTOR_MATH = "".join(
 )
 
 
-def render_c(program: L.Program, profile: bool = False, vector_math: bool = False) -> str:
+def render_c(
+    program: L.Program,
+    profile: bool = False,
+    vector_math: bool = False,
+    flush_denormals: bool = False,
+) -> str:
     """The full C source of ``program`` (its I/O table already numbered).
 
     With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
-    ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``).
+    ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``);
+    with ``flush_denormals`` the entry points and every thread of their OpenMP teams run
+    with denormal floats flushed to zero (x86 MXCSR FTZ and DAZ, aarch64 FPCR FZ), and
+    restore their previous mode when the call returns.
 
     Example:
         >>> print(render_c(program))
     """
     w = CRenderer(program)
+    w.flush_denormals = flush_denormals
     w.lines.append(f"/* shapegrad generated: program {_comment_safe(program.name)} */")
+    if flush_denormals:
+        w.lines.append("#define SG_FLUSH_DENORMALS 1")
     w.lines.append(_PRELUDE)
     if vector_math:
         w.lines.append(_VECTOR_MATH)
