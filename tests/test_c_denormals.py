@@ -76,8 +76,8 @@ def test_the_callers_mode_and_the_pool_threads_are_restored() -> None:
 
 
 def test_generated_code_sets_the_mode_in_every_region() -> None:
-    from shapegrad.backends.c import generate
     from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.c import generate
 
     x, s = _inputs(1 << 20)
     graph = sg.compile(_scaled, backend="numpy").graph(x, s)
