@@ -41,6 +41,9 @@ from shapegrad.compiler import loops as L
 # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
 # scalar ops (≈ 20-40 µs of work) before splitting it pays off.
 OMP_MIN_WORK = 1 << 18
+# Inside the step's one region a split loop costs no fork, only the wait for the slowest
+# thread where a later kernel needs its result, so smaller loops are worth splitting there.
+REGION_MIN_WORK = 1 << 18
 # Library products at least this large (multiply-adds) are split into row blocks, one
 # single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
 CONTRACT_SPLIT_MACS = 1 << 20
@@ -237,7 +240,7 @@ class CRenderer(CStyleRenderer):
             return True
         if isinstance(s, L.Contract):
             return _split_kind(s) is not None
-        if isinstance(s, L.Loop) and estimate_work(s) >= OMP_MIN_WORK:
+        if isinstance(s, L.Loop) and estimate_work(s) >= REGION_MIN_WORK:
             if s.kind == "parallel" and s.var.extent > 1:
                 return True
             return s.kind == "reduction" and _row_of(s) is not None
