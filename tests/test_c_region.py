@@ -59,11 +59,11 @@ def test_small_programs_open_no_region() -> None:
 def test_mlp_step_matches_numpy_at_any_team_size(threads: int) -> None:
     args = (_f32(256, 512), _f32(512, 64, seed=1), _f32(128, 256, seed=2))
     exe = sg.compile(_mlp_step, backend="c").lower(*args).executable
-    exe.lib.sg_set_threads(threads)
+    exe.lib.sg_set_threads(threads, 0)
     try:
         got = exe(list(args))
     finally:
-        exe.lib.sg_set_threads(2)
+        exe.lib.sg_set_threads(2, 1)
     w1, w2, x = (a.astype(np.float64) for a in args)
     h = np.maximum(x @ w1, 0)
     out = h @ w2
@@ -75,23 +75,36 @@ def test_mlp_step_matches_numpy_at_any_team_size(threads: int) -> None:
     np.testing.assert_allclose(got[2], (out**2).mean(), rtol=1e-4)
 
 
-def test_dynamic_blocks_give_the_same_bits_every_run() -> None:
-    """Which thread takes a block varies from run to run; the block bounds depend only on
-    the team size, so results do not (OpenBLAS may round a block differently from the
-    whole product, so team sizes agree to rounding, not bits)."""
-    args = (_f32(256, 512), _f32(512, 64, seed=1), _f32(128, 256, seed=2))
-    exe = sg.compile(_mlp_step, backend="c").lower(*args).executable
-    by_team = {}
-    for threads in (2, 1, 2, 3, 2):
-        exe.lib.sg_set_threads(threads)
-        got = exe(list(args))
-        if threads in by_team:
-            for a, b in zip(by_team[threads], got, strict=True):
-                np.testing.assert_array_equal(a, b)
-        by_team[threads] = got
-    exe.lib.sg_set_threads(2)
-    for a, b in zip(by_team[1], by_team[3], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+def _conv_step(w: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+    return sg.value_and_grad(lambda w: (sg.relu(sg.conv2d(x, w, padding=1)) ** 2).mean())(w)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("case", ["mlp", "conv"])
+def test_results_depend_on_the_thread_count_not_on_the_team_that_ran(
+    threads: int, case: str
+) -> None:
+    """Blocks of split products and groups of summed partials are cut by the configured
+    thread count, so a call that ran on one thread (the adaptive choice on a busy machine)
+    gives the same bits as one that ran on the full team, run after run."""
+    if case == "mlp":
+        fn, args = _mlp_step, (_f32(256, 512), _f32(512, 64, seed=1), _f32(128, 256, seed=2))
+    else:  # the weight gradient is a sum of products split over the batch
+        fn, args = _conv_step, (_f32(32, 16, 3, 3), _f32(16, 16, 24, 24, seed=1))
+    exe = sg.compile(fn, backend="c").lower(*args).executable
+    results = []
+    try:
+        for policy in (0, 2, 0, 1, 2):  # full team, one thread, ..., adaptive
+            exe.lib.sg_set_threads(threads, policy)
+            results.append(exe(list(args)))
+    finally:
+        exe.lib.sg_set_threads(2, 1)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    if case == "conv":
+        source = generate(_graph(fn, *args))[1]
+        assert "const int ng = " in source  # the grouped sum is in the program
 
 
 def test_independent_kernels_share_no_barrier_dependent_ones_do() -> None:

@@ -31,6 +31,7 @@ scratch slice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
@@ -41,6 +42,8 @@ from shapegrad.compiler import loops as L
 # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
 # scalar ops (≈ 20-40 µs of work) before splitting it pays off.
 OMP_MIN_WORK = 1 << 18
+# One OpenMP region per step (``CRenderer.body``); False: one region per large loop.
+ONE_REGION = True
 # Inside the step's one region a split loop costs no fork, only the wait for the slowest
 # thread where a later kernel needs its result, so smaller loops are worth splitting there.
 REGION_MIN_WORK = 1 << 18
@@ -67,6 +70,34 @@ _PRELUDE = r"""
 
 /* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
 static int sg_threads = 1;
+/* The step's region runs with the full team or with one thread, whichever has been faster
+   lately (sg_set_threads(n, adaptive=1); 0: always the full team): on a machine where other programs keep the
+   cores busy, a team that waits for a descheduled thread at every barrier is slower than
+   one thread. sg_cost holds moving averages of seconds per call (0: not measured yet);
+   the other choice is re-measured every SG_EXPLORE calls. Blocks and partial sums are
+   cut by sg_threads, not by the team a call ran with, so results do not depend on it. */
+#define SG_EXPLORE 16
+static int sg_adaptive = 1;
+static double sg_cost[2];
+static unsigned sg_calls;
+#include <time.h>
+static inline double sg_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static inline int sg_team_pick(void) {
+    if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
+    if (sg_threads <= 1 || !sg_adaptive) return 1;
+    if (sg_cost[1] == 0.0) return 1;
+    if (sg_cost[0] == 0.0) return 0;
+    int best = sg_cost[1] <= sg_cost[0];
+    return (++sg_calls % SG_EXPLORE == 0) ? !best : best;
+}
+static inline void sg_team_record(int pick, double seconds) {
+    double *c = &sg_cost[pick];
+    *c = *c == 0.0 ? seconds : *c + 0.25 * (seconds - *c);
+}
 static inline int sg_thread_id(void) {
 #ifdef _OPENMP
     return omp_get_thread_num();
@@ -129,8 +160,10 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t
     return rc;
 }
 
-void sg_set_threads(int n) {
+void sg_set_threads(int n, int adaptive) {
     sg_threads = n > 0 ? n : 1;
+    sg_adaptive = adaptive;
+    sg_cost[0] = sg_cost[1] = 0.0;
 #ifdef SG_USES_BLAS
     scipy_openblas_set_num_threads(1); /* we split products across our own threads */
 #endif
@@ -168,7 +201,8 @@ class CRenderer(CStyleRenderer):
         and a test of that flag send every thread to ``sg_end`` together, so the first
         failing check's code is returned and the rest skipped.
         """
-        units = [] if fork_only(self.program) else split_units(kernels, self.shareable)
+        one = ONE_REGION and not fork_only(self.program)
+        units = split_units(kernels, self.shareable) if one else []
         if not any(u.shared for u in units):
             for number, k in enumerate(kernels):
                 self.kernel(k, number, profile)
@@ -184,7 +218,9 @@ class CRenderer(CStyleRenderer):
         e = self.emit
         if failing:
             e(depth, f"int sg_fail[{len(failing)}] = {{0}};")
-        e(depth, f"#pragma omp parallel num_threads({self._team_size(kernels)})")
+        e(depth, "const int sg_pick = sg_team_pick();")
+        e(depth, "const double sg_start = sg_threads > 1 && sg_adaptive == 1 ? sg_clock() : 0.0;")
+        e(depth, f"#pragma omp parallel num_threads(sg_pick ? {self._team_size(kernels)} : 1)")
         e(depth, "{")
         d = depth + 1
         if self.flush_denormals:
@@ -219,6 +255,7 @@ class CRenderer(CStyleRenderer):
         if self.flush_denormals:
             e(d, "SG_FP_LEAVE;")
         e(depth, "}")
+        e(depth, "if (sg_start != 0.0) sg_team_record(sg_pick, sg_clock() - sg_start);")
         if failing:
             e(depth, f"for (int g = 0; g < {len(failing)}; ++g)")
             e(depth + 1, "if (sg_fail[g]) return sg_fail[g];")
@@ -464,41 +501,58 @@ class CRenderer(CStyleRenderer):
             self.end_work_sharing(depth)
 
     def contract_sum_split(self, s: L.Contract, depth: int) -> None:
-        """A sum of products (a convolution's weight gradient) split over the summed axis:
-        each thread accumulates whole products into a private partial, then the partials
-        are added into ``c`` in thread order (deterministic for a given team size)."""
+        """A sum of products (a convolution's weight gradient) split over the summed axis
+        into one group per configured thread, each accumulated into a private partial and
+        added into ``c`` in group order (``summed_groups``)."""
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
-        t, f = self.type_name(s.dtype), ("f" if s.dtype.name == "float32" else "")
-        size, total = s.m * s.n, s.sum_batch
+        f = "f" if s.dtype.name == "float32" else ""
         e = self.emit
         e(depth, "{")
         self.team_block(depth, "sg_threads")
-        d = depth + 1
-        e(d, "const int nt = sg_team_size(), tid = sg_thread_id();")
-        e(d, f"{t} part[{size}];")
-        e(d, f"int64_t s0 = tid * {total} / nt, s1 = (tid + 1) * {total} / nt;")
-        e(d, "for (int64_t si = s0; si < s1; ++si)")
-        e(
-            d + 1,
-            f"{fn}(101, {112 if s.trans_a else 111}, {112 if s.trans_b else 111}, "
-            f"{s.m}, {s.n}, {s.k}, {_alpha(s)}, "
-            f"{s.a} + {s.offset_a} + si * {s.sum_stride_a}, {s.lda}, "
-            f"{s.b} + {s.offset_b} + si * {s.sum_stride_b}, {s.ldb}, "
-            f"si > s0 ? 1.0{f} : 0.0{f}, part, {s.n});",
-        )
-        self.add_partials(s, d, "tid")
+
+        def group(d: int) -> None:
+            e(d, "for (int64_t si = s0; si < s1; ++si)")
+            e(
+                d + 1,
+                f"{fn}(101, {112 if s.trans_a else 111}, {112 if s.trans_b else 111}, "
+                f"{s.m}, {s.n}, {s.k}, {_alpha(s)}, "
+                f"{s.a} + {s.offset_a} + si * {s.sum_stride_a}, {s.lda}, "
+                f"{s.b} + {s.offset_b} + si * {s.sum_stride_b}, {s.ldb}, "
+                f"si > s0 ? 1.0{f} : 0.0{f}, part, {s.n});",
+            )
+
+        e(depth + 1, "const int nt = sg_team_size(), tid = sg_thread_id();")
+        self.summed_groups(s, depth + 1, "sg_threads", s.sum_batch, group)
         self.end_team_block(depth)
         e(depth, "}")
 
-    def add_partials(self, s: L.Contract, d: int, tid: str) -> None:
-        """Add each thread's ``part`` (its products ``s0 <= si < s1``) into ``s.c``, in
-        thread order; thread 0 also applies ``beta``."""
+    def summed_groups(
+        self, s: L.Contract, d: int, groups: str, total: int, group: Callable[[int], None]
+    ) -> None:
+        """``groups`` partials of a sum of ``total`` products, added into ``s.c`` in group
+        order (the first also applies ``beta``). With a full team (``nt == groups``) thread
+        g computes group g and the adds take turns between barriers; with any other team
+        thread 0 computes and adds every group in turn. The order of the adds is the same
+        either way, so the result depends on the configured thread count only, not on the
+        team a call actually ran with. ``group(d)`` emits the code filling ``part`` from
+        the products ``s0 <= i < s1``."""
         e, f, size = self.emit, ("f" if s.dtype.name == "float32" else ""), s.m * s.n
-        e(d, "for (int q = 0; q < nt; ++q) {")
+        e(d, f"const int ng = {groups};")
+        e(d, f"{self.type_name(s.dtype)} part[{size}];")
+        e(d, "int64_t s0 = 0, s1 = 0;")
+        e(d, "if (nt == ng) {")
+        e(d + 1, f"s0 = tid * (int64_t){total} / ng; s1 = (tid + 1) * (int64_t){total} / ng;")
+        group(d + 1)
+        e(d, "}")
+        e(d, "for (int q = 0; q < ng; ++q) {")
+        e(d + 1, "if (nt != ng && tid == 0) {")
+        e(d + 2, f"s0 = q * (int64_t){total} / ng; s1 = (q + 1) * (int64_t){total} / ng;")
+        group(d + 2)
+        e(d + 1, "}")
         e(d + 1, "#ifdef _OPENMP")
         e(d + 1, "#pragma omp barrier")
         e(d + 1, "#endif")
-        e(d + 1, f"if (q != {tid}) continue;")
+        e(d + 1, "if (nt == ng ? q != tid : tid != 0) continue;")
         init = f"0.0{f}" if s.beta == 0.0 else f"{s.beta!r}{f} * {s.c}[i]"
         e(d + 1, "if (q == 0)")
         e(
@@ -512,49 +566,52 @@ class CRenderer(CStyleRenderer):
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         """Per batch index: the producer nests write this thread's scratch slice, then one
         library call reads it (see ``loops.BatchFused``). Threads share the batch indices
-        (or, for a sum of products, split them and add private partials in thread order)."""
+        (or, for a sum of products, split them into groups whose partials are added in
+        group order, ``summed_groups``)."""
         c, e = s.contract, self.emit
         fn = "scipy_cblas_sgemm" if c.dtype.name == "float32" else "scipy_cblas_dgemm"
         t, f = self.type_name(c.dtype), ("f" if c.dtype.name == "float32" else "")
         summed = c.sum_batch > 1
         count = c.sum_batch if summed else c.batch
+        team = f"(sg_threads < {s.slots} ? sg_threads : {s.slots})"
         e(depth, "{")
-        e(depth, f"int sg_team = sg_threads < {s.slots} ? sg_threads : {s.slots};")
-        e(depth, "(void)sg_team;")
-        self.team_block(depth, "sg_team")
+        self.team_block(depth, team)
         d = depth + 1
-        e(d, "const int64_t sg_tid = sg_thread_id(); const int nt = sg_team_size();")
+        e(d, "const int tid = sg_thread_id(), nt = sg_team_size();")
         e(d, "(void)nt;")
-        e(d, f"{t} *restrict sg_slice = {s.scratch} + sg_tid * {s.slice};")
-        if summed:
-            e(d, f"{t} part[{c.m * c.n}];")
-            e(d, f"int64_t s0 = sg_tid * {count} / nt, s1 = (sg_tid + 1) * {count} / nt;")
-            e(d, "for (int64_t bi = s0; bi < s1; ++bi) {")
-        else:  # each index runs in the slice of the thread that takes it
-            e(
-                d,
-                f"#pragma omp for schedule(dynamic, 1){' nowait' if self.mode == 'shared' else ''}",
-            )
-            e(d, f"for (int64_t bi = 0; bi < {count}; ++bi) {{")
-        self._slice_nests(s.producer, s.scratch, d + 1)
-        if s.operand == "c":
-            c = replace(c, c="sg_slice", stride_c=0)
+        e(d, f"{t} *restrict sg_slice = {s.scratch} + tid * {s.slice};")
+        product = replace(c, c="sg_slice", stride_c=0) if s.operand == "c" else c
         a_step = c.sum_stride_a if summed else c.stride_a
         b_step = c.sum_stride_b if summed else c.stride_b
         a = "sg_slice" if s.operand == "a" else f"{c.a} + {c.offset_a} + bi * {a_step}"
         b = "sg_slice" if s.operand == "b" else f"{c.b} + {c.offset_b} + bi * {b_step}"
         beta = f"bi > s0 ? 1.0{f} : 0.0{f}" if summed else f"{c.beta!r}{f}"
-        out = "part" if summed else f"{c.c} + bi * {c.stride_c}"
-        e(
-            d + 1,
-            f"{fn}(101, {112 if c.trans_a else 111}, {112 if c.trans_b else 111}, "
-            f"{c.m}, {c.n}, {c.k}, {_alpha(c)}, {a}, {c.lda}, {b}, {c.ldb}, "
-            f"{beta}, {out}, {c.n});",
-        )
-        self._slice_nests(s.consumer, s.scratch, d + 1)
-        e(d, "}")
+        out = "part" if summed else f"{product.c} + bi * {product.stride_c}"
+
+        def index_body(d: int) -> None:
+            self._slice_nests(s.producer, s.scratch, d)
+            e(
+                d,
+                f"{fn}(101, {112 if c.trans_a else 111}, {112 if c.trans_b else 111}, "
+                f"{c.m}, {c.n}, {c.k}, {_alpha(c)}, {a}, {c.lda}, {b}, {c.ldb}, "
+                f"{beta}, {out}, {c.n});",
+            )
+            self._slice_nests(s.consumer, s.scratch, d)
+
         if summed:
-            self.add_partials(c, d, "sg_tid")
+
+            def group(d: int) -> None:
+                e(d, "for (int64_t bi = s0; bi < s1; ++bi) {")
+                index_body(d + 1)
+                e(d, "}")
+
+            self.summed_groups(c, d, team, count, group)
+        else:  # each index runs in the slice of the thread that takes it
+            nowait = " nowait" if self.mode == "shared" else ""
+            e(d, f"#pragma omp for schedule(dynamic, 1){nowait}")
+            e(d, f"for (int64_t bi = 0; bi < {count}; ++bi) {{")
+            index_body(d + 1)
+            e(d, "}")
         self.end_team_block(depth)
         e(depth, "}")
 
