@@ -5,28 +5,33 @@ Layout of the generated file:
 * helpers (``backends/cstyle.py``: NaN-propagating max/min, integer division and
   power, the counter-based random generator);
 * ``static int sg_body(void **io, char *arena)``: one ``{ ... }`` block per
-  kernel. Buffer pointers are declared ``restrict`` *inside* each block, so
-  temps that share arena bytes in different kernels never alias within one
-  restrict scope. Returns 0, or the code of the first failed bounds check: C runs
-  synchronously, so "record the error and skip the rest" (the error-flag contract
-  of ``compiler/loops.py``) is a ``return``;
+  kernel (or per part of a kernel, see below). Buffer pointers are declared
+  ``restrict`` *inside* each block, so temps that share arena bytes in different
+  kernels never alias within one restrict scope. Returns 0, or the code of the first
+  failed bounds check (the error-flag contract of ``compiler/loops.py``): a
+  ``return`` outside an OpenMP region, a per-group flag inside one;
 * ``int sg_run(void **io, char *arena)``: one call;
 * ``int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step,
   int64_t *done)``: ``k`` calls, advancing each I/O pointer by ``step[slot]``
   bytes per call (stacked batches in, stacked outputs out, persistent state
   untouched); stops at the first failing step, ``*done`` = steps completed;
-* ``void sg_set_threads(int n)``: OpenMP team size and OpenBLAS threads;
+* ``void sg_set_threads(int n, int adaptive)``: OpenMP team size and OpenBLAS threads;
+  ``adaptive`` 1: a step runs with the full team or one thread, whichever was faster
+  lately; 0: always the full team; 2: always one thread (blocks still cut for ``n``);
 * with collectives, ``int sg_mpi_bind(...)``: the MPI entry points the host hands
   in after loading (``backends/c/collectives.py``);
 * ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
   ``dlopen``.
 
-Scheduling (this renderer's own policy, not the IR's): ``#pragma omp parallel for``
-goes only on the outermost parallel loop of a nest whose estimated work
-(``cstyle.estimate_work``) is at least ``OMP_MIN_WORK`` scalar ops; large library
-products are split into row blocks (or over their summed axis) across the team, each
-block one single-threaded BLAS call; batch-fused products give each thread its own
-scratch slice.
+Scheduling (this renderer's own policy, not the IR's): a step with anything worth
+splitting is one ``#pragma omp parallel`` region (``schedule.py``): loop nests whose
+estimated work (``cstyle.estimate_work``) is at least ``REGION_MIN_WORK`` become orphaned
+``omp for`` loops with dynamic chunks of about ``schedule.CHUNK_WORK`` scalar ops; large
+library products are split into blocks of rows or columns of the result (or over their
+summed axis), each block one single-threaded BLAS call, taken dynamically; batch-fused
+products give each thread its own scratch slice; serial kernels run under ``omp single``;
+barriers stand only where a later unit touches memory an earlier one writes. Programs
+with layer loops or collectives keep one ``parallel for`` per large loop (``OMP_MIN_WORK``).
 """
 
 from __future__ import annotations
