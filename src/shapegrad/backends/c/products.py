@@ -27,9 +27,13 @@ CONTRACT_SPLIT_MACS = 1 << 20
 # summed axis instead (each thread keeps a private partial of the output on its stack):
 # the products keep all their rows (m=32, not 16, for the CNN's weight gradient).
 SUM_SPLIT_MAX_OUT = 1 << 14
-# Blocks per thread of a split product or row reduction, taken dynamically: with more than
-# one, a thread that keeps running takes the blocks of one the OS descheduled.
-SPLIT_PARTS = 2
+# Blocks per configured thread of a split product or row reduction, taken dynamically (a
+# thread that keeps running takes a block the other has not started). Measured, 2 threads,
+# MLP 784-512-512-10 step, in-process interleaved: 1 block per thread 1.95 ms, 2 blocks
+# 2.00 ms (quiet); 11.9 vs 13.7 ms (2 busy processes). Every extra block packs the other
+# operand again: 128x784x512 on one thread, 1 call 759 us, 2 row blocks 844 us, 4 row
+# blocks 1027 us, 4 column blocks 857 us (CPU time, /tmp benchmark in the report).
+SPLIT_PARTS = 1
 # Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
 # ``_split_kind``).
 COLUMN_SPLIT = True
@@ -102,7 +106,7 @@ class TeamRenderer(CStyleRenderer):
         if kind == "batch":  # many independent products: whole products per thread
             self.work_sharing(depth, "dynamic, 1")
         elif kind in ("rows", "cols"):
-            parts = f"({SPLIT_PARTS} * sg_threads)"
+            parts = split_parts()
             extent = s.m if kind == "rows" else s.n
             self.work_sharing(depth, "dynamic, 1")
             self.emit(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
@@ -278,3 +282,11 @@ def _alpha(s: L.Contract) -> str:
     if s.alpha_buffer is None:
         return f"{s.alpha!r}{f}"
     return f"({s.alpha!r}{f} * {s.alpha_buffer}[{s.alpha_index}])"
+
+
+def split_parts() -> str:
+    """C expression: the blocks a split product or row reduction is cut into
+    (``SPLIT_PARTS`` per configured thread; one block when threading is off)."""
+    if SPLIT_PARTS == 1:
+        return "sg_threads"
+    return f"(sg_threads > 1 ? {SPLIT_PARTS} * sg_threads : 1)"

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
-from shapegrad.backends.c.products import SPLIT_PARTS, TeamRenderer, split_kind
+from shapegrad.backends.c.products import TeamRenderer, split_kind, split_parts
 from shapegrad.backends.c.schedule import Tracker, Unit, chunk_size, fork_only, split_units
 from shapegrad.backends.cstyle import HELPERS, estimate_work
 from shapegrad.compiler import loops as L
@@ -61,15 +61,19 @@ _PRELUDE = r"""
 
 /* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
 static int sg_threads = 1;
-/* The step's region runs with the full team or with one thread, whichever has been faster
-   lately (sg_set_threads(n, adaptive=1); 0: always the full team): on a machine where other programs keep the
-   cores busy, a team that waits for a descheduled thread at every barrier is slower than
-   one thread. sg_cost holds moving averages of seconds per call (0: not measured yet);
-   the other choice is re-measured every SG_EXPLORE calls. Blocks and partial sums are
-   cut by sg_threads, not by the team a call ran with, so results do not depend on it. */
-#define SG_EXPLORE 16
+/* The step's region runs with the full team or with one thread, whichever is faster
+   (sg_set_threads(n, adaptive=1); 0: always the full team). Two calls in every SG_PROBE
+   run one with each choice, back to back and in alternating order, so both see the same
+   load; sg_ratio is a moving average of their time ratio (one thread / full team, each
+   pair clamped to [1/2, 2] so one stalled call cannot decide). The other calls use one
+   thread only while sg_ratio < 0.95. Under contention the team usually stays faster (the
+   OS gives each thread its share), but where barriers stall more than the second thread
+   gains, steps fall back to one thread. Blocks and partial sums are cut by sg_threads,
+   not by the team a call ran with, so results do not depend on the choice. */
+#define SG_PROBE 64
 static int sg_adaptive = 1;
-static double sg_cost[2];
+static double sg_ratio = 1.0;
+static double sg_probe_first;
 static unsigned sg_calls;
 #include <time.h>
 static inline double sg_clock(void) {
@@ -80,14 +84,20 @@ static inline double sg_clock(void) {
 static inline int sg_team_pick(void) {
     if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
     if (sg_threads <= 1 || !sg_adaptive) return 1;
-    if (sg_cost[1] == 0.0) return 1;
-    if (sg_cost[0] == 0.0) return 0;
-    int best = sg_cost[1] <= sg_cost[0];
-    return (++sg_calls % SG_EXPLORE == 0) ? !best : best;
+    unsigned c = sg_calls % SG_PROBE, order = (sg_calls / SG_PROBE) & 1u;
+    ++sg_calls;
+    if (c < 2) return (int)(c ^ order); /* a probe pair */
+    return sg_ratio >= 0.95;
 }
 static inline void sg_team_record(int pick, double seconds) {
-    double *c = &sg_cost[pick];
-    *c = *c == 0.0 ? seconds : *c + 0.25 * (seconds - *c);
+    unsigned c = (sg_calls - 1) % SG_PROBE;
+    if (c == 0) {
+        sg_probe_first = seconds;
+    } else if (c == 1 && sg_probe_first > 0.0 && seconds > 0.0) {
+        double r = pick ? sg_probe_first / seconds : seconds / sg_probe_first;
+        r = r < 0.5 ? 0.5 : (r > 2.0 ? 2.0 : r);
+        sg_ratio += 0.25 * (r - sg_ratio);
+    }
 }
 static inline int sg_thread_id(void) {
 #ifdef _OPENMP
@@ -154,7 +164,8 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t
 void sg_set_threads(int n, int adaptive) {
     sg_threads = n > 0 ? n : 1;
     sg_adaptive = adaptive;
-    sg_cost[0] = sg_cost[1] = 0.0;
+    sg_ratio = 1.0;
+    sg_calls = 0;
 #ifdef SG_USES_BLAS
     scipy_openblas_set_num_threads(1); /* we split products across our own threads */
 #endif
@@ -343,7 +354,7 @@ class CRenderer(TeamRenderer):
         runs in the same order as serially, so results are identical."""
         j = row.var
         e = self.emit
-        parts = f"({SPLIT_PARTS} * sg_threads)"
+        parts = split_parts()
         self.work_sharing(depth, "dynamic, 1")
         e(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
         e(depth + 1, f"const int64_t j0 = part * {j.extent} / {parts};")
