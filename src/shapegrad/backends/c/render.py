@@ -63,7 +63,7 @@ _PRELUDE = r"""
 static int sg_threads = 1;
 /* The step's region runs with the full team or with one thread, whichever is faster
    (sg_set_threads(n, adaptive=1); 0: always the full team). Two calls in every SG_PROBE
-   run one with each choice, back to back and in alternating order, so both see the same
+   (every SG_PROBE / 4 during the first 16 * SG_PROBE calls) run one with each choice, back to back and in alternating order, so both see the same
    load; sg_ratio is a moving average of their time ratio (one thread / full team, each
    pair clamped to [1/2, 2] so one stalled call cannot decide). The other calls use one
    thread only while sg_ratio < 0.95. Under contention the team usually stays faster (the
@@ -84,13 +84,15 @@ static inline double sg_clock(void) {
 static inline int sg_team_pick(void) {
     if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
     if (sg_threads <= 1 || !sg_adaptive) return 1;
-    unsigned c = sg_calls % SG_PROBE, order = (sg_calls / SG_PROBE) & 1u;
+    unsigned period = sg_calls < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE; /* faster at first */
+    unsigned c = sg_calls % period, order = (sg_calls / period) & 1u;
     ++sg_calls;
     if (c < 2) return (int)(c ^ order); /* a probe pair */
     return sg_ratio >= 0.95;
 }
 static inline void sg_team_record(int pick, double seconds) {
-    unsigned c = (sg_calls - 1) % SG_PROBE;
+    unsigned call = sg_calls - 1;
+    unsigned c = call % (call < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE);
     if (c == 0) {
         sg_probe_first = seconds;
     } else if (c == 1 && sg_probe_first > 0.0 && seconds > 0.0) {
