@@ -11,7 +11,9 @@ Backend options (``CompileOptions.extra``): ``target`` (a
 ``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
 ``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
 default: where libmvec exists), ``profile``
-(bool: per-kernel wall time, read with ``CExecutable.profile()``), ``unit_lines`` and
+(bool: per-kernel wall time, read with ``CExecutable.profile()``), ``flush_denormals``
+(bool, default False: run each call with denormal floats flushed to zero on every thread,
+restoring the caller's floating-point mode after; see ``render_c``), ``unit_lines`` and
 ``split_min_lines`` (ints: how the C is split into translation units, see
 ``render.render_c_units``; defaults ``render.UNIT_LINES`` / ``render.SPLIT_MIN_LINES``).
 
@@ -102,7 +104,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     """
     options = options or CompileOptions()
     program = lower(graph, options)
-    return program, render_c(program, bool(options.get("profile", False)), _vector_math(options))
+    profile, flush = bool(options.get("profile", False)), _flush(options)
+    return program, render_c(program, profile, _vector_math(options), flush)
 
 
 def lower(graph: Graph, options: CompileOptions) -> L.Program:
@@ -114,6 +117,10 @@ def lower(graph: Graph, options: CompileOptions) -> L.Program:
 
 def _vector_math(options: CompileOptions) -> bool:
     return bool(options.get("vector_math", has_vector_math()))
+
+
+def _flush(options: CompileOptions) -> bool:
+    return bool(options.get("flush_denormals", False))
 
 
 # Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement on
@@ -149,6 +156,7 @@ def build(program: L.Program, options: CompileOptions) -> Built:
         vector_math,
         int(options.get("unit_lines", render.UNIT_LINES)),
         int(options.get("split_min_lines", render.SPLIT_MIN_LINES)),
+        _flush(options),
     )
     t1 = time.perf_counter()
     blas = uses_blas(program)
