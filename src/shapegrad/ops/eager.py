@@ -10,24 +10,36 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shapegrad.ops import reference
-from shapegrad.ops.protocol import SOURCES, Attrs, AVal, Prim, infer_aval
-from shapegrad.shapes import describe_caller
+from shapegrad.dtypes import bool_
+from shapegrad.ops.protocol import (
+    COMPARISON,
+    FLOAT_ONLY_UNARY,
+    SOURCES,
+    UNARY,
+    Attrs,
+    AVal,
+    Prim,
+    infer_aval,
+)
+from shapegrad.shapes import Shape, describe_caller
 from shapegrad.tensor import Tensor
 
 
-@dataclass(slots=True)
 class TapeNode:
-    """How an eager tensor was made: enough to apply its VJP rule."""
+    """How an eager tensor was made: enough to apply its VJP rule (a slots record, no
+    validation: the op was checked before it ran)."""
 
-    prim: Prim
-    inputs: tuple[Tensor, ...]
-    attrs: Attrs
+    __slots__ = ("attrs", "inputs", "prim")
+
+    def __init__(self, prim: Prim, inputs: tuple[Tensor, ...], attrs: Attrs) -> None:
+        self.prim = prim
+        self.inputs = inputs
+        self.attrs = attrs
 
 
 class _State(threading.local):
@@ -35,9 +47,46 @@ class _State(threading.local):
         self.grad_enabled = True
         self.check_numerics = False
         self.grad_depth = 0
+        # True inside ``quiet()`` (the backward walk): NumPy's floating-point warnings are
+        # already off, so ops skip their own errstate.
+        self.quiet = False
 
 
 STATE = _State()
+
+# NumPy ufuncs of the elementwise primitives (DIV on integers is ``reference``'s C-style
+# division). Comparisons, max/min, neg/abs and integer arithmetic never raise NumPy's
+# floating-point flags, so only float arithmetic pays for an errstate.
+_UFUNCS: dict[Prim, Any] = {**reference.UNARY, **reference.BINARY, Prim.DIV: np.divide}
+_NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
+_BOOL_AVALS: dict[Shape, AVal] = {}
+
+
+def _bool_aval(shape: Shape) -> AVal:
+    aval = _BOOL_AVALS.get(shape)
+    if aval is None:
+        if len(_BOOL_AVALS) > 1024:
+            _BOOL_AVALS.clear()
+        aval = _BOOL_AVALS[shape] = AVal(shape, bool_)
+    return aval
+
+
+@np.errstate(all="ignore")
+def _quiet_call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with NumPy's floating-point warnings off (inf/NaN are values here)."""
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """One errstate for a block of eager ops that runs no user code (the backward walk)."""
+    previous = STATE.quiet
+    STATE.quiet = True
+    try:
+        with np.errstate(all="ignore"):
+            yield
+    finally:
+        STATE.quiet = previous
 
 
 class EagerOps:
@@ -47,6 +96,11 @@ class EagerOps:
     name = "eager"
 
     def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
+        fn = _UFUNCS.get(prim)
+        if fn is not None:
+            out = self._elementwise(prim, fn, inputs, attrs)
+            if out is not None:
+                return out
         if prim is Prim.STOP_GRADIENT:
             (x,) = inputs
             return Tensor(self, x._payload, x.aval)
@@ -54,20 +108,74 @@ class EagerOps:
         arrays = [t._payload for t in inputs]
         if any(not isinstance(a, np.ndarray) for a in arrays):
             raise TypeError(f"{prim.value}: eager op received a traced tensor")
-        with np.errstate(all="ignore"):
+        if STATE.quiet:
             value = reference.evaluate(prim, arrays, attrs, aval.dtype)
+        else:
+            value = _quiet_call(reference.evaluate, prim, arrays, attrs, aval.dtype)
+        return self._finish(prim, value, aval, inputs, attrs)
+
+    def _elementwise(
+        self, prim: Prim, fn: Any, inputs: Sequence[Tensor], attrs: Attrs
+    ) -> Tensor | None:
+        """The lean path of unary/binary ops on operands that need no checks beyond
+        identity tests; None sends the op down the general path (which raises the
+        errors of bad operands)."""
+        x = inputs[0]
+        aval = x.aval
+        a = x._payload
+        if type(a) is not np.ndarray:
+            return None
+        if len(inputs) == 2:
+            other = inputs[1]
+            o_aval = other.aval
+            if o_aval is not aval and (
+                o_aval.shape != aval.shape or o_aval.dtype is not aval.dtype
+            ):
+                return None
+            args: tuple[Any, ...] = (a, other._payload)
+            if type(args[1]) is not np.ndarray:
+                return None
+        elif prim in UNARY:
+            if prim in FLOAT_ONLY_UNARY and not aval.dtype.is_float:
+                return None
+            args = (a,)
+        else:
+            scalars = attrs.get("scalars")
+            if scalars is None or len(scalars) != 2:
+                return None
+            first, second = scalars
+            s = second if first is None else first
+            if type(s) is not aval.dtype.numpy.type:
+                return None
+            args = (a, s) if first is None else (s, a)
+        dtype = aval.dtype
+        if prim is Prim.DIV and not dtype.is_float:
+            fn = reference.divide
+        if STATE.quiet or prim in _NEVER_FLAGS or not dtype.is_float:
+            value = fn(*args)
+        else:
+            value = _quiet_call(fn, *args)
+        if prim in COMPARISON:
+            aval = _bool_aval(aval.shape)
+        if type(value) is not np.ndarray or value.dtype is not aval.dtype.numpy:
+            value = np.asarray(value, dtype=aval.dtype.numpy)
+        return self._finish(prim, value, aval, inputs, attrs)
+
+    def _finish(
+        self, prim: Prim, value: Any, aval: AVal, inputs: Sequence[Tensor], attrs: Attrs
+    ) -> Tensor:
+        """Wrap ``value`` (checked under check_numerics) and record it on the tape."""
         if STATE.check_numerics and aval.dtype.is_float and not np.all(np.isfinite(value)):
             raise FloatingPointError(
                 f"check_numerics: {prim.value} produced non-finite values "
                 f"(output {aval}, inputs {', '.join(str(t.aval) for t in inputs)}){describe_caller()}"
             )
         out = Tensor(self, value, aval)
-        if (
-            STATE.grad_enabled
-            and prim not in SOURCES
-            and any(t._leaf or t._tape is not None for t in inputs)
-        ):
-            out._tape = TapeNode(prim, tuple(inputs), dict(attrs))
+        if STATE.grad_enabled and prim not in SOURCES:
+            for t in inputs:
+                if t._leaf or t._tape is not None:
+                    out._tape = TapeNode(prim, tuple(inputs), attrs)
+                    break
         return out
 
     # --- hooks used by the shared autodiff -------------------------------------------

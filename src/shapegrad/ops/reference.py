@@ -9,11 +9,11 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad.dtypes import DType
-from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim
+from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
 
-_UNARY: dict[Prim, Callable[[Array], Array]] = {
+UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.NEG: np.negative,
     Prim.EXP: np.exp,
     Prim.LOG: np.log,
@@ -24,7 +24,7 @@ _UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.ABS: np.abs,
 }
 
-_BINARY: dict[Prim, Callable[[Array, Array], Array]] = {
+BINARY: dict[Prim, Callable[[Array, Array], Array]] = {
     Prim.ADD: np.add,
     Prim.SUB: np.subtract,
     Prim.MUL: np.multiply,
@@ -38,7 +38,7 @@ _BINARY: dict[Prim, Callable[[Array, Array], Array]] = {
 }
 
 
-def _divide(a: Array, b: Array) -> Array:
+def divide(a: Array, b: Array) -> Array:
     if a.dtype.kind in "iu":
         # C semantics (truncation toward zero), which every backend shares.
         return np.asarray(np.trunc(np.divide(a, np.where(b == 0, 1, b))), dtype=a.dtype)
@@ -83,12 +83,14 @@ def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
 
 def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> Array:
     """Compute ``prim`` on NumPy arrays; ``dtype`` is the inferred output dtype."""
-    if prim in _UNARY:
-        result = _UNARY[prim](args[0])
-    elif prim in _BINARY:
-        result = _BINARY[prim](args[0], args[1])
+    if "scalars" in attrs:  # scalar operands go where they belong (``protocol.operands``)
+        args = operands(args, attrs)
+    if prim in UNARY:
+        result = UNARY[prim](args[0])
+    elif prim in BINARY:
+        result = BINARY[prim](args[0], args[1])
     elif prim is Prim.DIV:
-        result = _divide(args[0], args[1])
+        result = divide(args[0], args[1])
     elif prim is Prim.WHERE:
         result = np.where(args[0], args[1], args[2])
     elif prim is Prim.REDUCE_SUM:
