@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad.ops import reference
-from shapegrad.dtypes import bool_
+from shapegrad.dtypes import ALL_DTYPES, DType, bool_
 from shapegrad.ops.protocol import (
     COMPARISON,
     FLOAT_ONLY_UNARY,
@@ -53,21 +53,29 @@ class _State(threading.local):
 
 
 STATE = _State()
+_SCALAR_DTYPES: dict[type, DType] = {d.numpy.type: d for d in ALL_DTYPES}
 
 # NumPy ufuncs of the elementwise primitives (DIV on integers is ``reference``'s C-style
 # division). Comparisons, max/min, neg/abs and integer arithmetic never raise NumPy's
 # floating-point flags, so only float arithmetic pays for an errstate.
-_UFUNCS: dict[Prim, Any] = {**reference.UNARY, **reference.BINARY, Prim.DIV: np.divide}
+_UFUNCS: dict[Prim, Any] = {
+    **reference.UNARY,
+    **reference.BINARY,
+    Prim.DIV: np.divide,
+    Prim.WHERE: np.where,
+}
 _NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
-_BOOL_AVALS: dict[Shape, AVal] = {}
+_AVALS: dict[tuple[Shape, str], AVal] = {}
 
 
-def _bool_aval(shape: Shape) -> AVal:
-    aval = _BOOL_AVALS.get(shape)
+def _aval(shape: Shape, dtype: DType) -> AVal:
+    """A shared AVal per (shape, dtype): eager ops make many and never mutate them."""
+    key = (shape, dtype.name)
+    aval = _AVALS.get(key)
     if aval is None:
-        if len(_BOOL_AVALS) > 1024:
-            _BOOL_AVALS.clear()
-        aval = _BOOL_AVALS[shape] = AVal(shape, bool_)
+        if len(_AVALS) > 4096:
+            _AVALS.clear()
+        aval = _AVALS[key] = AVal(shape, dtype)
     return aval
 
 
@@ -125,6 +133,8 @@ class EagerOps:
         a = x._payload
         if type(a) is not np.ndarray:
             return None
+        if prim is Prim.WHERE:
+            return self._where(inputs, attrs)
         if len(inputs) == 2:
             other = inputs[1]
             o_aval = other.aval
@@ -156,10 +166,46 @@ class EagerOps:
         else:
             value = _quiet_call(fn, *args)
         if prim in COMPARISON:
-            aval = _bool_aval(aval.shape)
+            aval = _aval(aval.shape, bool_)
         if type(value) is not np.ndarray or value.dtype is not aval.dtype.numpy:
             value = np.asarray(value, dtype=aval.dtype.numpy)
         return self._finish(prim, value, aval, inputs, attrs)
+
+    def _where(self, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor | None:
+        """``np.where`` on a bool condition and branches of its shape and one dtype
+        (scalar branches of that dtype); anything else goes down the general path."""
+        cond = inputs[0].aval
+        if cond.dtype is not bool_:
+            return None
+        scalars = attrs.get("scalars")
+        if scalars is None:
+            if len(inputs) != 3:
+                return None
+            a, b = inputs[1].aval, inputs[2].aval
+            if a.shape != cond.shape or (a is not b and (b.shape != a.shape or b.dtype is not a.dtype)):
+                return None
+            value = np.where(inputs[0]._payload, inputs[1]._payload, inputs[2]._payload)
+            return self._finish(Prim.WHERE, value, a, inputs, attrs)
+        _, sa, sb = scalars
+        if sa is not None and sb is not None:
+            dtype = _SCALAR_DTYPES.get(type(sa))
+            if dtype is None or type(sb) is not type(sa):
+                return None
+            value = np.where(inputs[0]._payload, sa, sb)
+            out = _aval(cond.shape, dtype)
+        else:
+            t = inputs[1]
+            out = t.aval
+            s = sb if sa is None else sa
+            if out.shape != cond.shape or type(s) is not out.dtype.numpy.type:
+                return None
+            if sa is None:
+                value = np.where(inputs[0]._payload, t._payload, s)
+            else:
+                value = np.where(inputs[0]._payload, s, t._payload)
+        if value.dtype is not out.dtype.numpy:
+            value = value.astype(out.dtype.numpy)
+        return self._finish(Prim.WHERE, value, out, inputs, attrs)
 
     def _finish(
         self, prim: Prim, value: Any, aval: AVal, inputs: Sequence[Tensor], attrs: Attrs

@@ -156,7 +156,7 @@ def broadcast_all(op: str, *tensors: Tensor) -> list[Tensor]:
 
 
 def unary(prim: Prim, x: Tensor) -> Tensor:
-    return bind(prim, [x])
+    return x._ops.apply(prim, [x], {})
 
 
 # A scalar operand that becomes a parameter of the op rather than a tensor input.
@@ -179,6 +179,8 @@ def weak_scalar(value: Any, dtype: DType) -> Any:
         DTypeError: a float value meets a non-float tensor.
         Int32OverflowError: an integer does not fit int32.
     """
+    if type(value) is float and dtype.is_float:  # the common case: nothing to check
+        return dtype.numpy.type(value)
     kind = value.dtype.kind if isinstance(value, np.generic | np.ndarray) else None
     if (kind == "f" or (kind is None and isinstance(value, float))) and not dtype.is_float:
         raise DTypeError(f"cannot combine a float value with a {dtype} tensor; cast with .astype()")
@@ -186,19 +188,6 @@ def weak_scalar(value: Any, dtype: DType) -> Any:
     if target.kind == "i" and not (isinstance(value, np.generic) and value.dtype == target):
         check_fits(value, target, "constant")
     return target.type(value)
-
-
-def _scalar_operand(prim: Prim, t: Tensor, value: Any, scalar_first: bool) -> Tensor:
-    """``prim(value, t)`` or ``prim(t, value)`` with ``value`` a parameter of the op."""
-    if isinstance(value, list | tuple) and _holds_tensor(value):
-        coerce(value, t)  # raises the error that names the mistake
-    if not is_scalar(value):
-        other = coerce(value, t)
-        return binary(prim, other, t) if scalar_first else binary(prim, t, other)
-    s = weak_scalar(value, t.dtype)
-    if scalar_first and prim not in _COMMUTATIVE:
-        return bind(prim, [t], scalars=(s, None))
-    return bind(prim, [t], scalars=(None, s))
 
 
 def binary(prim: Prim, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
@@ -212,10 +201,27 @@ def binary(prim: Prim, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
             if a.aval is not b.aval and a.shape != b.shape:
                 a, b = broadcast_all(prim.value, a, b)
             return bind(prim, [a, b])
-        return _scalar_operand(prim, a, b, scalar_first=False)
-    if isinstance(b, Tensor):
-        return _scalar_operand(prim, b, a, scalar_first=True)
-    raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
+        t, value, scalar_first = a, b, False
+    elif isinstance(b, Tensor):
+        t, value, scalar_first = b, a, prim not in _COMMUTATIVE
+    else:
+        raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
+    dtype = t.aval.dtype
+    kind = type(value)
+    # The hot cases first: a NumPy scalar of the tensor's dtype (what VJP rules pass on)
+    # and a Python float with a float tensor need no checks.
+    if kind is dtype.numpy.type:
+        s: Any = value
+    elif kind is float and dtype.is_float:
+        s = dtype.numpy.type(value)
+    elif is_scalar(value):
+        s = weak_scalar(value, dtype)
+    else:
+        other = coerce(value, t)
+        return binary(prim, other, t) if t is b else binary(prim, t, other)
+    # One tensor operand: its interpreter runs the op (no ``pick_ops`` needed).
+    scalars = (s, None) if scalar_first else (None, s)
+    return t._ops.apply(prim, [t], {"scalars": scalars})
 
 
 def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
