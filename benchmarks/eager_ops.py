@@ -83,7 +83,9 @@ def per_call(fn: Callable[[], Any], budget: float) -> float:
     return best
 
 
-def make_cells(size: int, fan: int, names: list[str], torch: Any) -> dict[str, tuple[Fn, Fn | None]]:
+def make_cells(
+    size: int, fan: int, names: list[str], torch: Any
+) -> dict[str, tuple[Fn, Fn | None]]:
     """(shapegrad call, PyTorch call) per op at one size."""
     rng = np.random.default_rng(0)
     xs = [rng.uniform(-1.0, 1.0, size).astype(np.float32) for _ in range(fan)]
@@ -148,7 +150,7 @@ def main() -> None:
         print(
             f"background load: {args.background_load} busy processes; load average "
             f"{os.getloadavg()[0]:.2f}; fan {args.fan}, {args.rounds} interleaved rounds; "
-            f"PyTorch {'%s, 1 thread' % torch.__version__ if torch else 'not installed'}"
+            f"PyTorch {torch.__version__ + ', 1 thread' if torch else 'not installed'}"
         )
         print(f"{'op':10s}{'size':>9s}{'sg us/op':>11s}{'torch us/op':>13s}{'sg/torch':>10s}")
         for size in sizes:

@@ -23,7 +23,6 @@ from shapegrad.ops.vjp import vjp_rule
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
-
 Producer = Callable[[Tensor], "tuple[Prim, Sequence[Tensor], Any] | None"]
 
 
@@ -94,7 +93,7 @@ def _backward(
 
     # Which tensors depend on a leaf: only those need cotangents.
     relevant: set[Any] = set()
-    for t, key, made_by in order:
+    for _, key, made_by in order:
         if key in leaf_keys:
             relevant.add(key)
         elif made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.ops import reference
 from shapegrad.dtypes import ALL_DTYPES, DType, bool_
+from shapegrad.ops import reference
 from shapegrad.ops.protocol import (
     COMPARISON,
     FLOAT_ONLY_UNARY,
@@ -182,7 +182,9 @@ class EagerOps:
             if len(inputs) != 3:
                 return None
             a, b = inputs[1].aval, inputs[2].aval
-            if a.shape != cond.shape or (a is not b and (b.shape != a.shape or b.dtype is not a.dtype)):
+            if a.shape != cond.shape or (
+                a is not b and (b.shape != a.shape or b.dtype is not a.dtype)
+            ):
                 return None
             value = np.where(inputs[0]._payload, inputs[1]._payload, inputs[2]._payload)
             return self._finish(Prim.WHERE, value, a, inputs, attrs)

@@ -207,7 +207,7 @@ def binary(prim: Prim, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
     else:
         raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
     dtype = t.aval.dtype
-    kind = type(value)
+    kind: type = type(value)
     # The hot cases first: a NumPy scalar of the tensor's dtype (what VJP rules pass on)
     # and a Python float with a float tensor need no checks.
     if kind is dtype.numpy.type:

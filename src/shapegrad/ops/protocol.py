@@ -196,9 +196,7 @@ def _infer_with_scalars(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal
         raise ValueError(f"{prim.value}: scalar operands {scalars!r} do not fit this primitive")
     if len(avals) != sum(s is None for s in scalars) or not avals:
         raise ValueError(f"{prim.value}: {len(avals)} tensor inputs for scalars {scalars!r}")
-    full = [
-        AVal(avals[0].shape, scalar_dtype(s)) if s is not None else None for s in scalars
-    ]
+    full = [AVal(avals[0].shape, scalar_dtype(s)) if s is not None else None for s in scalars]
     pending = iter(avals)
     filled = [a if a is not None else next(pending) for a in full]
     return _infer_elementwise(prim, filled, {})
@@ -353,7 +351,9 @@ def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
         if x.dtype == bool_ and op != "max":
-            raise DTypeError(f"all_reduce: op {op!r} needs a numeric operand, got {x}; 'max' is 'any'")
+            raise DTypeError(
+                f"all_reduce: op {op!r} needs a numeric operand, got {x}; 'max' is 'any'"
+            )
         if op == "mean" and not x.dtype.is_float:
             raise DTypeError(f"all_reduce: op 'mean' needs a floating-point operand, got {x}")
         root = attrs.get("root")
@@ -363,7 +363,9 @@ def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     if prim is Prim.BROADCAST_FROM:
         root = attrs["root"]
         if not 0 <= root < size:
-            raise ValueError(f"broadcast: root {root} is not a rank of a {size}-process communicator")
+            raise ValueError(
+                f"broadcast: root {root} is not a rank of a {size}-process communicator"
+            )
         return x
     if not x.shape:
         raise ShapeError(prim.value, f"needs an operand with a leading axis, got a scalar {x}")
