@@ -19,6 +19,7 @@ from shapegrad.ops import reference
 from shapegrad.ops.protocol import (
     COMPARISON,
     FLOAT_ONLY_UNARY,
+    LAYOUT,
     SOURCES,
     UNARY,
     Attrs,
@@ -65,6 +66,8 @@ _UFUNCS: dict[Prim, Any] = {
     Prim.WHERE: np.where,
 }
 _NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
+# Index maps and selections: no arithmetic, so no floating-point flags either.
+_NO_ARITHMETIC = LAYOUT | SOURCES | {Prim.REDUCE_MAX, Prim.GATHER, Prim.STOP_GRADIENT}
 _AVALS: dict[tuple[Shape, str], AVal] = {}
 
 
@@ -116,7 +119,7 @@ class EagerOps:
         arrays = [t._payload for t in inputs]
         if any(not isinstance(a, np.ndarray) for a in arrays):
             raise TypeError(f"{prim.value}: eager op received a traced tensor")
-        if STATE.quiet:
+        if STATE.quiet or prim in _NO_ARITHMETIC:
             value = reference.evaluate(prim, arrays, attrs, aval.dtype)
         else:
             value = _quiet_call(reference.evaluate, prim, arrays, attrs, aval.dtype)

@@ -419,15 +419,17 @@ class ConstValue:
         self.array.setflags(write=False)
         self.dtype = dtype
         self.shape: Shape = tuple(self.array.shape)
-        self._hash = hash((self.shape, dtype.name, self.array.tobytes()))
+        self._hash: int | None = None  # hashed on first use: eager constants never are
 
     def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.shape, self.dtype.name, self.array.tobytes()))
         return self._hash
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, ConstValue)
-            and self._hash == other._hash
+            and hash(self) == hash(other)
             and self.dtype == other.dtype
             and self.shape == other.shape
             and self.array.tobytes() == other.array.tobytes()
