@@ -63,7 +63,7 @@ _UFUNCS: dict[Prim, Any] = {
     **reference.UNARY,
     **reference.BINARY,
     Prim.DIV: np.divide,
-    Prim.WHERE: np.where,
+    Prim.WHERE: reference.select,
 }
 _NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
 # Index maps and selections: no arithmetic, so no floating-point flags either.
@@ -189,14 +189,14 @@ class EagerOps:
                 a is not b and (b.shape != a.shape or b.dtype is not a.dtype)
             ):
                 return None
-            value = np.where(inputs[0]._payload, inputs[1]._payload, inputs[2]._payload)
+            value = reference.select(inputs[0]._payload, inputs[1]._payload, inputs[2]._payload)
             return self._finish(Prim.WHERE, value, a, inputs, attrs)
         _, sa, sb = scalars
         if sa is not None and sb is not None:
             dtype = _SCALAR_DTYPES.get(type(sa))
             if dtype is None or type(sb) is not type(sa):
                 return None
-            value = np.where(inputs[0]._payload, sa, sb)
+            value = reference.select(inputs[0]._payload, sa, sb)
             out = _aval(cond.shape, dtype)
         else:
             t = inputs[1]
@@ -205,9 +205,9 @@ class EagerOps:
             if out.shape != cond.shape or type(s) is not out.dtype.numpy.type:
                 return None
             if sa is None:
-                value = np.where(inputs[0]._payload, t._payload, s)
+                value = reference.select(inputs[0]._payload, t._payload, s)
             else:
-                value = np.where(inputs[0]._payload, s, t._payload)
+                value = reference.select(inputs[0]._payload, s, t._payload)
         if value.dtype is not out.dtype.numpy:
             value = value.astype(out.dtype.numpy)
         return self._finish(Prim.WHERE, value, out, inputs, attrs)

