@@ -32,7 +32,16 @@ def _eager_producer(t: Tensor) -> tuple[Prim, Sequence[Tensor], Any] | None:
     return None if node is None else (node.prim, node.inputs, node.attrs)
 
 
-def _topological_order(
+def _topological_order(outputs: Sequence[Tensor], leaf_keys: set[Any]) -> list[Tensor]:
+    """Tensors reachable from ``outputs``, inputs before their users."""
+    ops = outputs[0]._ops
+    if ops is EAGER:
+        return [t for t, _, _ in _walk_order(outputs, leaf_keys, id, _eager_producer)]
+    ident, producer = ops.identity, ops.producer  # type: ignore[attr-defined]
+    return [t for t, _, _ in _walk_order(outputs, leaf_keys, ident, producer)]
+
+
+def _walk_order(
     outputs: Sequence[Tensor],
     leaf_keys: set[Any],
     ident: Callable[[Tensor], Any],
@@ -89,7 +98,7 @@ def _backward(
     eager: bool,
 ) -> list[Tensor]:
     leaf_keys = {ident(leaf) for leaf in leaves}
-    order = _topological_order(outputs, leaf_keys, ident, producer)
+    order = _walk_order(outputs, leaf_keys, ident, producer)
 
     # Which tensors depend on a leaf: only those need cotangents.
     relevant: set[Any] = set()
