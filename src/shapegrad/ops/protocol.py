@@ -240,7 +240,22 @@ def parse_einsum_spec(spec: str, n_operands: int) -> tuple[list[str], str]:
     return terms, out
 
 
+_EINSUM_AVALS: dict[tuple[str, tuple[AVal, ...]], AVal] = {}
+
+
 def _infer_einsum(avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    """Checked once per (spec, operand types): eager matmuls repeat the same few."""
+    key = (attrs["spec"], tuple(avals))
+    aval = _EINSUM_AVALS.get(key)
+    if aval is None:
+        aval = _check_einsum(avals, attrs)
+        if len(_EINSUM_AVALS) > 4096:
+            _EINSUM_AVALS.clear()
+        _EINSUM_AVALS[key] = aval
+    return aval
+
+
+def _check_einsum(avals: Sequence[AVal], attrs: Attrs) -> AVal:
     spec: str = attrs["spec"]
     terms, out = parse_einsum_spec(spec, len(avals))
     sizes: dict[str, int] = {}

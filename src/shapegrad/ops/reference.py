@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad.dtypes import DType
+from shapegrad.ops.einsum_plan import Plan, plan_einsum
 from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
@@ -201,21 +202,22 @@ def _collective(prim: Prim, x: Array, attrs: Attrs) -> Array:
     return out
 
 
-_EINSUM_PATHS: dict[tuple[str, tuple[tuple[int, ...], ...]], Any] = {}
+_EINSUM_PLANS: dict[tuple[str, tuple[int, ...], tuple[int, ...]], Plan] = {}
 
 
 def _einsum(spec: str, args: Sequence[Array]) -> Array:
-    """np.einsum with the contraction path computed once per (spec, shapes): planning the
-    path costs more than a small contraction, and the planned path routes through BLAS."""
-    if len(args) < 2:
+    """A two-operand float einsum runs its plan (one batched matmul through BLAS, planned
+    once per spec and shapes: see ``einsum_plan.py``); other einsums go to np.einsum."""
+    if len(args) != 2 or args[0].dtype.kind != "f" or args[1].dtype != args[0].dtype:
         return np.asarray(np.einsum(spec, *args))
-    key = (spec, tuple(a.shape for a in args))
-    path = _EINSUM_PATHS.get(key)
-    if path is None:
-        if len(_EINSUM_PATHS) > 4096:
-            _EINSUM_PATHS.clear()
-        path = _EINSUM_PATHS[key] = np.einsum_path(spec, *args, optimize="greedy")[0]
-    return np.asarray(np.einsum(spec, *args, optimize=path))
+    a, b = args
+    key = (spec, a.shape, b.shape)
+    plan = _EINSUM_PLANS.get(key)
+    if plan is None:
+        if len(_EINSUM_PLANS) > 4096:
+            _EINSUM_PLANS.clear()
+        plan = _EINSUM_PLANS[key] = plan_einsum(spec, a.shape, b.shape)
+    return plan(a, b)
 
 
 def _broadcast_in_dim(x: Array, shape: Sequence[int], dims: Sequence[int]) -> Array:
