@@ -62,7 +62,7 @@ def plan_einsum(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -
             b = b.sum(axis=sum_b)
         a3 = a.transpose(perm_a).reshape(nb, nfa, nk)
         b3 = b.transpose(perm_b).reshape(nb, nk, nfb)
-        c = np.matmul(a3, b3).reshape(result_shape)
+        c: Array = np.matmul(a3, b3).reshape(result_shape)
         return c if identity_out else c.transpose(perm_out)
 
     return run

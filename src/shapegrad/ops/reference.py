@@ -73,7 +73,8 @@ def select(cond: Array, a: Any, b: Any) -> Array:
         or a_arr.ndim > cond.ndim
         or b_arr.ndim > cond.ndim
     ):
-        return np.where(cond, a, b)
+        chosen: Array = np.where(cond, a, b)
+        return chosen
     mask = cond.view(np.uint8).astype(uint)  # 0 or 1 ...
     np.negative(mask, out=mask)  # ... 0 or all ones
     a_bits, b_bits = a_arr.view(uint), b_arr.view(uint)
