@@ -284,39 +284,3 @@ def test_check_numerics_sees_scalar_ops() -> None:
     x = sg.tensor([1e30, 1.0])
     with sg.check_numerics(), pytest.raises(FloatingPointError, match="mul produced non-finite"):
         x * 1e30
-
-
-# --- the branch-free select of large where's -------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32])
-def test_large_select_is_bit_identical_to_np_where(dtype: Any) -> None:
-    from shapegrad.ops.reference import SELECT_BITWISE_MIN, select
-
-    n = SELECT_BITWISE_MIN + 3
-    a = RNG.standard_normal(n).astype(dtype)
-    b = RNG.standard_normal(n).astype(dtype)
-    if dtype != np.int32:
-        a[:5] = [np.nan, np.inf, -0.0, -np.inf, 0.0]
-    mask = RNG.random(n) < 0.5
-    zero, neg_zero = dtype(0), dtype(-0.0) if dtype != np.int32 else dtype(0)
-    cases = [
-        (a, b),
-        (a, dtype(3)),
-        (dtype(2), b),
-        (a, zero),
-        (zero, a),
-        (a, neg_zero),
-        (dtype(1), neg_zero),
-    ]
-    cases.append((np.broadcast_to(a[:1], (n,)), b))  # a zero-stride view
-    for x, y in cases:
-        got, expected = select(mask, x, y), np.where(mask, x, y)
-        assert got.dtype == expected.dtype and got.shape == expected.shape
-        assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(expected).tobytes()
-    # and through the op, with gradients
-    x = sg.tensor(a.astype(np.float64) if dtype != np.int32 else a)
-    np.testing.assert_array_equal(
-        sg.where(sg.tensor(mask), x, 0.0 if dtype != np.int32 else 0).numpy(),
-        np.where(mask, x.numpy(), 0),
-    )
