@@ -109,7 +109,10 @@ class EagerOps:
     def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
         fn = _UFUNCS.get(prim)
         if fn is not None:
-            out = self._elementwise(prim, fn, inputs, attrs)
+            if prim is Prim.WHERE:
+                out = self._where(inputs, attrs)
+            else:
+                out = self._elementwise(prim, fn, inputs, attrs)
             if out is not None:
                 return out
         if prim is Prim.STOP_GRADIENT:
@@ -136,35 +139,34 @@ class EagerOps:
         a = x._payload
         if type(a) is not np.ndarray:
             return None
-        if prim is Prim.WHERE:
-            return self._where(inputs, attrs)
+        dtype = aval.dtype
         if len(inputs) == 2:
             other = inputs[1]
             o_aval = other.aval
-            if o_aval is not aval and (
-                o_aval.shape != aval.shape or o_aval.dtype is not aval.dtype
-            ):
+            if o_aval is not aval and (o_aval.shape != aval.shape or o_aval.dtype is not dtype):
                 return None
             args: tuple[Any, ...] = (a, other._payload)
             if type(args[1]) is not np.ndarray:
                 return None
-        elif prim in UNARY:
-            if prim in FLOAT_ONLY_UNARY and not aval.dtype.is_float:
-                return None
-            args = (a,)
         else:
             scalars = attrs.get("scalars")
-            if scalars is None or len(scalars) != 2:
-                return None
-            first, second = scalars
-            s = second if first is None else first
-            if type(s) is not aval.dtype.numpy.type:
-                return None
-            args = (a, s) if first is None else (s, a)
-        dtype = aval.dtype
-        if prim is Prim.DIV and not dtype.is_float:
-            fn = reference.divide
-        if STATE.quiet or prim in _NEVER_FLAGS or not dtype.is_float:
+            if scalars is None:
+                if prim not in UNARY or (prim in FLOAT_ONLY_UNARY and not dtype.is_float):
+                    return None
+                args = (a,)
+            else:
+                if len(scalars) != 2:
+                    return None
+                first, second = scalars
+                s = second if first is None else first
+                if type(s) is not dtype.numpy.type:
+                    return None
+                args = (a, s) if first is None else (s, a)
+        if not dtype.is_float:
+            if prim is Prim.DIV:
+                fn = reference.divide
+            value = fn(*args)
+        elif STATE.quiet or prim in _NEVER_FLAGS:
             value = fn(*args)
         else:
             value = _quiet_call(fn, *args)
