@@ -60,9 +60,12 @@ def plan_einsum(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -
             a = a.sum(axis=sum_a)
         if sum_b:
             b = b.sum(axis=sum_b)
-        a3 = a.transpose(perm_a).reshape(nb, nfa, nk)
-        b3 = b.transpose(perm_b).reshape(nb, nk, nfb)
-        c: Array = np.matmul(a3, b3).reshape(result_shape)
+        if nb == 1:  # a plain 2-D product (NumPy's stacked matmul loop is not needed)
+            a2 = a.transpose(perm_a).reshape(nfa, nk)
+            c: Array = np.matmul(a2, b.transpose(perm_b).reshape(nk, nfb)).reshape(result_shape)
+        else:
+            a3 = a.transpose(perm_a).reshape(nb, nfa, nk)
+            c = np.matmul(a3, b.transpose(perm_b).reshape(nb, nk, nfb)).reshape(result_shape)
         return c if identity_out else c.transpose(perm_out)
 
     return run
