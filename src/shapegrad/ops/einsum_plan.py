@@ -30,6 +30,14 @@ def _size(shape: tuple[int, ...]) -> int:
     return n
 
 
+def einsum_macs(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> int:
+    """Multiply-adds of the contraction: the product of every letter's size."""
+    lhs = spec.split("->")[0]
+    ta, tb = lhs.split(",")
+    size = dict(zip(ta, shape_a, strict=True)) | dict(zip(tb, shape_b, strict=True))
+    return _size(tuple(size.values()))
+
+
 def plan_einsum(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> Plan:
     """A function computing ``np.einsum(spec, a, b)`` for operands of these shapes."""
     lhs, out = spec.split("->")

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad.dtypes import DType
-from shapegrad.ops.einsum_plan import Plan, plan_einsum
+from shapegrad.ops.einsum_plan import einsum_macs, plan_einsum
 from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
@@ -205,22 +205,42 @@ def _collective(prim: Prim, x: Array, attrs: Attrs) -> Array:
     return out
 
 
-_EINSUM_PLANS: dict[tuple[str, tuple[int, ...], tuple[int, ...]], Plan] = {}
+# Small products run a plan (``einsum_plan.py``): there np.einsum's per-call parsing is
+# most of the time. Large ones keep np.einsum with a cached path: with OpenBLAS threads on
+# a busy machine, the plan's np.matmul measured 2x slower on the 784-512-512-10 MLP step
+# than np.einsum's own route to BLAS, for reasons not pinned down; at one thread they tie.
+PLAN_MAX_MACS = 1 << 16
+_EINSUM_PLANS: dict[tuple[str, tuple[tuple[int, ...], ...]], Any] = {}
 
 
 def _einsum(spec: str, args: Sequence[Array]) -> Array:
-    """A two-operand float einsum runs its plan (one batched matmul through BLAS, planned
-    once per spec and shapes: see ``einsum_plan.py``); other einsums go to np.einsum."""
-    if len(args) != 2 or args[0].dtype.kind != "f" or args[1].dtype != args[0].dtype:
+    """np.einsum, planned once per (spec, shapes): a small two-operand float product runs
+    its plan (one matmul on reshaped views); the rest np.einsum with a computed path."""
+    if len(args) < 2:
         return np.asarray(np.einsum(spec, *args))
-    a, b = args
-    key = (spec, a.shape, b.shape)
+    key = (spec, tuple(a.shape for a in args))
     plan = _EINSUM_PLANS.get(key)
     if plan is None:
         if len(_EINSUM_PLANS) > 4096:
             _EINSUM_PLANS.clear()
-        plan = _EINSUM_PLANS[key] = plan_einsum(spec, a.shape, b.shape)
-    return plan(a, b)
+        a, b = args[0], args[-1]
+        small = (
+            len(args) == 2
+            and a.dtype.kind == "f"
+            and b.dtype == a.dtype
+            and einsum_macs(spec, a.shape, b.shape) <= PLAN_MAX_MACS
+        )
+        if small:
+            plan = plan_einsum(spec, a.shape, b.shape)
+        else:
+            plan = np.einsum_path(spec, *args, optimize="greedy")[0]
+        _EINSUM_PLANS[key] = plan
+    if callable(plan) and args[0].dtype.kind == "f" and args[1].dtype == args[0].dtype:
+        result: Array = plan(args[0], args[1])
+        return result
+    if callable(plan):  # same shapes, other dtypes: NumPy's own einsum
+        return np.asarray(np.einsum(spec, *args))
+    return np.asarray(np.einsum(spec, *args, optimize=plan))
 
 
 def _broadcast_in_dim(x: Array, shape: Sequence[int], dims: Sequence[int]) -> Array:
