@@ -27,22 +27,17 @@ def test_large_select_is_bit_identical_to_np_where(dtype: Any) -> None:
     b = RNG.standard_normal(n).astype(dtype)
     if dtype != np.int32:
         a[:5] = [np.nan, np.inf, -0.0, -np.inf, 0.0]
-    mask = RNG.random(n) < 0.5
     zero, neg_zero = dtype(0), dtype(-0.0) if dtype != np.int32 else dtype(0)
-    cases = [
-        (a, b),
-        (a, dtype(3)),
-        (dtype(2), b),
-        (a, zero),
-        (zero, a),
-        (a, neg_zero),
-        (dtype(1), neg_zero),
-    ]
-    cases.append((np.broadcast_to(a[:1], (n,)), b))  # a zero-stride view
-    for x, y in cases:
-        got, expected = select(mask, x, y), np.where(mask, x, y)
-        assert got.dtype == expected.dtype and got.shape == expected.shape
-        assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(expected).tobytes()
+    cases = [(a, b), (a, dtype(3)), (dtype(2), b), (a, zero), (zero, a), (a, neg_zero)]
+    cases += [(dtype(1), neg_zero), (neg_zero, b)]
+    cases.append((np.broadcast_to(a[:1], (n,)), b))  # zero-stride views ...
+    cases.append((a, np.broadcast_to(zero, (n,))))  # ... of a zero too (the one-AND form)
+    # random, all-False (a max's tie mask: one branch, no blend) and all-True masks
+    for mask in (RNG.random(n) < 0.5, np.zeros(n, bool), np.ones(n, bool)):
+        for x, y in cases:
+            got, expected = select(mask, x, y), np.where(mask, x, y)
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(expected).tobytes()
     # and through the op, with gradients
     x = sg.tensor(a.astype(np.float64) if dtype != np.int32 else a)
     np.testing.assert_array_equal(

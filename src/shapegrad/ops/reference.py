@@ -77,15 +77,35 @@ def select(cond: Array, a: Any, b: Any) -> Array:
     ):
         chosen: Array = np.where(cond, a, b)
         return chosen
+    # A uniform mask (a max's tie mask is all False on real data) takes one branch: a
+    # read-only view, no pass over the data beyond the (early-exit) any/all.
+    if not cond.any():
+        return np.broadcast_to(b_arr, cond.shape)
+    if cond.all():
+        return np.broadcast_to(a_arr, cond.shape)
+    a_scalar, b_scalar = _as_scalar(a_arr), _as_scalar(b_arr)
     mask = cond.view(np.uint8).astype(uint)  # 0 or 1 ...
-    np.negative(mask, out=mask)  # ... 0 or all ones
-    a_bits, b_bits = a_arr.view(uint), b_arr.view(uint)
-    if b_arr.ndim == 0 and not b_bits:  # where(c, x, 0), a gradient's usual form: x & mask
-        np.bitwise_and(mask, a_bits, out=mask)
-    else:
-        np.bitwise_and(mask, np.bitwise_xor(a_bits, b_bits), out=mask)
+    if b_scalar is not None and not b_scalar.view(uint):  # where(c, x, 0): x & -c
+        np.negative(mask, out=mask)
+        np.bitwise_and(mask, a_arr.view(uint), out=mask)
+    elif a_scalar is not None and not a_scalar.view(uint):  # where(c, 0, x): x & (c - 1)
+        np.subtract(mask, uint(1), out=mask)
+        np.bitwise_and(mask, b_arr.view(uint), out=mask)
+    else:  # b ^ ((a ^ b) & -c)
+        np.negative(mask, out=mask)
+        b_bits = b_arr.view(uint)
+        np.bitwise_and(mask, np.bitwise_xor(a_arr.view(uint), b_bits), out=mask)
         np.bitwise_xor(mask, b_bits, out=mask)
     return mask.view(dtype)
+
+
+def _as_scalar(x: Array) -> Array | None:
+    """``x`` as a 0-d array when it holds one value (0-d, or broadcast with zero strides)."""
+    if x.ndim == 0:
+        return x
+    if not any(x.strides):
+        return np.asarray(x[(0,) * x.ndim])
+    return None
 
 
 def random_uniform(shape: Sequence[int], seed: int, dtype: DType) -> Array:
