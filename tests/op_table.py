@@ -305,6 +305,8 @@ def nn_cases() -> list[Case]:
     for kind, op in (("max", sg.max_pool2d), ("avg", sg.avg_pool2d)):
         for label, shape, kernel, stride, pad in [
             ("k2", (1, 2, 4, 6), 2, None, 0),
+            ("k2crop", (2, 2, 5, 7), 2, None, 0),  # windows tile a cropped input
+            ("k2p1", (1, 2, 5, 6), 2, 2, 1),  # ... a padded one
             ("k3s2p1", (2, 1, 5, 5), 3, 2, 1),
             ("rect", (1, 1, 5, 4), (2, 3), (1, 2), (1, 0)),
         ]:

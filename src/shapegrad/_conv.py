@@ -125,6 +125,28 @@ def _pool_setup(
     return kernel, strides, pads, _out_size(op, x, kernel, strides, pads)
 
 
+def _tiles(
+    x: Tensor,
+    kernel: tuple[int, int],
+    padding: tuple[int, int],
+    out: tuple[int, int],
+    fill: float,
+) -> Tensor:
+    """``[N, C, Ho, kh, Wo, kw]``: the windows of a pooling whose stride is its kernel.
+
+    Non-overlapping windows tile the (padded, cropped) input, so they are a reshape of
+    it, a view: no strided slices, and a backward pass that is elementwise instead of
+    the strided slices' interleaving scatter (pads and div/mod indexing per window).
+    """
+    n, c = x.shape[0], x.shape[1]
+    (ph, pw), (kh, kw), (ho, wo) = padding, kernel, out
+    if ph or pw:
+        x = p.pad(x, [0, 0, ph, pw], [0, 0, ph, pw], value=fill)
+    if x.shape[2] != ho * kh or x.shape[3] != wo * kw:
+        x = p.slice_(x, [0, 0, 0, 0], [n, c, ho * kh, wo * kw], [1, 1, 1, 1])
+    return p.reshape(x, [n, c, ho, kh, wo, kw])
+
+
 def _lowest(x: Tensor) -> float:
     """The dtype's lowest finite value: a padding that never wins and never trips check_numerics."""
     numpy_dtype: Any = x.dtype.numpy
@@ -144,6 +166,8 @@ def max_pool2d(
         (1, 1, 2, 2)
     """
     kernel, strides, pads, out = _pool_setup("max_pool2d", x, kernel_size, stride, padding)
+    if strides == kernel:
+        return p.reduce_max(_tiles(x, kernel, pads, out, _lowest(x)), [3, 5])
     cols = _patches(x, kernel, strides, pads, out, _lowest(x))
     return p.reduce_max(cols, [2])
 
@@ -159,5 +183,8 @@ def avg_pool2d(
         (1, 1, 2, 2)
     """
     kernel, strides, pads, out = _pool_setup("avg_pool2d", x, kernel_size, stride, padding)
-    cols = _patches(x, kernel, strides, pads, out, 0.0)
-    return p.reduce_sum(cols, [2]) / float(kernel[0] * kernel[1])
+    if strides == kernel:
+        total = p.reduce_sum(_tiles(x, kernel, pads, out, 0.0), [3, 5])
+    else:
+        total = p.reduce_sum(_patches(x, kernel, strides, pads, out, 0.0), [2])
+    return total / float(kernel[0] * kernel[1])

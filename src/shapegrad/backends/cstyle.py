@@ -16,9 +16,21 @@ Every statement class of the loop IR has a rule here or in the subclass
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.segments import segments, specialize, substitute_var, unrolls
+from shapegrad.compiler.segments import (
+    div_split,
+    is_presplit,
+    presplit,
+    rebase,
+    segments,
+    specialize,
+    split_var,
+    substitute_var,
+    unrolls,
+    window_rows,
+)
 from shapegrad.dtypes import DType
 
 # C spellings shared by C and CUDA; a subclass may override entries (CUDA: float16 -> __half).
@@ -239,6 +251,22 @@ class CStyleRenderer:
                 self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
                 self.emit(depth, "}")
             return
+        if not is_presplit(s.var) and (parts := presplit(s)) is not None:
+            self.stmts(parts, depth, parallel_ok)  # div/mod indexing resolved inside out
+            return
+        if (window := window_rows(s)) is not None:
+            self.window_row(s, window, depth)
+            return
+        d = div_split(s)
+        if d is not None:  # v // d and v % d in the indices: run v as d*outer + r, r unrolled
+            outer = L.Var(f"{v}_{d}", s.var.extent // d)
+            self.emit(depth, f"for (int64_t {outer} = 0; {outer} < {outer.extent}; ++{outer}) {{")
+            for r in range(d):
+                self.emit(depth + 1, f"{{ /* {v} = {d}*{outer} + {r} */")
+                self.stmts(split_var(s.body, s.var, outer, d, r), depth + 2, parallel_ok)
+                self.emit(depth + 1, "}")
+            self.emit(depth, "}")
+            return
         segs = segments(s)
         if segs is None:
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
@@ -246,9 +274,37 @@ class CStyleRenderer:
             self.emit(depth, "}")
             return
         for lo, hi in segs:
+            body = specialize(s.body, s.var, lo, hi)
+            sub = rebase(body, s.var, lo, hi) if div_split(s) is None else None
+            if sub is not None:  # a v % d left on this segment: split it from its start
+                self.loop(replace(sub, kind=s.kind), depth, parallel_ok)
+                continue
             self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
-            self.stmts(specialize(s.body, s.var, lo, hi), depth + 1, parallel_ok)
+            self.stmts(body, depth + 1, parallel_ok)
             self.emit(depth, "}")
+
+    def window_row(self, s: L.Loop, r: L.Reduce, depth: int) -> None:
+        """``for v: acc = reduce(window); store`` as a row of accumulators (``window_rows``):
+        the loop over outputs becomes the inner loop, which vectorizes."""
+        v, n, t = s.var.name, s.var.extent, self.type_name(r.init.dtype)
+        row = f"{r.name}_row"
+        e = self.emit
+        e(depth, "{")
+        e(depth + 1, f"{t} {row}[{n}];")
+        e(depth + 1, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {row}[{v}] = {self.expr(r.init)};")
+        d = depth + 1
+        for w in r.vars:
+            e(d, f"for (int64_t {w.name} = 0; {w.name} < {w.extent}; ++{w.name})")
+            d += 1
+        step = self.binary(r.op, r.value.dtype, f"{row}[{v}]", self.expr(r.value))
+        e(d, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {row}[{v}] = {step};")
+        e(depth + 1, f"for (int64_t {v} = 0; {v} < {n}; ++{v}) {{")
+        e(depth + 2, f"{t} {r.name} = {row}[{v}];")
+        store = s.body[1]
+        assert isinstance(store, L.Store)
+        e(depth + 2, self.store(store))
+        e(depth + 1, "}")
+        e(depth, "}")
 
     def store(self, s: L.Store) -> str:
         target = f"{s.buffer}[{self.affine(s.index)}]"
@@ -322,6 +378,7 @@ class CStyleRenderer:
 
     def collective(self, s: L.Collective, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__}: no rule for collectives")
+
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         raise NotImplementedError(
             f"{type(self).__name__}: layer loops (sg.scan / sg.checkpoint) are not supported by "

@@ -178,12 +178,14 @@ def unflatten(flat: Affine, shape: tuple[int, ...]) -> tuple[Affine, ...]:
     return tuple(out)
 
 
-def substitute(a: Affine, var: Var, value: int) -> Affine:
-    """``a`` with ``var`` replaced by the constant ``value`` (div/mod atoms re-simplified)."""
+def substitute(a: Affine, var: Var, value: int | Affine) -> Affine:
+    """``a`` with ``var`` replaced by ``value`` (a constant or an affine expression, e.g.
+    ``2*outer + inner`` when a loop is split), div/mod atoms re-simplified."""
+    value = const(value) if isinstance(value, int) else value
     out = Affine((), a.const)
     for atom, coef in a.terms:
         if atom == var:
-            out = out + coef * value
+            out = out + value * coef
         elif isinstance(atom, DivMod):
             inner = substitute(atom.inner, var, value)
             part = mod(inner, atom.divisor) if atom.is_mod else floordiv(inner, atom.divisor)
@@ -191,3 +193,59 @@ def substitute(a: Affine, var: Var, value: int) -> Affine:
         else:
             out = out + Affine.of(atom, coef)
     return out
+
+
+def divmods_of(a: Affine) -> Iterator[DivMod]:
+    """Every floordiv/mod atom in ``a``, nested ones included."""
+    for atom in a.atoms():
+        if isinstance(atom, DivMod):
+            yield atom
+            yield from divmods_of(atom.inner)
+
+
+def mentions(a: Affine, v: Var) -> bool:
+    """Whether ``v`` occurs in ``a``, directly or inside a floordiv/mod."""
+    return any(
+        atom == v or (isinstance(atom, DivMod) and mentions(atom.inner, v)) for atom in a.atoms()
+    )
+
+
+def resolve(a: Affine, v: Var, lo: int, hi: int) -> Affine:
+    """``a`` for ``lo <= v < hi`` only (a segment of ``v``'s loop): every floordiv/mod whose
+    quotient is constant there (its operand's bounds, with ``v`` restricted, stay within
+    one multiple of the divisor) is replaced by an affine expression; innermost first."""
+    out = Affine((), a.const)
+    for atom, coef in a.terms:
+        if not isinstance(atom, DivMod):
+            out = out + Affine.of(atom, coef)
+            continue
+        inner, d = resolve(atom.inner, v, lo, hi), atom.divisor
+        whole, rest = _split(inner, d)
+        r_lo, r_hi = _bounds_in(rest, v, lo, hi)
+        if r_lo // d == r_hi // d:
+            q = r_lo // d
+            part = rest + (-d * q) if atom.is_mod else whole + q
+        else:
+            part = mod(inner, d) if atom.is_mod else floordiv(inner, d)
+        out = out + part * coef
+    return out
+
+
+def _bounds_in(a: Affine, v: Var, lo: int, hi: int) -> tuple[int, int]:
+    """Inclusive bounds of ``a`` with ``v`` in ``[lo, hi)`` and other variables in full."""
+    b_lo = b_hi = a.const
+    for atom, coef in a.terms:
+        if atom == v:
+            x_lo, x_hi = lo, hi - 1
+        elif isinstance(atom, DivMod):
+            i_lo, i_hi = _bounds_in(atom.inner, v, lo, hi)
+            if atom.is_mod:
+                in_one = i_lo >= 0 and i_hi < atom.divisor
+                x_lo, x_hi = (i_lo, i_hi) if in_one else (0, atom.divisor - 1)
+            else:
+                x_lo, x_hi = i_lo // atom.divisor, i_hi // atom.divisor
+        else:
+            x_lo, x_hi = _atom_bounds(atom)
+        b_lo += min(coef * x_lo, coef * x_hi)
+        b_hi += max(coef * x_lo, coef * x_hi)
+    return b_lo, b_hi
