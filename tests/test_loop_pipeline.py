@@ -62,6 +62,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "place_state_updates",
+        "fuse_elementwise_kernels",
         "pack_arena",
         "assign_slots",
     ]
@@ -69,6 +70,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",
+        "fuse_elementwise_kernels",
     }
 
 

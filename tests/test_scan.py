@@ -3,6 +3,7 @@ one copy of the body in the generated C whatever the depth; ``step_many`` over a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -151,8 +152,8 @@ def _source(layers: int) -> str:
 
 def test_generated_source_does_not_grow_with_depth() -> None:
     small, deep = _source(2), _source(64)
-    # same kernels, only the loop bounds and buffer sizes differ
-    assert abs(len(deep) - len(small)) < 0.01 * len(small)
+    # same kernels, only the loop bounds, offsets and buffer sizes (the numbers) differ
+    assert re.sub(r"[0-9]+", "N", deep) == re.sub(r"[0-9]+", "N", small)
     definition = "char *restrict arena) {"
     assert small.count(definition) == deep.count(definition) == 3  # sg_body + forward + reverse
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.fusion import FusionPlan
-from shapegrad.dtypes import bool_, int32
+from shapegrad.dtypes import DType, bool_, int32
 from shapegrad.ir import Node
 from shapegrad.ops.protocol import BINARY, UNARY, Prim
 
@@ -60,12 +60,74 @@ def flat_index(ix: Ix, shape: tuple[int, ...]) -> L.Affine:
     return ix.flat if isinstance(ix, FlatIx) else L.flatten(ix, shape)
 
 
-class ExprBuilder:
-    """Expands a node's value at an index: loads for materialized nodes, inline math otherwise."""
+# ln of the smallest normal float per type: below it exp's result is denormal or zero.
+_EXP_NORMAL_FLOOR = {"float32": -87.33, "float64": -708.39}
 
-    def __init__(self, plan: FusionPlan, names: dict[int, str]) -> None:
+
+def exp_flushing_denormals(dtype: DType, x: L.Expr) -> L.Expr:
+    """``exp(x)``, but 0 where the result would be denormal (``x`` below ln of the smallest
+    normal, ``T``), and the math library never sees such an argument.
+
+    Why: glibc's vector ``expf``/``exp`` (libmvec) runs a scalar fallback for a whole vector
+    when one lane is out of its fast range; masked attention scores (-FLT_MAX) put such a
+    lane in nearly every vector and made the softmax exp 6x slower. The form is
+    ``exp(select(x < T, 0, x) + T*[x-T < 0]) * [0 <= x-T]``, with no select around the call:
+    gcc computes a vector call under a select with the discarded lanes left as they were
+    (the raw ``x``), and it moves ``exp`` through a select of its argument; the two
+    differently written tests keep it from proving the argument equal to ``x``.
+    Exact for ``x >= T`` (``x + (-0.0) == x``); below it the result differs by less than the
+    smallest normal (1.2e-38 in float32); ``-inf`` gives 0, NaN stays NaN, ``+inf`` gives inf.
+    """
+    floor = L.Const(dtype, _EXP_NORMAL_FLOOR[dtype.name])
+    zero = L.Const(dtype, 0.0)
+    shifted = L.Binary(dtype, "sub", x, floor)
+    held = L.Select(dtype, L.Binary(bool_, "lt", x, floor), zero, x)
+    below = L.Cast(dtype, L.Binary(bool_, "lt", shifted, zero))
+    arg = L.Binary(dtype, "add", held, L.Binary(dtype, "mul", floor, below))
+    kept = L.Cast(dtype, L.Binary(bool_, "le", zero, shifted))
+    return L.Binary(dtype, "mul", L.Unary(dtype, "exp", arg), kept)
+
+
+def _reshape_groups(
+    old: tuple[int, ...], new: tuple[int, ...]
+) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """Matching axis ranges ``((old_lo, old_hi), (new_lo, new_hi))`` of equal size that a
+    row-major reshape maps onto each other, or None (empty shapes)."""
+    if 0 in old or 0 in new:
+        return None
+    groups = []
+    i = j = 0
+    while i < len(old) or j < len(new):
+        i0, j0 = i, j
+        a = b = 1
+        while True:
+            if a <= b and i < len(old):
+                a *= old[i]
+                i += 1
+            elif j < len(new):
+                b *= new[j]
+                j += 1
+            else:
+                break
+            if a == b and (i == len(old) or old[i] != 1 or j == len(new) or new[j] != 1):
+                break
+        if a != b:
+            return None
+        groups.append(((i0, i), (j0, j)))
+    return groups
+
+
+class ExprBuilder:
+    """Expands a node's value at an index: loads for materialized nodes, inline math otherwise.
+
+    With ``flush_exp`` (a target's ``exp_flush_denormal``) ``exp`` is expanded by
+    :func:`exp_flushing_denormals`.
+    """
+
+    def __init__(self, plan: FusionPlan, names: dict[int, str], flush_exp: bool = False) -> None:
         self.plan = plan
         self.names = names
+        self.flush_exp = flush_exp
         self.subst: dict[int, Callable[[Ix], L.Expr]] = {}
         self.inlined: dict[int, Node] = {}
 
@@ -88,7 +150,10 @@ class ExprBuilder:
         self.inlined[node.id] = node
         prim, ins = node.prim, node.inputs
         if prim in UNARY:
-            return L.Unary(dtype, _UNARY_OPS[prim], self.value(ins[0], ix))
+            x = self.value(ins[0], ix)
+            if prim is Prim.EXP and self.flush_exp and dtype.name in _EXP_NORMAL_FLOOR:
+                return exp_flushing_denormals(dtype, x)
+            return L.Unary(dtype, _UNARY_OPS[prim], x)
         if prim in BINARY:
             a, b = self.value(ins[0], ix), self.value(ins[1], ix)
             return L.Binary(dtype, _BINARY_OPS[prim], a, b)
@@ -112,6 +177,16 @@ class ExprBuilder:
                 kept = iter([i for i, d in zip(ix, node.shape, strict=True) if d != 1])
                 inner = tuple(L.const(0) if d == 1 else next(kept) for d in ins[0].shape)
                 return self.value(ins[0], inner)
+            groups = None if ins[0].id in self.names else _reshape_groups(ins[0].shape, node.shape)
+            if not isinstance(ix, FlatIx) and groups is not None:
+                # A layout view below: split/merge axis groups one by one, so an index
+                # component never leaks into another group's div/mod (a merged head axis
+                # of attention stays exact in batch and time).
+                inner_ix: list[L.Affine] = []
+                for (o0, o1), (n0, n1) in groups:
+                    flat = L.flatten(ix[n0:n1], node.shape[n0:n1])
+                    inner_ix.extend(L.unflatten(flat, ins[0].shape[o0:o1]))
+                return self.value(ins[0], tuple(inner_ix))
             return self.value(ins[0], FlatIx(flat_index(ix, node.shape)))
         return self._layout(node, multi_index(ix, node.shape))
 

@@ -99,7 +99,7 @@ def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
     order = graph.nodes()
     for node in order:
         plan.cost[node.id] = _own_cost(node) + sum(
-            plan.cost[i.id] for i in node.inputs if i.id not in plan.materialized
+            plan.cost[i.id] for i in set(node.inputs) if i.id not in plan.materialized
         )
         if _must_materialize(node, users.get(node.id, []), outputs, plan.cost[node.id], target):
             plan.materialized.add(node.id)

@@ -160,6 +160,10 @@ class KernelBuilder:
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------
+    def expr_builder(self) -> ExprBuilder:
+        """An expression builder for one kernel, with this target's expansion choices."""
+        return ExprBuilder(self.plan, self.names, self.target.exp_flush_denormal)
+
     def fresh(self, extent: int, prefix: str = "i") -> L.Var:
         self._var_count += 1
         return L.Var(f"{prefix}{self._var_count}", extent)
@@ -240,14 +244,14 @@ class KernelBuilder:
             self.emit_concat(node, dst)
             return
         size = size_of(node.shape)
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         v = self.fresh(size)
         value = ex.expand(node, FlatIx(L.var(v)))
         if not _has_divmod(value):
             body: tuple[L.Stmt, ...] = (L.Loop(v, "parallel", (L.Store(dst, L.var(v), value),)),)
             self.add(node, body, size * max(1, self.plan.cost.get(node.id, 1)), ex)
             return
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         vars_ = [self.fresh(d) for d in node.shape]
         index = tuple(L.var(x) for x in vars_)
         stmt: L.Stmt = L.Store(dst, L.flatten(index, node.shape), ex.expand(node, index))
@@ -256,7 +260,7 @@ class KernelBuilder:
     def emit_concat(self, node: Node, dst: str) -> None:
         """One loop nest per operand writing its slab: no per-element branch on the part."""
         axis = node.attr["axis"]
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         body: list[L.Stmt] = []
         offset = 0
         for operand in node.inputs:
@@ -273,7 +277,7 @@ class KernelBuilder:
     def emit_reduction(self, root: Node, epilogue: Node | None, dst: str) -> None:
         if root.prim is Prim.EINSUM and self._try_contract(root, epilogue, dst):
             return
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         out_vars = [self.fresh(d) for d in root.shape]
         red_vars, summand = self._summand(root, out_vars, ex)
         op = "max" if root.prim is Prim.REDUCE_MAX else "add"
@@ -369,11 +373,11 @@ class KernelBuilder:
         if len(root.inputs) != 2 or root.aval.dtype.name not in self.target.contract_dtypes:
             return False
         match = match_contraction(
-            root, ExprBuilder(self.plan, self.names), self.target.contract_min_macs, self._pack
+            root, self.expr_builder(), self.target.contract_min_macs, self._pack
         )
         if match is None:
             return False
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         dtype = root.aval.dtype
         # With an epilogue the product goes to its own temp: ``dst`` is then written once
         # per element, so it may be a state buffer that the epilogue also reads.
@@ -464,7 +468,7 @@ class KernelBuilder:
         sizes = dict(zip(term, operand.shape, strict=True))
         shape = tuple(sizes[c] for c in order)
         dst = self.temp(operand.aval.dtype, size_of(shape), "pack")
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         letter_vars = {c: self.fresh(sizes[c]) for c in order}
         index = tuple(L.var(letter_vars[c]) for c in order)
         value = ex.value(operand, tuple(L.var(letter_vars[c]) for c in term))
@@ -497,7 +501,7 @@ class KernelBuilder:
     def emit_gather(self, node: Node, dst: str) -> None:
         x, idx = node.inputs
         axis = node.attr["axis"]
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         out_vars = [self.fresh(d) for d in node.shape]
         idx_vars = out_vars[axis : axis + len(idx.shape)]
         j = self.fresh(x.shape[axis], "g")
@@ -521,7 +525,7 @@ class KernelBuilder:
     def emit_scatter(self, node: Node, dst: str) -> None:
         updates, idx = node.inputs
         axis = node.attr["axis"]
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         size = node.attr["size"]
         zero_var = self.fresh(size_of(node.shape))
         zero = L.Loop(
@@ -552,7 +556,7 @@ class KernelBuilder:
         comm = node.attr["comm"]
         src = self.names[x.id]
         dtype = node.aval.dtype
-        ex = ExprBuilder(self.plan, self.names)
+        ex = self.expr_builder()
         if comm.size == 1:
             self.add(node, _copy_loop(self.fresh(size_of(node.shape)), src, dst, dtype), 0, ex)
             return

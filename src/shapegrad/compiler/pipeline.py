@@ -5,22 +5,24 @@ twin of the graph ``PIPELINE`` in ``compiler/passes.py``. Every backend that
 renders loop IR calls :func:`lower_program` with its
 :class:`~shapegrad.compiler.target.Target`; nothing else lowers a graph.
 
-=====================  ============================================================
-stage                  what it does
-=====================  ============================================================
-plan_fusion            which values get a buffer, which are recomputed inline, which
-                       reductions take their elementwise consumer as an epilogue
-build_kernels          one kernel of loop IR per materialized value (``lower.py``)
-schedule_outputs_early kernels that only write outputs run right after what they read,
-                       so the temps they read die early (``memory.py``)
-fuse_batch_producers   large batched products build their operand one batch slice at
-                       a time (``batchfuse.py``; optional: ``Target.batch_fusion``)
-hoist_bounds_checks    index checks of program inputs run before any kernel, so a
-                       failing step changes nothing (optional)
-place_state_updates    updated state written in place where safe (``memory.py``)
-pack_arena             temps packed into one arena by liveness (``memory.py``)
-assign_slots           the I/O table: inputs, then outputs, then constants
-=====================  ============================================================
+========================  ==========================================================
+stage                     what it does
+========================  ==========================================================
+plan_fusion               which values get a buffer, which are recomputed inline, which
+                          reductions take their elementwise consumer as an epilogue
+build_kernels             one kernel of loop IR per materialized value (``lower.py``)
+schedule_outputs_early    kernels that only write outputs run right after what they read,
+                          so the temps they read die early (``memory.py``)
+fuse_batch_producers      large batched products build their operand one batch slice at
+                          a time (``batchfuse.py``; optional: ``Target.batch_fusion``)
+hoist_bounds_checks       index checks of program inputs run before any kernel, so a
+                          failing step changes nothing (optional)
+place_state_updates       updated state written in place where safe (``memory.py``)
+fuse_elementwise_kernels  adjacent elementwise kernels over one index space share one
+                          loop nest (``loopfuse.py``; optional)
+pack_arena                temps packed into one arena by liveness (``memory.py``)
+assign_slots              the I/O table: inputs, then outputs, then constants
+========================  ==========================================================
 
 Each stage is a function ``(LoopUnit) -> LoopUnit``; optional stages are skipped
 when the target says so (``Target.runs``). After every stage the program (or the
@@ -43,6 +45,7 @@ from shapegrad.compiler import loops as L
 from shapegrad.compiler.batchfuse import fuse_batch_producers
 from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
+from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
 from shapegrad.compiler.target import Target
@@ -118,6 +121,11 @@ def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_fuse_elementwise_kernels(unit: LoopUnit) -> LoopUnit:
+    fuse_elementwise_kernels(unit.built())
+    return unit
+
+
 def stage_pack_arena(unit: LoopUnit) -> LoopUnit:
     pack_arena(unit.built(), unit.target.alignment)
     return unit
@@ -135,6 +143,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
+    LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),
 ]

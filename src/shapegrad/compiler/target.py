@@ -51,6 +51,11 @@ class Target:
             or ``"tree"`` (split and combined as a tree).
         scatter: how commutative accumulating stores may run: ``"ordered"`` or ``"atomic"``.
         skip_stages: names of optional loop stages this target does not run.
+        exp_flush_denormal: ``exp`` gives 0 where its result would be denormal (argument
+            below ln of the smallest normal: -87.33 in float32) and never hands such an
+            argument to the math library: glibc's vector exp falls back to scalar code for
+            a whole vector when one lane is out of range (masked attention scores made the
+            softmax exp 8x slower). Exact elsewhere; see ``compiler.expand``.
     """
 
     name: str
@@ -70,6 +75,7 @@ class Target:
     reduction: str = "ordered"
     scatter: str = "ordered"
     skip_stages: frozenset[str] = frozenset()
+    exp_flush_denormal: bool = False
 
     def __post_init__(self) -> None:
         if self.reduction not in ("ordered", "tree"):
@@ -99,7 +105,7 @@ class Target:
 # µs/step vs 1.3-1.5 µs with BLAS everywhere); at batch 256 (4096-65536 MACs) BLAS wins
 # (11.4 µs vs 12.5 µs with a 65536 threshold). Batch fusion keeps a CNN's 29 MB im2col
 # patches out of memory (one 451 KB image slice per thread instead).
-C_TARGET = Target(name="c")
+C_TARGET = Target(name="c", exp_flush_denormal=True)
 
 
 # A GPU wants parallelism over cache locality: no row form (it serialises the output row
@@ -116,4 +122,7 @@ CUDA_TARGET = Target(
     alignment=256,
     reduction="tree",
     scatter="atomic",
+    # Not yet run on a GPU: merged elementwise loops are one launch instead of several,
+    # but the CUDA renderer's flattening of them is unmeasured (no GPU in CI).
+    skip_stages=frozenset({"fuse_elementwise_kernels"}),
 )

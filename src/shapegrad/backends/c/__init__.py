@@ -11,7 +11,9 @@ Backend options (``CompileOptions.extra``): ``target`` (a
 ``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
 ``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
 default: where libmvec exists), ``profile``
-(bool: per-kernel wall time, read with ``CExecutable.profile()``).
+(bool: per-kernel wall time, read with ``CExecutable.profile()``), ``flush_denormals``
+(bool, default False: run each call with denormal floats flushed to zero on every thread,
+restoring the caller's floating-point mode after; see ``render_c``).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     hook = stage_dumper(options.debug_dir, options.name) if options.debug_dir else None
     program, _stats = lower_program(graph, c_target(options), safe_name(options.name), hook)
     vector_math = bool(options.get("vector_math", has_vector_math()))
-    return program, render_c(program, bool(options.get("profile", False)), vector_math)
+    flush = bool(options.get("flush_denormals", False))
+    return program, render_c(program, bool(options.get("profile", False)), vector_math, flush)
 
 
 class CBackend:

@@ -48,7 +48,7 @@ _CDEF = """
 int sg_run(void **io, char *arena);
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done);
 extern const char sg_key[];
-void sg_set_threads(int n);
+void sg_set_threads(int n, int adaptive);
 extern double sg_profile[];
 int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
 """
@@ -68,7 +68,7 @@ def load_library(path: str, key: str) -> Any:
     found = ffi().string(lib.sg_key).decode()
     if found != key:
         raise OSError(f"{path}: key {found!r} does not match {key!r}")
-    lib.sg_set_threads(num_threads())
+    lib.sg_set_threads(num_threads(), adaptive_threads())
     _LIBS[key] = lib
     return lib
 
@@ -96,6 +96,13 @@ def num_threads() -> int:
             except ValueError:
                 continue
     return default
+
+
+def adaptive_threads() -> int:
+    """1 unless ``$SHAPEGRAD_ADAPTIVE_THREADS`` is ``0``: each step's OpenMP region then
+    runs with the full team or one thread, whichever was faster over recent calls (see
+    ``render.py``'s prelude). Set it to 0 to always use the full team (timing studies)."""
+    return 0 if os.environ.get("SHAPEGRAD_ADAPTIVE_THREADS", "").strip() == "0" else 1
 
 
 def configure_openmp_waiting() -> None:

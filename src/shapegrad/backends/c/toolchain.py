@@ -25,6 +25,11 @@ tests and users rely on. We keep the parts that are safe for those semantics
 and let reductions vectorize: ``-fno-math-errno -fno-trapping-math
 -fno-signed-zeros -fassociative-math`` (reassociation changes summation order,
 as NumPy's pairwise sums do). FMA contraction is GCC's default (``-ffp-contract=fast``).
+``-fvect-cost-model=dynamic`` (``-O3``'s model; ``-O2`` uses "very cheap"): a loop that
+calls a vector ``tanhf`` and then evaluates a long expression (GELU's merged backward loop
+in the transformer's layer loop) stays scalar under the very-cheap model; with it the
+charlm layer-loop step went from 98 to 67 ms CPU per step, the unrolled one unchanged,
+compile CPU time within 2%.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from shapegrad._version import __version__
 
 DEFAULT_CFLAGS = (
     "-O2 -ftree-vectorize -fpeel-loops -march=native -fopenmp -fno-math-errno -fno-trapping-math "
-    "-fno-signed-zeros -fassociative-math -fno-semantic-interposition"
+    "-fno-signed-zeros -fassociative-math -fno-semantic-interposition -fvect-cost-model=dynamic"
 )
 _VERSION = __version__
 

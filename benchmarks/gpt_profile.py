@@ -1,0 +1,115 @@
+"""Per-kernel profile of the charlm (GPT) training step, compiled C.
+
+Run: ``SHAPEGRAD_NUM_THREADS=1 python benchmarks/gpt_profile.py [--top 15] [--steps 20]``
+
+Builds ``depth.py``'s charlm step (unrolled blocks, AdamW) through ``ScalarTrainer``
+with ``profile=True`` forced on the C backend, runs ``--steps`` steps and prints the
+kernels ranked by time (ms per step), with their root op, and the step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import shapegrad as sg
+import shapegrad.backends.c as cback
+from shapegrad.backends.c.executable import CExecutable
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--no-profile", action="store_true", help="time the step only")
+    parser.add_argument("--loop", action="store_true", help="blocks as one layer loop (sg.scan)")
+    args = parser.parse_args()
+
+    made: list[CExecutable] = []
+    if not args.no_profile:
+        render = cback.render_c
+        cback.render_c = lambda program, profile=False, vm=False: render(program, True, vm)  # type: ignore[assignment]
+    init = CExecutable.__init__
+
+    def record(self: CExecutable, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        made.append(self)
+
+    CExecutable.__init__ = record  # type: ignore[method-assign]
+
+    from shapegrad.nn.transformer import (
+        BlockStack,
+        block_init,
+        embed,
+        transformer_block,
+        transformer_stack,
+    )
+
+    vocab, d, blocks, heads, t, bsz, k = 94, 128, 2, 4, 64, 32, 10
+    rng = np.random.default_rng(2)
+    xs = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
+    ys = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
+    params = {
+        "tokens": sg.tensor((rng.normal(size=(vocab, d)) * 0.02).astype(np.float32)),
+        "positions": sg.tensor((rng.normal(size=(t, d)) * 0.01).astype(np.float32)),
+        "blocks": BlockStack.init(block_init(0.02), seed=0, layers=blocks, d=d, f=4 * d),
+        "ln_w": sg.ones(d),
+        "ln_b": sg.zeros(d),
+    }
+
+    def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
+        h = embed(p["tokens"], p["positions"], ids)
+        if args.loop:
+            h = transformer_stack(p["blocks"], h, heads, causal=True, loop=True, remat=False)
+        for i in range(0 if args.loop else blocks):
+            h = transformer_block([w[i] for w in p["blocks"]], h, heads, causal=True)
+        h = sg.layer_norm(h, p["ln_w"], p["ln_b"])
+        logits = h @ p["tokens"].T
+        return sg.cross_entropy(logits.reshape((-1, vocab)), targets.reshape((-1,)))
+
+    trainer = sg.ScalarTrainer(
+        loss, params, mode="compiled", backend="c", optimizer=sg.optim.AdamW(lr=1e-3)
+    )
+    t0 = time.perf_counter()
+    first = trainer.step_many(xs, ys)
+    print(f"first call {time.perf_counter() - t0:.2f} s; losses {first[0]:.4f} .. {first[-1]:.4f}")
+    exe = made[-1]
+    if not args.no_profile:
+        base = {name: s for name, _, s in exe.profile()}
+    rounds = max(1, args.steps // k)
+    best = cpu = float("inf")
+    for _ in range(rounds):
+        t0, c0 = time.perf_counter(), time.process_time()
+        trainer.step_many(xs, ys)
+        best = min(best, (time.perf_counter() - t0) / k)
+        cpu = min(cpu, (time.process_time() - c0) / k)
+    # CPU time (one thread) is what a busy machine disturbs least: compare it across runs
+    print(f"step: {best * 1e3:.2f} ms wall, {cpu * 1e3:.2f} ms CPU (best of {rounds} x {k} steps)")
+    if args.no_profile:
+        return
+    prof = [(name, root, (s - base[name]) / (rounds * k)) for name, root, s in exe.profile()]
+    work = {kern.name: kern.work for kern in exe.program.kernels}
+    total = sum(p[2] for p in prof)
+    print(f"kernels: {len(prof)}, profiled total {total * 1e3:.2f} ms/step")
+    by_op: dict[str, float] = {}
+    for _, root, s in prof:
+        op = root.split("%")[0]
+        by_op[op] = by_op.get(op, 0.0) + s
+    shown = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in sorted(by_op.items(), key=lambda p: -p[1]))
+    print(f"by root op (ms/step): {shown}")
+    for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
+        rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
+        print(
+            f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Loop fusion: back-to-back elementwise kernels over the same index space become one loop.
+
+Fusion (``compiler/fusion.py``) decides which values get a buffer; a value that several
+kernels read (GELU's ``tanh``, kept for the backward pass; an optimizer's new moment,
+read by the parameter update) gets its own kernel, and every kernel that reads it
+streams it back from memory. When such kernels run one after the other over the same
+index space, :func:`fuse_elementwise_kernels` merges them into one loop nest whose body
+holds all their stores in order: each element is stored and, in the same iteration,
+read back by the next statement (the C compiler keeps it in a register), so the data
+crosses memory once instead of once per kernel. AdamW's moment and parameter updates
+become one pass per parameter, GELU's forward and backward one pass each.
+
+Merging is exact (same statements, same order per element) when every buffer written by
+the merged kernels is only ever accessed at one index expression: then iteration ``p``
+of the merged loop touches exactly the elements that iteration ``p`` of each original
+loop touched, and no other iteration touches them. Loads of buffers nobody in the
+group writes may use any index (broadcast biases, gathers of earlier results).
+
+A merged loop may then store temps that no other kernel touches (the intermediate
+products of GELU's backward, materialized only because several kernels read them):
+:func:`forward_private_temps` replaces their loads by the stored expression and drops
+the store and the buffer, so they never reach memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from shapegrad.compiler import loops as L
+
+MAX_GROUP = 6  # kernels per merged loop: beyond this the body's registers spill
+MAX_FORWARDED_NODES = 160  # expression size up to which a private temp is recomputed inline
+
+
+def _nest(kernel: L.Kernel) -> tuple[list[L.Var], tuple[L.Store, ...]] | None:
+    """(loop variables outermost first, stores) of a plain parallel nest of plain stores."""
+    if len(kernel.body) != 1 or not isinstance(kernel.body[0], L.Loop):
+        return None
+    vars_: list[L.Var] = []
+    body: tuple[L.Stmt, ...] = kernel.body
+    while len(body) == 1 and isinstance(body[0], L.Loop):
+        loop = body[0]
+        if loop.kind != "parallel":
+            return None
+        vars_.append(loop.var)
+        body = loop.body
+    if not body or not all(isinstance(s, L.Store) and s.accumulate is None for s in body):
+        return None
+    return vars_, tuple(s for s in body if isinstance(s, L.Store))
+
+
+def _subst(a: L.Affine, mapping: dict[L.Var, L.Affine]) -> L.Affine:
+    """``a`` with each variable in ``mapping`` replaced by its affine value."""
+    out = L.const(a.const)
+    for atom, coef in a.terms:
+        if isinstance(atom, L.Var):
+            out = out + mapping.get(atom, L.var(atom)) * coef
+        else:
+            inner = _subst(atom.inner, mapping)
+            part = L.mod(inner, atom.divisor) if atom.is_mod else L.floordiv(inner, atom.divisor)
+            out = out + part * coef
+    return out
+
+
+def _rebind(stores: tuple[L.Store, ...], mapping: dict[L.Var, L.Affine]) -> tuple[L.Store, ...]:
+    """``stores`` with their loop variables replaced (indices, iota values, ranges)."""
+
+    def expr(e: L.Expr) -> L.Expr:
+        if isinstance(e, L.Load | L.IndexValue | L.InRange):
+            return replace(e, index=_subst(e.index, mapping))
+        if isinstance(e, L.Random):
+            return replace(e, counter=_subst(e.counter, mapping))
+        return e
+
+    out = []
+    for s in stores:
+        mapped = L.map_stmt(s, expr)
+        assert isinstance(mapped, L.Store)
+        out.append(replace(mapped, index=_subst(mapped.index, mapping)))
+    return tuple(out)
+
+
+def _align(
+    space: list[L.Var], other: list[L.Var], stores: tuple[L.Store, ...]
+) -> tuple[L.Store, ...] | None:
+    """``stores`` (a nest over ``other``) rewritten over the variables ``space``, or None."""
+    extents = [v.extent for v in space]
+    if [v.extent for v in other] == extents:
+        return _rebind(stores, {o: L.var(v) for o, v in zip(other, space, strict=True)})
+    if len(other) == 1 and other[0].extent == _product(extents):
+        flat = L.flatten(tuple(L.var(v) for v in space), tuple(extents))
+        return _rebind(stores, {other[0]: flat})
+    return None
+
+
+def _product(extents: list[int]) -> int:
+    n = 1
+    for e in extents:
+        n *= e
+    return n
+
+
+def _single_index(stores: tuple[L.Store, ...]) -> bool:
+    """Every written buffer is stored and loaded at one index expression only."""
+    written = {s.buffer for s in stores}
+    index: dict[str, L.Affine] = {}
+    accesses = [(s.buffer, s.index) for s in stores]
+    accesses += [(ld.buffer, ld.index) for ld in L.loads_in(stores)]
+    for buffer, ix in accesses:
+        if buffer in written and index.setdefault(buffer, ix) != ix:
+            return False
+    return True
+
+
+def _merge(a: L.Kernel, b: L.Kernel) -> L.Kernel | None:
+    nest_a, nest_b = _nest(a), _nest(b)
+    if nest_a is None or nest_b is None:
+        return None
+    (vars_a, stores_a), (vars_b, stores_b) = nest_a, nest_b
+    if len(vars_a) >= len(vars_b):  # keep the multi-axis nest: its indices need no div/mod
+        space, moved = vars_a, _align(vars_a, vars_b, stores_b)
+        stores = None if moved is None else stores_a + moved
+    else:
+        space, moved = vars_b, _align(vars_b, vars_a, stores_a)
+        stores = None if moved is None else moved + stores_b
+    if stores is None or not _single_index(stores):
+        return None
+    body: tuple[L.Stmt, ...] = stores
+    for v in reversed(space):
+        body = (L.Loop(v, "parallel", body),)
+    inlined = a.inlined + [n for n in b.inlined if n not in a.inlined]
+    return L.Kernel(a.name, body, a.work + b.work, f"{a.root} + {b.root}", inlined)
+
+
+def fuse_elementwise_kernels(program: L.Program) -> L.Program:
+    """Merge runs of adjacent elementwise kernels over one index space (module docstring).
+
+    Example:
+        >>> fuse_elementwise_kernels(program)   # k27, k28, k29 (GELU) -> one loop nest
+    """
+    fused: list[L.Kernel] = []
+    group = 0
+    for kernel in program.kernels:
+        merged = _merge(fused[-1], kernel) if fused and 0 < group < MAX_GROUP else None
+        if merged is not None:
+            fused[-1] = merged
+            group += 1
+        else:
+            fused.append(kernel)
+            group = 1 if _nest(kernel) is not None else 0
+    program.kernels = fused
+    forward_private_temps(program)
+    return program
+
+
+def forward_private_temps(program: L.Program) -> L.Program:
+    """Temps stored and read inside one merged loop only become inline expressions."""
+    users: dict[str, int] = {}
+    for kernel in program.kernels:
+        for name in L.reads(kernel.body) | L.writes(kernel.body):
+            users[name] = users.get(name, 0) + 1
+    outputs = set(program.outputs)
+    for n, kernel in enumerate(program.kernels):
+        nest = _nest(kernel)
+        if nest is None or len(nest[1]) < 2:
+            continue
+        vars_, stores = nest
+        private = {
+            s.buffer
+            for s in stores
+            if users.get(s.buffer) == 1
+            and s.buffer not in outputs
+            and program.buffers[s.buffer].kind == "temp"
+        }
+        kept = _forward(stores, private)
+        if len(kept) == len(stores):
+            continue
+        body: tuple[L.Stmt, ...] = kept
+        for v in reversed(vars_):
+            body = (L.Loop(v, "parallel", body),)
+        program.kernels[n] = replace(kernel, body=body)
+        for name in {s.buffer for s in stores} - {s.buffer for s in kept}:
+            del program.buffers[name]
+    return program
+
+
+def _forward(stores: tuple[L.Store, ...], private: set[str]) -> tuple[L.Store, ...]:
+    """``stores`` with private temps substituted into later stores (within a size bound)."""
+    values: dict[str, L.Expr] = {}
+
+    def inline(e: L.Expr) -> L.Expr:
+        return values[e.buffer] if isinstance(e, L.Load) and e.buffer in values else e
+
+    kept: list[L.Store] = []
+    for s in stores:
+        value = L.map_expr(s.value, inline)
+        if s.buffer in private and sum(1 for _ in L.walk_expr(value)) <= MAX_FORWARDED_NODES:
+            values[s.buffer] = value  # every access uses s.index (checked when merging)
+            continue
+        kept.append(replace(s, value=value))
+    if not kept:  # nothing left to compute: keep the last store (never happens for temps
+        return stores  # nobody reads, which dead-code elimination already removed)
+    return tuple(kept)
