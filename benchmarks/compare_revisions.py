@@ -5,6 +5,10 @@ Run:
     python benchmarks/compare_revisions.py /tmp/before . --rows moons10,mlp,cnn \\
         --columns "C 1-step,C K-step,cold cpu" --rounds 3
 
+``--threads 2`` sets ``SHAPEGRAD_NUM_THREADS`` for both sides, ``--threads 1,2`` per side
+(the same tree twice then compares one thread with two); ``--background-load N`` keeps N
+busy processes running during the whole comparison.
+
 Every cell runs in a fresh process with ``PYTHONPATH=<tree>/src`` and that tree's own
 ``benchmarks/train_step.py``; the two trees alternate (A B, then B A, ...) so slow
 phases of a busy machine hit both alike. Prints the median of each side and B/A.
@@ -20,8 +24,10 @@ import subprocess
 import sys
 
 
-def cell(tree: str, column: str, row: str) -> float | None:
+def cell(tree: str, column: str, row: str, threads: str | None = None) -> float | None:
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.abspath(tree), "src"))
+    if threads:
+        env["SHAPEGRAD_NUM_THREADS"] = threads
     script = os.path.join(os.path.abspath(tree), "benchmarks", "train_step.py")
     proc = subprocess.run(
         [sys.executable, script, "--cell", column, row], capture_output=True, text=True, env=env
@@ -43,7 +49,24 @@ def main() -> None:
     parser.add_argument("--rows", default="moons10,moons256,mlp,cnn")
     parser.add_argument("--columns", default="C 1-step,C K-step,cold cpu,warm")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", help="N (both sides) or A,B (per side)")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N")
     args = parser.parse_args()
+    threads = (args.threads or "").split(",")
+    threads_of = {"a": threads[0] or None, "b": threads[-1] or None}
+    code = "while True:\n    pass"
+    busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(args.background_load)]
+    try:
+        compare(args, threads_of)
+    finally:
+        for proc in busy:
+            proc.kill()
+
+
+def compare(args: argparse.Namespace, threads_of: dict[str, str | None]) -> None:
+    print(
+        f"threads A/B: {threads_of['a']}/{threads_of['b']}; busy processes: {args.background_load}"
+    )
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'workload':10s} {'column':10s} {'A':>12s} {'B':>12s} {'B/A':>7s}")
     for row in args.rows.split(","):
@@ -52,7 +75,7 @@ def main() -> None:
             for r in range(args.rounds):
                 order = ("a", "b") if r % 2 == 0 else ("b", "a")
                 for side in order:
-                    value = cell(getattr(args, side), column, row)
+                    value = cell(getattr(args, side), column, row, threads_of[side])
                     if value is not None:
                         results[side].append(value)
             a = statistics.median(results["a"]) if results["a"] else None

@@ -196,10 +196,10 @@ def test_parallel_loops_give_the_same_result_with_two_threads() -> None:
     exe = fn.lower(x).executable
     from shapegrad.backends.c.render import render_c
 
-    assert "omp parallel for" in render_c(exe.program)
+    assert "#pragma omp for schedule(dynamic" in render_c(exe.program)
     want = (np.tanh(x.astype(np.float64)) * 2 + 1).sum(axis=1)
     for threads in (2, 1):
-        exe.lib.sg_set_threads(threads)
+        exe.lib.sg_set_threads(threads, 0)
         np.testing.assert_allclose(exe([x])[0], want, rtol=1e-4)
 
 
@@ -228,7 +228,7 @@ def test_large_products_split_across_threads_match_numpy(spec: str) -> None:
 
     assert "part * " in render_c(exe.program)  # the row-block split
     for threads in (2, 3, 1):
-        exe.lib.sg_set_threads(threads)
+        exe.lib.sg_set_threads(threads, 0)
         np.testing.assert_allclose(exe([a, b])[0], np.einsum(spec, a, b), rtol=2e-5, atol=2e-5)
 
 
@@ -241,7 +241,7 @@ def test_many_large_products_run_in_parallel_over_the_batch() -> None:
     source = render_c(exe.program)
     assert "for (int64_t bi = 0; bi < 10; ++bi)" in source and "part * " not in source
     for threads in (2, 1):
-        exe.lib.sg_set_threads(threads)
+        exe.lib.sg_set_threads(threads, 0)
         np.testing.assert_allclose(exe([a, b])[0], a @ b, rtol=2e-5, atol=2e-5)
 
 
@@ -286,7 +286,7 @@ def test_large_sum_of_products_split_over_the_summed_axis_matches_numpy(donate: 
     product = np.einsum(spec, g.astype(np.float64), cols)
     want = w - 0.5 * product if donate else product
     for threads in (2, 3, 1):
-        exe.lib.sg_set_threads(threads)
+        exe.lib.sg_set_threads(threads, 0)
         np.testing.assert_allclose(exe([g, cols, w])[0], want, rtol=2e-5, atol=2e-4)
 
 
@@ -314,7 +314,7 @@ def test_large_im2col_patches_are_built_per_image_inside_the_products() -> None:
     ]
     value, (gw, gx) = step(sg.tensor(w), sg.tensor(x))
     for threads in (2, 3, 1):
-        exe.lib.sg_set_threads(threads)
+        exe.lib.sg_set_threads(threads, 0)
         got_value, got_gw, got_gx = exe([w, x])
         np.testing.assert_allclose(got_value, value.numpy(), rtol=1e-4)
         np.testing.assert_allclose(got_gw, gw.numpy(), rtol=1e-4, atol=1e-3)

@@ -43,11 +43,11 @@ def test_weight_gradient_partials_are_tall_and_match_numpy(target: str, threads:
     assert "part[j * 8 + r]" in source  # the 8 x 54 partial is kept as 54 x 8
     fn = sg.compile(vg, backend="c", target=TARGETS[target])
     exe = fn.lower(*args).executable
-    exe.lib.sg_set_threads(threads)
+    exe.lib.sg_set_threads(threads, 0)
     try:
         value, got = fn(*map(sg.tensor, args))
     finally:
-        exe.lib.sg_set_threads(1)
+        exe.lib.sg_set_threads(1, 0)
     ref_value, ref = sg.compile(vg, backend="numpy")(*map(sg.tensor, args))
     np.testing.assert_allclose(value.numpy(), ref_value.numpy(), rtol=1e-5)
     for a, b in zip(got, ref, strict=True):

@@ -17,37 +17,60 @@ import numpy as np
 
 from shapegrad import tree
 from shapegrad.ops import prims
-from shapegrad.ops.eager import EAGER, STATE, tensor
+from shapegrad.ops.eager import EAGER, STATE, quiet, tensor
 from shapegrad.ops.protocol import Prim
 from shapegrad.ops.vjp import vjp_rule
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
+Producer = Callable[[Tensor], "tuple[Prim, Sequence[Tensor], Any] | None"]
+
+
+def _eager_producer(t: Tensor) -> tuple[Prim, Sequence[Tensor], Any] | None:
+    """``EAGER.producer`` without the method dispatch (the tape node's fields)."""
+    node = t._tape
+    return None if node is None else (node.prim, node.inputs, node.attrs)
+
 
 def _topological_order(outputs: Sequence[Tensor], leaf_keys: set[Any]) -> list[Tensor]:
-    """Tensors reachable from ``outputs``, inputs before their users (iterative DFS)."""
-    order: list[Tensor] = []
+    """Tensors reachable from ``outputs``, inputs before their users."""
+    ops = outputs[0]._ops
+    if ops is EAGER:
+        return [t for t, _, _ in _walk_order(outputs, leaf_keys, id, _eager_producer)]
+    ident, producer = ops.identity, ops.producer  # type: ignore[attr-defined]
+    return [t for t, _, _ in _walk_order(outputs, leaf_keys, ident, producer)]
+
+
+def _walk_order(
+    outputs: Sequence[Tensor],
+    leaf_keys: set[Any],
+    ident: Callable[[Tensor], Any],
+    producer: Producer,
+) -> list[tuple[Tensor, Any, tuple[Prim, Sequence[Tensor], Any] | None]]:
+    """``(tensor, key, producer)`` of every tensor reachable from ``outputs``, inputs
+    before their users (iterative DFS; leaves and stop_gradient cut the walk)."""
+    order: list[tuple[Tensor, Any, tuple[Prim, Sequence[Tensor], Any] | None]] = []
     visited: set[Any] = set()
     for root in outputs:
-        ops = root._ops
-        stack: list[tuple[Tensor, bool]] = [(root, False)]
+        stack: list[tuple[Tensor, Any, bool]] = [(root, ident(root), False)]
         while stack:
-            t, expanded = stack.pop()
-            key = ops.identity(t)  # type: ignore[attr-defined]
+            t, key, expanded = stack.pop()
             if expanded:
-                order.append(t)
+                made_by = None if key in leaf_keys else producer(t)
+                order.append((t, key, made_by))
                 continue
             if key in visited:
                 continue
             visited.add(key)
-            stack.append((t, True))
+            stack.append((t, key, True))
             if key in leaf_keys:
                 continue
-            made_by = ops.producer(t)  # type: ignore[attr-defined]
+            made_by = producer(t)
             if made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:
                 for parent in made_by[1]:
-                    if ops.identity(parent) not in visited:  # type: ignore[attr-defined]
-                        stack.append((parent, False))
+                    pkey = ident(parent)
+                    if pkey not in visited:
+                        stack.append((parent, pkey, False))
     return order
 
 
@@ -58,24 +81,35 @@ def backward(
     if not outputs:
         return [prims.zeros_like(leaf) for leaf in leaves]
     ops = outputs[0]._ops
+    if ops is EAGER:
+        # The walk runs only VJP rules (no user code): one errstate for all of its ops.
+        with quiet():
+            return _backward(outputs, cotangents, leaves, id, _eager_producer, True)
     ident = ops.identity  # type: ignore[attr-defined]
+    return _backward(outputs, cotangents, leaves, ident, ops.producer, False)  # type: ignore[attr-defined]
+
+
+def _backward(
+    outputs: Sequence[Tensor],
+    cotangents: Sequence[Tensor],
+    leaves: Sequence[Tensor],
+    ident: Callable[[Tensor], Any],
+    producer: Producer,
+    eager: bool,
+) -> list[Tensor]:
     leaf_keys = {ident(leaf) for leaf in leaves}
-    order = _topological_order(outputs, leaf_keys)
+    order = _walk_order(outputs, leaf_keys, ident, producer)
 
     # Which tensors depend on a leaf: only those need cotangents.
     relevant: set[Any] = set()
-    for t in order:
-        key = ident(t)
+    for _, key, made_by in order:
         if key in leaf_keys:
             relevant.add(key)
-            continue
-        made_by = ops.producer(t)  # type: ignore[attr-defined]
-        if (
-            made_by is not None
-            and made_by[0] is not Prim.STOP_GRADIENT
-            and any(ident(p) in relevant for p in made_by[1])
-        ):
-            relevant.add(key)
+        elif made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:
+            for parent in made_by[1]:
+                if ident(parent) in relevant:
+                    relevant.add(key)
+                    break
 
     grads: dict[Any, Tensor] = {}
     for out, ct in zip(outputs, cotangents, strict=True):
@@ -83,16 +117,12 @@ def backward(
         if key in relevant:
             grads[key] = grads[key] + ct if key in grads else ct
 
-    for t in reversed(order):
-        key = ident(t)
-        if key in leaf_keys or key not in grads:
-            continue
-        made_by = ops.producer(t)  # type: ignore[attr-defined]
-        if made_by is None:
+    for t, key, made_by in reversed(order):
+        if made_by is None or key not in grads:
             continue
         prim, inputs, attrs = made_by
-        needs = [ident(p) in relevant and p.dtype.is_float for p in inputs]
-        if not any(needs):
+        needs = [ident(p) in relevant and p.aval.dtype.is_float for p in inputs]
+        if True not in needs:
             continue
         ct = grads.pop(key)
         input_cts = vjp_rule(prim)(inputs, t, ct, attrs, needs)
@@ -102,8 +132,8 @@ def backward(
             pkey = ident(parent)
             grads[pkey] = grads[pkey] + g if pkey in grads else g
 
-    if ops is EAGER:
-        EAGER.release(order)
+    if eager:
+        EAGER.release([t for t, _, _ in order])
     result = []
     for leaf in leaves:
         g = grads.get(ident(leaf))

@@ -25,6 +25,14 @@ class DType:
     numpy: np.dtype[np.generic]
     is_float: bool
 
+    # DTypes are singletons compared on every op: identity first, the name decides
+    # (a copy made by pickle or deepcopy still equals the original).
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, DType) and self.name == other.name)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
     def __repr__(self) -> str:
         return f"sg.{self.name}"
 

@@ -31,12 +31,14 @@ from shapegrad.backends.base import (
     Array,
     CompileOptions,
     Executable,
+    KeyedBackend,
     get_backend,
     known_backends,
     validate_inputs,
 )
 from shapegrad.compiler.budget import CompileStats
 from shapegrad.compiler.debug import GraphDumper, debug_root
+from shapegrad.compiler.graphkey import graph_key as graph_key_of
 from shapegrad.compiler.passes import PassStat, count_nodes, optimize
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
@@ -159,8 +161,10 @@ def _container_hints(args: Sequence[Any]) -> list[str]:
     """Notes for arguments that are lists/tuples of scalars: probably meant as arrays."""
     hints = []
     for k, arg in enumerate(args):
-        if isinstance(arg, list | tuple) and arg and all(
-            isinstance(a, Tensor) and a.ndim == 0 for a in arg
+        if (
+            isinstance(arg, list | tuple)
+            and arg
+            and all(isinstance(a, Tensor) and a.ndim == 0 for a in arg)
         ):
             hints.append(
                 f"sg.compile: argument {k} is a {type(arg).__name__} of {len(arg)} numbers, which "
@@ -259,7 +263,7 @@ class _FastEntry:
 
 
 def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
-    inputs = lowered.graph.inputs
+    inputs = lowered.executable.graph.inputs
     convert = []
     for k, (leaf, node) in enumerate(zip(leaves, inputs, strict=True)):
         want = node.aval.dtype.numpy
@@ -268,7 +272,7 @@ def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
         )  # fixed by the fast key: true for every later call with this key
         if not ready:
             convert.append((k, want))
-    out_avals = [AVal(tuple(n.shape), n.aval.dtype) for n in lowered.graph.outputs]
+    out_avals = [AVal(tuple(n.shape), n.aval.dtype) for n in lowered.executable.graph.outputs]
     run = lowered.executable.run_validated  # the key validated: skip the executable's check
     return _FastEntry(lowered, convert, out_avals, run, tree.unflattener(lowered.out_treedef))
 
@@ -279,27 +283,63 @@ def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
-@dataclass
 class Lowered:
     """Everything one signature compiled to: graphs before/after the passes, stats, executable.
 
     Attributes:
         traced: the graph as traced (before optimization).
-        graph: the optimized graph the backend compiled; ``print(lowered.graph)``.
+        graph: the optimized graph the backend compiled; ``print(lowered.graph)``. When the
+            executable came from the backend's keyed cache (``from_cache``), the passes did
+            not run: they run on first access of ``graph`` or ``stats``.
         stats: one :class:`PassStat` per pass application.
+        executable: what runs; ``executable.graph`` has the inputs/outputs of ``graph``.
         recorded_nodes: nodes the trace created (including dead ones).
-        trace_seconds / optimize_seconds / backend_seconds: where compile time went.
+        trace_seconds / optimize_seconds / backend_seconds: where compile time went
+            (``backend_seconds`` is the cache lookup and load for a cached executable).
+        from_cache: whether the executable came from the keyed cache (no optimization,
+            lowering or rendering happened in this process).
     """
 
-    traced: Graph
-    graph: Graph
-    stats: list[PassStat]
-    executable: Executable
-    recorded_nodes: int
-    trace_seconds: float
-    optimize_seconds: float
-    backend_seconds: float
-    out_treedef: tree.TreeDef
+    def __init__(
+        self,
+        traced: Graph,
+        graph: Graph | None,
+        stats: list[PassStat] | None,
+        executable: Executable,
+        recorded_nodes: int,
+        trace_seconds: float,
+        optimize_seconds: float,
+        backend_seconds: float,
+        out_treedef: tree.TreeDef,
+        from_cache: bool = False,
+    ) -> None:
+        self.traced = traced
+        self._graph = graph
+        self._stats = stats
+        self.executable = executable
+        self.recorded_nodes = recorded_nodes
+        self.trace_seconds = trace_seconds
+        self.optimize_seconds = optimize_seconds
+        self.backend_seconds = backend_seconds
+        self.out_treedef = out_treedef
+        self.from_cache = from_cache
+
+    def _optimize(self) -> None:
+        self._graph, self._stats = optimize(self.traced)
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            self._optimize()
+        assert self._graph is not None
+        return self._graph
+
+    @property
+    def stats(self) -> list[PassStat]:
+        if self._stats is None:
+            self._optimize()
+        assert self._stats is not None
+        return self._stats
 
     def summary(self) -> str:
         """Node counts and timings as a few readable lines."""
@@ -307,6 +347,7 @@ class Lowered:
             f"recorded {self.recorded_nodes} nodes, live {count_nodes(self.traced)} after trace, "
             f"{count_nodes(self.graph)} after passes; trace {self.trace_seconds * 1e3:.1f} ms, "
             f"optimize {self.optimize_seconds * 1e3:.1f} ms, backend {self.backend_seconds * 1e3:.1f} ms"
+            + (" (from the keyed cache)" if self.from_cache else "")
         )
 
 
@@ -350,17 +391,16 @@ class Compiled:
         if any(isinstance(leaf, Tensor) and leaf.is_traced for leaf in leaves):
             return self.fn(*args, **kwargs)  # called inside another trace: inline it
         lowered = self._lower(leaves, td, key, args, kwargs)
-        arrays = [
-            _to_array(leaf, n.aval) for leaf, n in zip(leaves, lowered.graph.inputs, strict=True)
-        ]
-        validate_inputs(lowered.graph, arrays)
+        graph = lowered.executable.graph  # the optimized graph's inputs and outputs
+        arrays = [_to_array(leaf, n.aval) for leaf, n in zip(leaves, graph.inputs, strict=True)]
+        validate_inputs(graph, arrays)
         entry = _fast_entry(lowered, raw) if fast_key is not None else None
         results = entry.run(arrays) if entry is not None else lowered.executable(arrays)
         if entry is not None:
             self._fast[fast_key] = entry  # only after a successful call
         tensors = [
             Tensor(EAGER, a, AVal(tuple(a.shape), n.aval.dtype))
-            for a, n in zip(results, lowered.graph.outputs, strict=True)
+            for a, n in zip(results, graph.outputs, strict=True)
         ]
         return tree.unflatten(lowered.out_treedef, tensors)
 
@@ -434,12 +474,31 @@ class Compiled:
         traced, out_td, recorded = self._trace(leaves, td)
         t1 = time.perf_counter()
         root = debug_root()
+        # The keyed cache (a fresh process skips the passes, lowering and rendering); a
+        # debug run takes the full path so that every stage is dumped.
+        graph_key = None
+        if isinstance(backend, KeyedBackend):
+            graph_key = graph_key_of(traced, self.backend, self.options.name, self.options.extra)
+            found = (
+                backend.load_keyed(graph_key, traced, self.options)
+                if graph_key and not root
+                else None
+            )
+            if found is not None:
+                lowered = Lowered(
+                    traced, None, None, found, recorded, t1 - t0, 0.0,
+                    time.perf_counter() - t1, out_td, from_cache=True,
+                )  # fmt: skip
+                self._cache[key] = lowered
+                return lowered
         dumper = GraphDumper(root, self.options.name, key) if root else None
         if dumper is not None:
             dumper.dump("traced", traced)
         graph, stats = optimize(traced, on_pass=dumper.on_pass if dumper else None)
         t2 = time.perf_counter()
-        options = dataclasses.replace(self.options, debug_dir=dumper.folder if dumper else None)
+        options = dataclasses.replace(
+            self.options, debug_dir=dumper.folder if dumper else None, cache_key=graph_key
+        )
         executable = backend.compile(graph, options)
         t3 = time.perf_counter()
         lowered = Lowered(

@@ -56,7 +56,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -76,11 +76,15 @@ class CompileOptions:
         name: a readable name for the compiled function (used in dumps and cache keys).
         debug_dir: where to write debug dumps (IR, generated source), or None.
         extra: backend-specific settings (e.g. ``{"cflags": [...]}``); must be hashable values.
+        cache_key: the key of the traced graph being compiled (see :class:`KeyedBackend`).
     """
 
     name: str = "fn"
     debug_dir: str | None = None
     extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    # The traced graph's key (``compiler/graphkey.py``), set by ``sg.compile`` for a
+    # :class:`KeyedBackend`: store what ``load_keyed`` needs to skip lowering next time.
+    cache_key: str | None = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of backend-specific setting ``key`` (``default`` when absent)."""
@@ -194,6 +198,23 @@ class Backend(Protocol):
 
     def is_available(self) -> tuple[bool, str]:
         """``(True, "")`` when usable on this machine, else ``(False, reason)``."""
+        ...
+
+
+@runtime_checkable
+class KeyedBackend(Backend, Protocol):
+    """A backend with a cache keyed *before* optimization and lowering.
+
+    ``sg.compile`` computes a key from the traced graph, the backend and its options
+    (``compiler/graphkey.py``). It first asks :meth:`load_keyed`; on a miss it optimizes,
+    and calls ``compile`` with ``options.cache_key`` set, after which the backend stores
+    what the next ``load_keyed`` needs (the C backend: a manifest next to the library).
+    """
+
+    def load_keyed(self, key: str, traced: Graph, options: CompileOptions) -> Executable | None:
+        """The executable stored under ``key`` for this ``traced`` graph (its inputs,
+        outputs and aliases are those of the optimized graph), or None (not stored,
+        damaged, untrusted, or another graph): the caller then compiles in full."""
         ...
 
 

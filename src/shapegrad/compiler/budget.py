@@ -44,8 +44,11 @@ class CompileStats(list[PassStat]):
     @classmethod
     def of(cls, passes: list[PassStat], executable: Any, seconds: float) -> CompileStats:
         stats = cls(passes)
-        program = getattr(executable, "program", None)
-        if isinstance(program, L.Program):
+        budget = getattr(executable, "budget", None)  # known without the program (C)
+        program = None if budget is not None else getattr(executable, "program", None)
+        if budget is not None:
+            stats.arena_bytes, stats.kernels, stats.layer_loops = budget
+        elif isinstance(program, L.Program):
             stats.arena_bytes, stats.kernels, stats.layer_loops = program_budget(program)
         stats.compile_seconds = seconds
         return stats

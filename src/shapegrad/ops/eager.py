@@ -10,24 +10,37 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from shapegrad.dtypes import ALL_DTYPES, DType, bool_
 from shapegrad.ops import reference
-from shapegrad.ops.protocol import SOURCES, Attrs, AVal, Prim, infer_aval
-from shapegrad.shapes import describe_caller
+from shapegrad.ops.protocol import (
+    COMPARISON,
+    FLOAT_ONLY_UNARY,
+    LAYOUT,
+    SOURCES,
+    UNARY,
+    Attrs,
+    AVal,
+    Prim,
+    infer_aval,
+)
+from shapegrad.shapes import Shape, describe_caller
 from shapegrad.tensor import Tensor
 
 
-@dataclass(slots=True)
 class TapeNode:
-    """How an eager tensor was made: enough to apply its VJP rule."""
+    """How an eager tensor was made: enough to apply its VJP rule (a slots record, no
+    validation: the op was checked before it ran)."""
 
-    prim: Prim
-    inputs: tuple[Tensor, ...]
-    attrs: Attrs
+    __slots__ = ("attrs", "inputs", "prim")
+
+    def __init__(self, prim: Prim, inputs: tuple[Tensor, ...], attrs: Attrs) -> None:
+        self.prim = prim
+        self.inputs = inputs
+        self.attrs = attrs
 
 
 class _State(threading.local):
@@ -35,9 +48,56 @@ class _State(threading.local):
         self.grad_enabled = True
         self.check_numerics = False
         self.grad_depth = 0
+        # True inside ``quiet()`` (the backward walk): NumPy's floating-point warnings are
+        # already off, so ops skip their own errstate.
+        self.quiet = False
 
 
 STATE = _State()
+_SCALAR_DTYPES: dict[type, DType] = {d.numpy.type: d for d in ALL_DTYPES}
+
+# NumPy ufuncs of the elementwise primitives (DIV on integers is ``reference``'s C-style
+# division). Comparisons, max/min, neg/abs and integer arithmetic never raise NumPy's
+# floating-point flags, so only float arithmetic pays for an errstate.
+_UFUNCS: dict[Prim, Any] = {
+    **reference.UNARY,
+    **reference.BINARY,
+    Prim.DIV: np.divide,
+    Prim.WHERE: reference.select,
+}
+_NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
+# Index maps and selections: no arithmetic, so no floating-point flags either.
+_NO_ARITHMETIC = LAYOUT | SOURCES | {Prim.REDUCE_MAX, Prim.GATHER, Prim.STOP_GRADIENT}
+_AVALS: dict[tuple[Shape, str], AVal] = {}
+
+
+def _aval(shape: Shape, dtype: DType) -> AVal:
+    """A shared AVal per (shape, dtype): eager ops make many and never mutate them."""
+    key = (shape, dtype.name)
+    aval = _AVALS.get(key)
+    if aval is None:
+        if len(_AVALS) > 4096:
+            _AVALS.clear()
+        aval = _AVALS[key] = AVal(shape, dtype)
+    return aval
+
+
+@np.errstate(all="ignore")
+def _quiet_call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with NumPy's floating-point warnings off (inf/NaN are values here)."""
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """One errstate for a block of eager ops that runs no user code (the backward walk)."""
+    previous = STATE.quiet
+    STATE.quiet = True
+    try:
+        with np.errstate(all="ignore"):
+            yield
+    finally:
+        STATE.quiet = previous
 
 
 class EagerOps:
@@ -47,6 +107,14 @@ class EagerOps:
     name = "eager"
 
     def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
+        fn = _UFUNCS.get(prim)
+        if fn is not None:
+            if prim is Prim.WHERE:
+                out = self._where(inputs, attrs)
+            else:
+                out = self._elementwise(prim, fn, inputs, attrs)
+            if out is not None:
+                return out
         if prim is Prim.STOP_GRADIENT:
             (x,) = inputs
             return Tensor(self, x._payload, x.aval)
@@ -54,20 +122,113 @@ class EagerOps:
         arrays = [t._payload for t in inputs]
         if any(not isinstance(a, np.ndarray) for a in arrays):
             raise TypeError(f"{prim.value}: eager op received a traced tensor")
-        with np.errstate(all="ignore"):
+        if STATE.quiet or prim in _NO_ARITHMETIC:
             value = reference.evaluate(prim, arrays, attrs, aval.dtype)
+        else:
+            value = _quiet_call(reference.evaluate, prim, arrays, attrs, aval.dtype)
+        return self._finish(prim, value, aval, inputs, attrs)
+
+    def _elementwise(
+        self, prim: Prim, fn: Any, inputs: Sequence[Tensor], attrs: Attrs
+    ) -> Tensor | None:
+        """The lean path of unary/binary ops on operands that need no checks beyond
+        identity tests; None sends the op down the general path (which raises the
+        errors of bad operands)."""
+        x = inputs[0]
+        aval = x.aval
+        a = x._payload
+        if type(a) is not np.ndarray:
+            return None
+        dtype = aval.dtype
+        if len(inputs) == 2:
+            other = inputs[1]
+            o_aval = other.aval
+            if o_aval is not aval and (o_aval.shape != aval.shape or o_aval.dtype is not dtype):
+                return None
+            args: tuple[Any, ...] = (a, other._payload)
+            if type(args[1]) is not np.ndarray:
+                return None
+        else:
+            scalars = attrs.get("scalars")
+            if scalars is None:
+                if prim not in UNARY or (prim in FLOAT_ONLY_UNARY and not dtype.is_float):
+                    return None
+                args = (a,)
+            else:
+                if len(scalars) != 2:
+                    return None
+                first, second = scalars
+                s = second if first is None else first
+                if type(s) is not dtype.numpy.type:
+                    return None
+                args = (a, s) if first is None else (s, a)
+        if not dtype.is_float:
+            if prim is Prim.DIV:
+                fn = reference.divide
+            value = fn(*args)
+        elif STATE.quiet or prim in _NEVER_FLAGS:
+            value = fn(*args)
+        else:
+            value = _quiet_call(fn, *args)
+        if prim in COMPARISON:
+            aval = _aval(aval.shape, bool_)
+        if type(value) is not np.ndarray or value.dtype is not aval.dtype.numpy:
+            value = np.asarray(value, dtype=aval.dtype.numpy)
+        return self._finish(prim, value, aval, inputs, attrs)
+
+    def _where(self, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor | None:
+        """``np.where`` on a bool condition and branches of its shape and one dtype
+        (scalar branches of that dtype); anything else goes down the general path."""
+        cond = inputs[0].aval
+        if cond.dtype is not bool_:
+            return None
+        scalars = attrs.get("scalars")
+        if scalars is None:
+            if len(inputs) != 3:
+                return None
+            a, b = inputs[1].aval, inputs[2].aval
+            if a.shape != cond.shape or (
+                a is not b and (b.shape != a.shape or b.dtype is not a.dtype)
+            ):
+                return None
+            value = reference.select(inputs[0]._payload, inputs[1]._payload, inputs[2]._payload)
+            return self._finish(Prim.WHERE, value, a, inputs, attrs)
+        _, sa, sb = scalars
+        if sa is not None and sb is not None:
+            dtype = _SCALAR_DTYPES.get(type(sa))
+            if dtype is None or type(sb) is not type(sa):
+                return None
+            value = reference.select(inputs[0]._payload, sa, sb)
+            out = _aval(cond.shape, dtype)
+        else:
+            t = inputs[1]
+            out = t.aval
+            s = sb if sa is None else sa
+            if out.shape != cond.shape or type(s) is not out.dtype.numpy.type:
+                return None
+            if sa is None:
+                value = reference.select(inputs[0]._payload, t._payload, s)
+            else:
+                value = reference.select(inputs[0]._payload, s, t._payload)
+        if value.dtype is not out.dtype.numpy:
+            value = value.astype(out.dtype.numpy)
+        return self._finish(Prim.WHERE, value, out, inputs, attrs)
+
+    def _finish(
+        self, prim: Prim, value: Any, aval: AVal, inputs: Sequence[Tensor], attrs: Attrs
+    ) -> Tensor:
+        """Wrap ``value`` (checked under check_numerics) and record it on the tape."""
         if STATE.check_numerics and aval.dtype.is_float and not np.all(np.isfinite(value)):
             raise FloatingPointError(
                 f"check_numerics: {prim.value} produced non-finite values "
                 f"(output {aval}, inputs {', '.join(str(t.aval) for t in inputs)}){describe_caller()}"
             )
         out = Tensor(self, value, aval)
-        if (
-            STATE.grad_enabled
-            and prim not in SOURCES
-            and any(t._leaf or t._tape is not None for t in inputs)
-        ):
-            out._tape = TapeNode(prim, tuple(inputs), dict(attrs))
+        if STATE.grad_enabled and prim not in SOURCES:
+            for t in inputs:
+                if t._leaf or t._tape is not None:
+                    out._tape = TapeNode(prim, tuple(inputs), attrs)
+                    break
         return out
 
     # --- hooks used by the shared autodiff -------------------------------------------

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from shapegrad.ir import Graph, Node, NodeTable
-from shapegrad.ops.protocol import SOURCES, Attrs, AVal, ConstValue, Prim, infer_aval
+from shapegrad.ops.protocol import (
+    SOURCES,
+    Attrs,
+    AVal,
+    ConstValue,
+    Prim,
+    infer_aval,
+    scalar_dtype,
+)
 from shapegrad.tensor import Tensor
 
 
@@ -42,8 +50,37 @@ class GraphOps:
 
     def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
         nodes = [self.lift(t) for t in inputs]
+        scalars = attrs.get("scalars")
+        if scalars is not None:
+            nodes, attrs = self._scalar_operands(nodes, attrs, scalars)
         aval = infer_aval(prim, [n.aval for n in nodes], attrs)
         return self.wrap(self.table.make(prim, nodes, attrs, aval))
+
+    def _scalar_operands(
+        self, nodes: list[Node], attrs: Attrs, scalars: Sequence[Any]
+    ) -> tuple[list[Node], Attrs]:
+        """Spell scalar operands as the IR's scalar constants: a 0-d CONSTANT broadcast to
+        the operands' shape, the form every graph pass and loop stage folds into a loop
+        constant (and the one ``x + 1.0`` had before scalars became op parameters)."""
+        if not nodes:
+            raise ValueError(f"an op with scalar operands {scalars!r} needs a tensor operand")
+        shape = nodes[0].aval.shape
+        pending = iter(nodes)
+        full: list[Node] = []
+        for s in scalars:
+            if s is None:
+                full.append(next(pending))
+                continue
+            dtype = scalar_dtype(s)
+            node = self.table.make(
+                Prim.CONSTANT, [], {"value": ConstValue(s, dtype)}, AVal((), dtype)
+            )
+            if shape:
+                node = self.table.make(
+                    Prim.BROADCAST, [node], {"shape": shape, "dims": ()}, AVal(shape, dtype)
+                )
+            full.append(node)
+        return full, {k: v for k, v in attrs.items() if k != "scalars"}
 
     # --- building ------------------------------------------------------------------
 

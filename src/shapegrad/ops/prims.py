@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.dtypes import DType, DTypeError, as_dtype, float32, infer_dtype
+from shapegrad.dtypes import DType, DTypeError, as_dtype, check_fits, float32, infer_dtype
 from shapegrad.ops.protocol import ConstValue, Ops, Prim
 from shapegrad.shapes import Shape, ShapeError, broadcast_shapes, fmt
 from shapegrad.tensor import Tensor
@@ -156,23 +156,94 @@ def broadcast_all(op: str, *tensors: Tensor) -> list[Tensor]:
 
 
 def unary(prim: Prim, x: Tensor) -> Tensor:
-    return bind(prim, [x])
+    return x._ops.apply(prim, [x], {})
+
+
+# A scalar operand that becomes a parameter of the op rather than a tensor input.
+_SCALAR_TYPES = (bool, int, float, np.generic)
+# Commutative prims take their scalar second, so rules and kernels see one layout.
+_COMMUTATIVE = frozenset({Prim.ADD, Prim.MUL, Prim.MAX, Prim.MIN, Prim.EQ, Prim.NE})
+
+
+def is_scalar(value: Any) -> bool:
+    """True for a Python or NumPy scalar (or a 0-d array) that an op takes as a parameter."""
+    if isinstance(value, _SCALAR_TYPES):
+        return True
+    return isinstance(value, np.ndarray) and value.ndim == 0
+
+
+def weak_scalar(value: Any, dtype: DType) -> Any:
+    """``value`` as a NumPy scalar of ``dtype`` (weak typing: the tensor's dtype wins).
+
+    Raises:
+        DTypeError: a float value meets a non-float tensor.
+        Int32OverflowError: an integer does not fit int32.
+    """
+    if type(value) is float and dtype.is_float:  # the common case: nothing to check
+        return dtype.numpy.type(value)
+    kind = value.dtype.kind if isinstance(value, np.generic | np.ndarray) else None
+    if (kind == "f" or (kind is None and isinstance(value, float))) and not dtype.is_float:
+        raise DTypeError(f"cannot combine a float value with a {dtype} tensor; cast with .astype()")
+    target = dtype.numpy
+    if target.kind == "i" and not (isinstance(value, np.generic) and value.dtype == target):
+        check_fits(value, target, "constant")
+    return target.type(value)
 
 
 def binary(prim: Prim, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
-    """Elementwise ``prim`` with weak scalars and NumPy broadcasting."""
-    if not isinstance(a, Tensor):
-        if not isinstance(b, Tensor):
-            raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
-        a = coerce(a, b)
-    elif not isinstance(b, Tensor):
-        b = coerce(b, a)
-    if a.shape != b.shape:
-        a, b = broadcast_all(prim.value, a, b)
-    return bind(prim, [a, b])
+    """Elementwise ``prim`` with weak scalars and NumPy broadcasting.
+
+    A Python/NumPy scalar operand takes the tensor's dtype and becomes a parameter of
+    the op (``attrs["scalars"]``, see ``ops/protocol.py``), not a constant tensor.
+    """
+    if isinstance(a, Tensor):
+        if isinstance(b, Tensor):
+            if a.aval is not b.aval and a.shape != b.shape:
+                a, b = broadcast_all(prim.value, a, b)
+            return bind(prim, [a, b])
+        t, value, scalar_first = a, b, False
+    elif isinstance(b, Tensor):
+        t, value, scalar_first = b, a, prim not in _COMMUTATIVE
+    else:
+        raise TypeError(f"{prim.value}: at least one operand must be a Tensor")
+    dtype = t.aval.dtype
+    kind: type = type(value)
+    # The hot cases first: a NumPy scalar of the tensor's dtype (what VJP rules pass on)
+    # and a Python float with a float tensor need no checks.
+    if kind is dtype.numpy.type:
+        s: Any = value
+    elif kind is float and dtype.is_float:
+        s = dtype.numpy.type(value)
+    elif is_scalar(value):
+        s = weak_scalar(value, dtype)
+    else:
+        other = coerce(value, t)
+        return binary(prim, other, t) if t is b else binary(prim, t, other)
+    # One tensor operand: its interpreter runs the op (no ``pick_ops`` needed).
+    scalars = (s, None) if scalar_first else (None, s)
+    return t._ops.apply(prim, [t], {"scalars": scalars})
 
 
 def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """``a`` where ``cond`` else ``b``; scalar branches are parameters of the op.
+
+    A scalar takes the dtype of the other branch when that is a tensor, float32 when
+    both are scalars (the dtype of the first decides the second's).
+    """
+    a_scalar = not isinstance(a, Tensor) and is_scalar(a)
+    b_scalar = not isinstance(b, Tensor) and is_scalar(b)
+    if a_scalar and b_scalar:
+        sa = weak_scalar(a, float32)
+        sb = weak_scalar(b, float32)
+        return bind(Prim.WHERE, [cond], scalars=(None, sa, sb))
+    if a_scalar and isinstance(b, Tensor):
+        if cond.shape != b.shape:
+            cond, b = broadcast_all("where", cond, b)
+        return bind(Prim.WHERE, [cond, b], scalars=(None, weak_scalar(a, b.dtype), None))
+    if b_scalar and isinstance(a, Tensor):
+        if cond.shape != a.shape:
+            cond, a = broadcast_all("where", cond, a)
+        return bind(Prim.WHERE, [cond, a], scalars=(None, None, weak_scalar(b, a.dtype)))
     if not isinstance(a, Tensor):
         a = coerce(a, b) if isinstance(b, Tensor) else constant(a, float32, like=cond)
     if not isinstance(b, Tensor):

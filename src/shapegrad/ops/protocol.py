@@ -10,6 +10,15 @@ Conventions the rest of the system relies on:
 * Elementwise binary primitives take operands of *equal* shape and dtype;
   broadcasting is made explicit by ``BROADCAST`` nodes inserted by Tensor's
   operators (so gradients of broadcasts are plain ``REDUCE_SUM``).
+* A Python/NumPy scalar operand of a binary primitive or ``WHERE`` is a
+  *parameter* of the op, not a tensor: ``attrs["scalars"]`` has one entry per
+  operand, ``None`` where the next tensor input goes and the scalar (a NumPy
+  scalar of the op's dtype, already checked to fit) elsewhere. ``x * 0.5`` is
+  ``MUL`` with one input and ``scalars=(None, float32(0.5))``. The eager
+  interpreter hands the scalar straight to NumPy; the graph builder spells it
+  in the IR as a 0-d ``CONSTANT`` plus ``BROADCAST`` (the form every compiler
+  pass already folds into a loop constant). VJP rules see operand lists with
+  the scalars in place (``vjp.py``), so one rule serves both forms.
 * ``REDUCE_*`` remove the reduced axes (keepdims is a later ``RESHAPE``).
 * ``EINSUM`` takes one or two operands and a spec with explicit letters, no
   ``...`` and no letter repeated inside one operand (``functional.einsum``
@@ -33,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shapegrad.dtypes import DType, DTypeError, bool_, check_fits, int32
+from shapegrad.dtypes import DType, DTypeError, as_dtype, bool_, check_fits, int32
 from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
 
 if TYPE_CHECKING:
@@ -120,6 +129,7 @@ COLLECTIVES = frozenset(
     {Prim.ALL_REDUCE, Prim.ALL_GATHER, Prim.REDUCE_SCATTER, Prim.BROADCAST_FROM}
 )
 REDUCE_OPS = ("sum", "mean", "max")
+SCALAR_OPERANDS = BINARY | {Prim.WHERE}  # prims that take ``attrs["scalars"]``
 NON_DIFFERENTIABLE = COMPARISON | {Prim.IOTA, Prim.RANDOM, Prim.CONSTANT, Prim.STOP_GRADIENT}
 
 
@@ -165,7 +175,36 @@ def _same_shape(prim: Prim, avals: Sequence[AVal]) -> Shape:
     return first
 
 
+def scalar_dtype(value: Any) -> DType:
+    """The dtype of a scalar operand (a NumPy scalar made by ``prims.weak_scalar``)."""
+    return as_dtype(value.dtype)
+
+
+def operands(inputs: Sequence[Any], attrs: Attrs) -> list[Any]:
+    """The full operand list of an op: ``inputs`` with its scalar operands put in place."""
+    scalars = attrs.get("scalars")
+    if scalars is None:
+        return list(inputs)
+    pending = iter(inputs)
+    return [next(pending) if s is None else s for s in scalars]
+
+
+def _infer_with_scalars(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    """Shape from the tensor operands; dtype from every operand (scalars carry theirs)."""
+    scalars: tuple[Any, ...] = attrs["scalars"]
+    if prim not in SCALAR_OPERANDS or len(scalars) != (3 if prim is Prim.WHERE else 2):
+        raise ValueError(f"{prim.value}: scalar operands {scalars!r} do not fit this primitive")
+    if len(avals) != sum(s is None for s in scalars) or not avals:
+        raise ValueError(f"{prim.value}: {len(avals)} tensor inputs for scalars {scalars!r}")
+    full = [AVal(avals[0].shape, scalar_dtype(s)) if s is not None else None for s in scalars]
+    pending = iter(avals)
+    filled = [a if a is not None else next(pending) for a in full]
+    return _infer_elementwise(prim, filled, {})
+
+
 def _infer_elementwise(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    if "scalars" in attrs:
+        return _infer_with_scalars(prim, avals, attrs)
     if prim is Prim.WHERE:
         cond, a, b = avals
         if cond.dtype != bool_:
@@ -201,7 +240,22 @@ def parse_einsum_spec(spec: str, n_operands: int) -> tuple[list[str], str]:
     return terms, out
 
 
+_EINSUM_AVALS: dict[tuple[str, tuple[AVal, ...]], AVal] = {}
+
+
 def _infer_einsum(avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    """Checked once per (spec, operand types): eager matmuls repeat the same few."""
+    key = (attrs["spec"], tuple(avals))
+    aval = _EINSUM_AVALS.get(key)
+    if aval is None:
+        aval = _check_einsum(avals, attrs)
+        if len(_EINSUM_AVALS) > 4096:
+            _EINSUM_AVALS.clear()
+        _EINSUM_AVALS[key] = aval
+    return aval
+
+
+def _check_einsum(avals: Sequence[AVal], attrs: Attrs) -> AVal:
     spec: str = attrs["spec"]
     terms, out = parse_einsum_spec(spec, len(avals))
     sizes: dict[str, int] = {}
@@ -312,7 +366,9 @@ def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         if op not in REDUCE_OPS:
             raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
         if x.dtype == bool_ and op != "max":
-            raise DTypeError(f"all_reduce: op {op!r} needs a numeric operand, got {x}; 'max' is 'any'")
+            raise DTypeError(
+                f"all_reduce: op {op!r} needs a numeric operand, got {x}; 'max' is 'any'"
+            )
         if op == "mean" and not x.dtype.is_float:
             raise DTypeError(f"all_reduce: op 'mean' needs a floating-point operand, got {x}")
         root = attrs.get("root")
@@ -322,7 +378,9 @@ def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     if prim is Prim.BROADCAST_FROM:
         root = attrs["root"]
         if not 0 <= root < size:
-            raise ValueError(f"broadcast: root {root} is not a rank of a {size}-process communicator")
+            raise ValueError(
+                f"broadcast: root {root} is not a rank of a {size}-process communicator"
+            )
         return x
     if not x.shape:
         raise ShapeError(prim.value, f"needs an operand with a leading axis, got a scalar {x}")
@@ -376,15 +434,17 @@ class ConstValue:
         self.array.setflags(write=False)
         self.dtype = dtype
         self.shape: Shape = tuple(self.array.shape)
-        self._hash = hash((self.shape, dtype.name, self.array.tobytes()))
+        self._hash: int | None = None  # hashed on first use: eager constants never are
 
     def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.shape, self.dtype.name, self.array.tobytes()))
         return self._hash
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, ConstValue)
-            and self._hash == other._hash
+            and hash(self) == hash(other)
             and self.dtype == other.dtype
             and self.shape == other.shape
             and self.array.tobytes() == other.array.tobytes()

@@ -1,7 +1,11 @@
 """The one set of vector-Jacobian product rules, written in terms of primitives.
 
 Each rule receives ``(inputs, output, cotangent, attrs, needs)`` and returns
-one cotangent (or None) per input. Because rules only call primitives, the
+one cotangent (or None) per input. Rules of ops that take scalar operands
+(``attrs["scalars"]``, see ``protocol.py``) are written over the full operand
+list, scalars in place with ``needs`` False; ``_over_operands`` maps that to
+the tensor inputs, so the eager scalar form and the graph's constant form
+share one rule. Because rules only call primitives, the
 eager tape runs them on NumPy and the graph autodiff records them as IR:
 there is no second rule set.
 """
@@ -9,9 +13,12 @@ there is no second rule set.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
 
 from shapegrad.ops import prims as p
-from shapegrad.ops.protocol import NON_DIFFERENTIABLE, Attrs, Prim
+from shapegrad.ops.protocol import NON_DIFFERENTIABLE, Attrs, Prim, operands
 from shapegrad.tensor import Tensor
 
 Cotangents = Sequence[Tensor | None]
@@ -22,11 +29,30 @@ _RULES: dict[Prim, Rule] = {}
 
 def rule(*prims_: Prim) -> Callable[[Rule], Rule]:
     def register(fn: Rule) -> Rule:
+        wrapped = _over_operands(fn)
         for prim in prims_:
-            _RULES[prim] = fn
+            _RULES[prim] = wrapped
         return fn
 
     return register
+
+
+def _over_operands(fn: Rule) -> Rule:
+    """Run ``fn`` on the full operand list (scalar operands in place, not needed) and
+    keep the cotangents of the tensor inputs."""
+
+    def on_inputs(
+        xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+    ) -> Cotangents:
+        scalars = attrs.get("scalars")
+        if scalars is None:
+            return fn(xs, y, g, attrs, needs)
+        pending = iter(needs)
+        full_needs = [next(pending) if s is None else False for s in scalars]
+        cts = fn(operands(xs, attrs), y, g, attrs, full_needs)
+        return [ct for ct, s in zip(cts, scalars, strict=True) if s is None]
+
+    return on_inputs
 
 
 def vjp_rule(prim: Prim) -> Rule:
@@ -141,20 +167,25 @@ def _pow(
 ) -> Cotangents:
     a, b = xs
     ga = g * b * p.binary(Prim.POW, a, b - 1.0) if needs[0] else None
-    if needs[1]:
-        safe_a = p.where(a > 0, a, 1.0)
-        gb: Tensor | None = p.where(a > 0, g * y * p.unary(Prim.LOG, safe_a), 0.0)
-    else:
+    if not needs[1]:
         gb = None
+    elif not isinstance(a, Tensor):  # a scalar base: its log is a scalar too
+        base: Any = a
+        gb = g * y * np.log(base) if base > 0 else p.zeros_like(g)
+    else:
+        safe_a = p.where(a > 0, a, 1.0)
+        gb = p.where(a > 0, g * y * p.unary(Prim.LOG, safe_a), 0.0)
     return [ga, gb]
 
 
 def _select_grads(
     a_wins: Tensor, a: Tensor, b: Tensor, g: Tensor, needs: Sequence[bool]
 ) -> Cotangents:
-    # Ties split the gradient evenly, which is what central differences see.
-    share = p.where(a_wins, 1.0, p.where(a == b, 0.5, 0.0)).astype(g.dtype)
-    return [g * share if needs[0] else None, g * (1.0 - share) if needs[1] else None]
+    # Ties split the gradient evenly, which is what central differences see. Selects, not
+    # products with a 0/0.5/1 mask: fewer ops, and the loser gets exactly 0 (as in PyTorch)
+    # even where g is inf or NaN.
+    ga = p.where(a_wins, g, p.where(a == b, g * 0.5, 0))
+    return [ga if needs[0] else None, g - ga if needs[1] else None]
 
 
 @rule(Prim.MAX)
@@ -176,11 +207,10 @@ def _where(
     xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
 ) -> Cotangents:
     cond = xs[0]
-    zero = p.zeros_like(g)
     return [
         None,
-        p.where(cond, g, zero) if needs[1] else None,
-        p.where(cond, zero, g) if needs[2] else None,
+        p.where(cond, g, 0) if needs[1] else None,
+        p.where(cond, 0, g) if needs[2] else None,
     ]
 
 

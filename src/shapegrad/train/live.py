@@ -157,7 +157,7 @@ def bind_step(
             the layout of a training step (every state leaf aliased; loss and lr out).
     """
     lowered = compiled.lower(*args)
-    layout = StateLayout.of(lowered.graph)
+    layout = StateLayout.of(lowered.executable.graph)  # no passes on a keyed-cache hit
     state_leaves, state_def = tree.flatten(tuple(args[:n_state_args]))
     if layout.state_inputs != tuple(range(len(state_leaves))) or len(layout.free_outputs) != 2:
         raise RuntimeError(
@@ -169,7 +169,7 @@ def bind_step(
     bound = lowered.executable.bind(arrays)
     if bound is None:
         raise RuntimeError(f"backend {compiled.backend!r} says it binds state but bind() gave None")
-    inputs = lowered.graph.inputs
+    inputs = lowered.executable.graph.inputs
     batch_dtypes = [inputs[i].aval.dtype.numpy for i in layout.batch_inputs]
     scheduled = args[n_state_args] is None
     rate_dtype = batch_dtypes[0] if not scheduled else np.dtype(np.float32)

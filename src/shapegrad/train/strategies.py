@@ -277,11 +277,16 @@ class CompiledStrategy(_TreeStrategy):
     kind: ClassVar[Kind] = "compiled"
 
     def __init__(
-        self, plan: StepPlan, params: Any, scaler: mp.ScalerState | None, backend: str
+        self,
+        plan: StepPlan,
+        params: Any,
+        scaler: mp.ScalerState | None,
+        backend: str,
+        options: tuple[tuple[str, Any], ...] = (),
     ) -> None:
         super().__init__(plan, params, scaler)
         self.backend = backend
-        self.functions = FunctionCache(backend)
+        self.functions = FunctionCache(backend, options)
 
     def _function(
         self, key: Any, fn: Callable[..., Any], donate: tuple[int, ...] = ()
@@ -305,9 +310,14 @@ class BoundStrategy(CompiledStrategy):
     kind: ClassVar[Kind] = "bound"
 
     def __init__(
-        self, plan: StepPlan, params: Any, scaler: mp.ScalerState | None, backend: str
+        self,
+        plan: StepPlan,
+        params: Any,
+        scaler: mp.ScalerState | None,
+        backend: str,
+        options: tuple[tuple[str, Any], ...] = (),
     ) -> None:
-        super().__init__(plan, params, scaler, backend)
+        super().__init__(plan, params, scaler, backend, options)
         self.live: LiveStep | None = None
 
     def step(self, optimizer: Optimizer, inputs: tuple[Any, ...], lr: float | None) -> float:
@@ -398,10 +408,12 @@ class BoundStrategy(CompiledStrategy):
 
 
 class FunctionCache:
-    """``sg.compile``d functions of one backend, by key (e.g. ``("step", optimizer key)``)."""
+    """``sg.compile``d functions of one backend, by key (e.g. ``("step", optimizer key)``),
+    compiled with the backend ``options`` (e.g. ``(("flush_denormals", True),)``)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, options: tuple[tuple[str, Any], ...] = ()) -> None:
         self.backend = backend
+        self.options = dict(options)
         self.compiled: dict[Any, Compiled] = {}
 
     def get(self, key: Any, fn: Callable[..., Any], donate: tuple[int, ...] = ()) -> Compiled:
@@ -412,7 +424,11 @@ class FunctionCache:
 
             label = key if isinstance(key, str) else key[0]
             found = self.compiled[key] = sg_compile(  # a Compiled: no decorator form
-                fn, backend=self.backend, name=f"trainer_{label}", donate_argnums=donate
+                fn,
+                backend=self.backend,
+                name=f"trainer_{label}",
+                donate_argnums=donate,
+                **self.options,
             )
         return found
 

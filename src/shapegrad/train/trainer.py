@@ -102,6 +102,12 @@ class ScalarTrainer:
             then gets the gradient of the whole batch with the activations of one part).
             With ``dtype="float16"`` the loss scale applies per micro-batch: smaller parts
             scale each example's cotangent up, so overflow skips can come earlier.
+        flush_denormals: run the compiled C step with denormal floats flushed to zero
+            (x86 MXCSR FTZ/DAZ, aarch64 FPCR FZ) on every thread, restoring the caller's
+            mode after each call. Values below FLT_MIN (1.2e-38) become 0. Why: Adam's
+            moments of dead ReLU units decay geometrically into denormals, which x86
+            computes ~100x slower (moons Adam ``step_many``: see ``benchmarks/trainer_step.py``).
+            Only with ``mode="compiled", backend="c"`` (ValueError otherwise).
 
     ``mode="compiled", backend="ane"`` follows the Neural Engine training design
     (:mod:`shapegrad.train.ane`, :class:`shapegrad.train.ane.AneTrainer`):
@@ -141,6 +147,7 @@ class ScalarTrainer:
         seed: int = 0,
         data_parallel: bool | Communicator = False,
         accumulate: int = 1,
+        flush_denormals: bool = False,
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
@@ -179,12 +186,18 @@ class ScalarTrainer:
         params_tree = tree.unflatten(treedef, leaves)
         scaler = mp.init_state(float(loss_scale)) if plan.fp16 else None
         self._strategy: StepStrategy
+        if flush_denormals and (mode != "compiled" or self.backend != "c"):
+            raise ValueError(
+                "ScalarTrainer: flush_denormals=True is an option of the compiled C step "
+                f"(mode='compiled', backend='c'); got mode={mode!r}, backend={self.backend!r}"
+            )
+        options = (("flush_denormals", True),) if flush_denormals else ()
         if kind == "eager":
             self._strategy = EagerStrategy(plan, params_tree, scaler)
         elif kind == "compiled":
-            self._strategy = CompiledStrategy(plan, params_tree, scaler, self.backend)
+            self._strategy = CompiledStrategy(plan, params_tree, scaler, self.backend, options)
         elif kind == "bound":
-            self._strategy = BoundStrategy(plan, params_tree, scaler, self.backend)
+            self._strategy = BoundStrategy(plan, params_tree, scaler, self.backend, options)
         else:
             from shapegrad.train.ane import AneStrategy, check_ane_settings
 

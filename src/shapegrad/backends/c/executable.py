@@ -26,7 +26,7 @@ An executable is not re-entrant (one arena): do not call it from two threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from shapegrad.backends.base import (
     lazy_ffi,
     validate_inputs,
 )
+from shapegrad.backends.c.manifest import RuntimeInfo
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError
 from shapegrad.dtypes import DTypeError
@@ -48,7 +49,7 @@ _CDEF = """
 int sg_run(void **io, char *arena);
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done);
 extern const char sg_key[];
-void sg_set_threads(int n);
+void sg_set_threads(int n, int adaptive);
 extern double sg_profile[];
 int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
 """
@@ -68,7 +69,7 @@ def load_library(path: str, key: str) -> Any:
     found = ffi().string(lib.sg_key).decode()
     if found != key:
         raise OSError(f"{path}: key {found!r} does not match {key!r}")
-    lib.sg_set_threads(num_threads())
+    lib.sg_set_threads(num_threads(), adaptive_threads())
     _LIBS[key] = lib
     return lib
 
@@ -96,6 +97,13 @@ def num_threads() -> int:
             except ValueError:
                 continue
     return default
+
+
+def adaptive_threads() -> int:
+    """1 unless ``$SHAPEGRAD_ADAPTIVE_THREADS`` is ``0``: each step's OpenMP region then
+    runs with the full team or one thread, whichever was faster over recent calls (see
+    ``render.py``'s prelude). Set it to 0 to always use the full team (timing studies)."""
+    return 0 if os.environ.get("SHAPEGRAD_ADAPTIVE_THREADS", "").strip() == "0" else 1
 
 
 def configure_openmp_waiting() -> None:
@@ -135,34 +143,49 @@ def _aligned_empty(nbytes: int) -> Array:
 class CExecutable:
     """A compiled graph; see the module docstring for the calling conventions."""
 
-    def __init__(self, graph: Graph, program: L.Program, lib: Any, source_path: str) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        info: RuntimeInfo,
+        lib: Any,
+        source_path: str,
+        program: L.Program | Callable[[], L.Program],
+    ) -> None:
+        """``info`` is everything the calls need; ``program`` is the lowered program, or a
+        function that lowers it again when asked for (an executable loaded from a
+        manifest never lowered it; only ``exe.program`` introspection needs it)."""
         self.graph = graph
-        self.program = program
+        self.info = info
         self.lib = lib
         self.source_path = source_path
+        # Seconds per backend phase of this executable's compile (set by the backend:
+        # lower/render/cc/load, or manifest/load for a keyed-cache hit).
+        self.phase_seconds: dict[str, float] = {}
+        self._program = program if isinstance(program, L.Program) else None
+        self._relower = None if isinstance(program, L.Program) else program
         f = ffi()
-        self.n_slots = program.n_slots
+        self.n_slots = info.n_slots
         self._io = f.new("void *[]", max(self.n_slots, 1))
         self._keep: list[Any] = []
-        self.arena = _aligned_empty(max(program.arena_bytes, 64))
+        self.arena = _aligned_empty(max(info.arena_bytes, 64))
         self._arena_ptr = f.cast("char *", self.arena.ctypes.data)
         self.layout = StateLayout.of(graph)
-        if dict(self.layout.state_updates) != program.state_of_output:  # one source of truth
-            raise AssertionError(f"{program.name}: lowering changed the state aliases")
+        if dict(self.layout.state_updates) != info.state_of_output:  # one source of truth
+            raise AssertionError(f"{info.name}: lowering changed the state aliases")
         self.state_inputs = list(self.layout.state_inputs)
         self.state: dict[int, Array] = {}
         for i in self.state_inputs:
             node = graph.inputs[i]
             self.state[i] = np.zeros(node.shape, node.aval.dtype.numpy)
             self._set(i, self.state[i])
-        for name, value in program.constants.items():
+        for slot, value in info.constants:
             array = np.ascontiguousarray(value)
             self._keep.append(array)
-            self._set(program.buffers[name].slot, array)
+            self._set(slot, array)
         self.batch_inputs = list(self.layout.batch_inputs)
         self._bound: BoundStep | None = None  # the latest bind(); it owns the output slots
         self.free_outputs = list(self.layout.free_outputs)
-        self._out_slot = {k: program.buffers[program.outputs[k]].slot for k in self.free_outputs}
+        self._out_slot = {k: info.output_slots[k] for k in self.free_outputs}
         # run_validated's hot-path data: pinned buffers by slot, last input objects by index.
         self._pin = f.from_buffer
         self._in_keep: list[Any] = [None] * max(self.n_slots, 1)
@@ -171,6 +194,19 @@ class CExecutable:
             (node.shape, node.aval.dtype.numpy, self._out_slot.get(k, -1))
             for k, node in enumerate(graph.outputs)
         ]
+
+    @property
+    def program(self) -> L.Program:
+        """The lowered program (lowered again on first access when loaded from a manifest)."""
+        if self._program is None:
+            assert self._relower is not None
+            self._program = self._relower()
+        return self._program
+
+    @property
+    def budget(self) -> tuple[int, int, int]:
+        """(arena bytes, kernels, layer loops) of the program (``Compiled.stats``)."""
+        return self.info.budget
 
     def _set(self, slot: int, array: Array) -> None:
         self._io[slot] = ffi().cast("void *", array.ctypes.data)
@@ -184,8 +220,8 @@ class CExecutable:
         """
         if not rc:
             return
-        name = self.program.name
-        known = self.program.errors.get(rc)
+        name = self.info.name
+        known = self.info.errors.get(rc)
         text = f"compiled {name}: {known}" if known else f"compiled {name}: native error code {rc}"
         if step is not None:
             done = f"steps 0..{step - 1} were applied" if step else "no step was applied"
@@ -196,20 +232,13 @@ class CExecutable:
                 text += f", step {step} may have updated part of the state)"
         if known is None:
             raise NativeError(text)
-        if any(isinstance(s, L.Collective) and s.code == rc for s in self._statements()):
+        if rc in self.info.collective_codes:
             raise DistributedError(text)  # the MPI call of a collective failed
         raise NativeIndexError(text)
 
-    def _statements(self) -> list[L.Stmt]:
-        return [s for k in self.program.kernels for s in L.walk(k.body)]
-
     def _checked_first(self, code: int) -> bool:
         """Whether check ``code`` runs before any kernel (an input index, hoisted)."""
-        kernels = self.program.kernels
-        first = kernels[0] if kernels and kernels[0].name == "k_checks" else None
-        return first is not None and any(
-            isinstance(s, L.CheckBounds) and s.code == code for s in first.body
-        )
+        return code in self.info.hoisted_codes
 
     def __call__(self, inputs: Sequence[Array]) -> list[Array]:
         validate_inputs(self.graph, inputs)
@@ -243,7 +272,7 @@ class CExecutable:
         if self._bound is not None:
             self._bound._reattach()  # the I/O table now points at this call's arrays
         self._check(rc)
-        for k, i in self.program.state_of_output.items():
+        for k, i in self.info.state_of_output.items():
             np.copyto(outs[k], self.state[i])
         return outs
 
@@ -254,10 +283,11 @@ class CExecutable:
             >>> exe = sg.compile(step, backend="c", profile=True).lower(*args).executable
             >>> for name, root, seconds in exe.profile(): print(name, root, seconds)
         """
-        kernels = self.program.kernels
         try:
             times = self.lib.sg_profile
-            return [(k.name, k.root, float(times[i])) for i, k in enumerate(kernels)]
+            return [
+                (name, root, float(times[i])) for i, (name, root) in enumerate(self.info.kernels)
+            ]
         except (AttributeError, ffi().error) as exc:
             raise RuntimeError("compile with profile=True to collect kernel times") from exc
 

@@ -5,49 +5,53 @@ Layout of the generated file:
 * helpers (``backends/cstyle.py``: NaN-propagating max/min, integer division and
   power, the counter-based random generator);
 * ``static int sg_body(void **io, char *arena)``: one ``{ ... }`` block per
-  kernel. Buffer pointers are declared ``restrict`` *inside* each block, so
-  temps that share arena bytes in different kernels never alias within one
-  restrict scope. Returns 0, or the code of the first failed bounds check: C runs
-  synchronously, so "record the error and skip the rest" (the error-flag contract
-  of ``compiler/loops.py``) is a ``return``;
+  kernel (or per part of a kernel, see below). Buffer pointers are declared
+  ``restrict`` *inside* each block, so temps that share arena bytes in different
+  kernels never alias within one restrict scope. Returns 0, or the code of the first
+  failed bounds check (the error-flag contract of ``compiler/loops.py``): a
+  ``return`` outside an OpenMP region, a per-group flag inside one;
 * ``int sg_run(void **io, char *arena)``: one call;
 * ``int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step,
   int64_t *done)``: ``k`` calls, advancing each I/O pointer by ``step[slot]``
   bytes per call (stacked batches in, stacked outputs out, persistent state
   untouched); stops at the first failing step, ``*done`` = steps completed;
-* ``void sg_set_threads(int n)``: OpenMP team size and OpenBLAS threads;
+* ``void sg_set_threads(int n, int adaptive)``: OpenMP team size and OpenBLAS threads;
+  ``adaptive`` 1: a step runs with the full team or one thread, whichever was faster
+  lately; 0: always the full team; 2: always one thread (blocks still cut for ``n``);
 * with collectives, ``int sg_mpi_bind(...)``: the MPI entry points the host hands
   in after loading (``backends/c/collectives.py``);
 * ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
   ``dlopen``.
 
-Scheduling (this renderer's own policy, not the IR's): ``#pragma omp parallel for``
-goes only on the outermost parallel loop of a nest whose estimated work
-(``cstyle.estimate_work``) is at least ``OMP_MIN_WORK`` scalar ops; large library
-products are split into row blocks (or over their summed axis) across the team, each
-block one single-threaded BLAS call; batch-fused products give each thread its own
-scratch slice.
+Scheduling (this renderer's own policy, not the IR's): a step with anything worth
+splitting is one ``#pragma omp parallel`` region (``schedule.py``): loop nests whose
+estimated work (``cstyle.estimate_work``) is at least ``REGION_MIN_WORK`` become orphaned
+``omp for`` loops with dynamic chunks of about ``schedule.CHUNK_WORK`` scalar ops; large
+library products are split into blocks of rows or columns of the result (or over their
+summed axis), each block one single-threaded BLAS call, taken dynamically; batch-fused
+products give each thread its own scratch slice; serial kernels run under ``omp single``;
+barriers stand only where a later unit touches memory an earlier one writes. Programs
+with layer loops or collectives keep one ``parallel for`` per large loop (``OMP_MIN_WORK``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
-from shapegrad.backends.cstyle import HELPERS, CStyleRenderer, estimate_work
+from shapegrad.backends.c.products import TeamRenderer, split_kind, split_parts
+from shapegrad.backends.c.schedule import Tracker, Unit, chunk_size, fork_only, split_units
+from shapegrad.backends.cstyle import HELPERS, estimate_work
 from shapegrad.compiler import loops as L
 
 # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
 # scalar ops (≈ 20-40 µs of work) before splitting it pays off.
 OMP_MIN_WORK = 1 << 18
-# Library products at least this large (multiply-adds) are split into row blocks, one
-# single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
-CONTRACT_SPLIT_MACS = 1 << 20
-# A large sum of products whose output has at most this many elements is split over the
-# summed axis instead (each thread keeps a private partial of the output on its stack):
-# the products keep all their rows (m=32, not 16, for the CNN's weight gradient).
-SUM_SPLIT_MAX_OUT = 1 << 14
-
+# One OpenMP region per step (``CRenderer.body``); False: one region per large loop.
+ONE_REGION = True
+# Inside the step's one region a split loop costs no fork, only the wait for the slowest
+# thread where a later kernel needs its result, so smaller loops are worth splitting there.
+REGION_MIN_WORK = 1 << 18
 _PRELUDE = r"""
 #include <stdint.h>
 #include <math.h>
@@ -55,8 +59,87 @@ _PRELUDE = r"""
 #include <omp.h>
 #endif
 
-/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV */
-static int sg_threads = 1;
+/* internal symbols shared by the translation units of one library (direct calls, no PLT) */
+#define SG_HIDDEN __attribute__((visibility("hidden")))
+/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV.
+   Defined once, in the step unit; every kernel unit reads the same variable (as it does
+   sg_adaptive and sg_team_epoch). */
+SG_HIDDEN extern int sg_threads;
+SG_HIDDEN extern int sg_adaptive;
+SG_HIDDEN extern unsigned sg_team_epoch;
+/* The step's region runs with the full team or with one thread, whichever is faster
+   (sg_set_threads(n, adaptive=1); 0: always the full team). Two calls in every SG_PROBE
+   (every SG_PROBE / 4 during the first 16 * SG_PROBE calls) run one with each choice, back to back and in alternating order, so both see the same
+   load; sg_ratio is a moving average of their time ratio (one thread / full team, each
+   pair clamped to [1/2, 2] so one stalled call cannot decide). The other calls use one
+   thread only while sg_ratio < 0.95. Under contention the team usually stays faster (the
+   OS gives each thread its share), but where barriers stall more than the second thread
+   gains, steps fall back to one thread. Blocks and partial sums are cut by sg_threads,
+   not by the team a call ran with, so results do not depend on the choice. */
+#define SG_PROBE 64
+static double sg_ratio = 1.0;
+static double sg_probe_first;
+static unsigned sg_calls;
+#include <time.h>
+static inline double sg_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static unsigned sg_seen_epoch;
+static inline int sg_team_pick(void) {
+    if (sg_seen_epoch != sg_team_epoch) { /* sg_set_threads ran: this unit starts afresh */
+        sg_seen_epoch = sg_team_epoch;
+        sg_ratio = 1.0;
+        sg_calls = 0;
+    }
+    if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
+    if (sg_threads <= 1 || !sg_adaptive) return 1;
+    unsigned period = sg_calls < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE; /* faster at first */
+    unsigned c = sg_calls % period, order = (sg_calls / period) & 1u;
+    ++sg_calls;
+    if (c < 2) return (int)(c ^ order); /* a probe pair */
+    return sg_ratio >= 0.95;
+}
+static inline void sg_team_record(int pick, double seconds) {
+    unsigned call = sg_calls - 1;
+    unsigned c = call % (call < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE);
+    if (c == 0) {
+        sg_probe_first = seconds;
+    } else if (c == 1 && sg_probe_first > 0.0 && seconds > 0.0) {
+        double r = pick ? sg_probe_first / seconds : seconds / sg_probe_first;
+        r = r < 0.5 ? 0.5 : (r > 2.0 ? 2.0 : r);
+        sg_ratio += 0.25 * (r - sg_ratio);
+    }
+}
+static inline int sg_thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+/* Flush-to-zero (render_c(flush_denormals=True) defines SG_FLUSH_DENORMALS): every thread
+   that runs the step sets FTZ|DAZ for the call and restores its own mode after. */
+#if defined(SG_FLUSH_DENORMALS) && (defined(__x86_64__) || defined(__i386__))
+#include <xmmintrin.h>
+#define SG_FP_ENTER unsigned int sg_fp_saved = _mm_getcsr(); _mm_setcsr(sg_fp_saved | 0x8040u)
+#define SG_FP_LEAVE _mm_setcsr(sg_fp_saved)
+#elif defined(SG_FLUSH_DENORMALS) && defined(__aarch64__)
+#define SG_FP_ENTER uint64_t sg_fp_saved; __asm__ __volatile__("mrs %0, fpcr" : "=r"(sg_fp_saved)); \
+    __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved | (1ull << 24)))
+#define SG_FP_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved))
+#else
+#define SG_FP_ENTER (void)0
+#define SG_FP_LEAVE (void)0
+#endif
+static inline int sg_team_size(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
 """ + HELPERS.format(q="static inline")
 
 _BLAS_DECL = r"""
@@ -69,22 +152,36 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int
 """
 
 _STEPS = r"""
-int sg_run(void **io, char *arena) { return sg_body(io, arena); }
+SG_HIDDEN int sg_threads = 1;
+SG_HIDDEN int sg_adaptive = 1;
+SG_HIDDEN unsigned sg_team_epoch;
+
+int sg_run(void **io, char *arena) {
+    SG_FP_ENTER;
+    int rc = sg_body(io, arena);
+    SG_FP_LEAVE;
+    return rc;
+}
 
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done) {
     void *local[SG_NSLOTS + 1];
+    int rc = 0;
+    SG_FP_ENTER;
     *done = 0;
     for (int64_t t = 0; t < k; ++t) {
         for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
-        int rc = sg_body(local, arena);
-        if (rc) return rc;
+        rc = sg_body(local, arena);
+        if (rc) break;
         *done = t + 1;
     }
-    return 0;
+    SG_FP_LEAVE;
+    return rc;
 }
 
-void sg_set_threads(int n) {
+void sg_set_threads(int n, int adaptive) {
     sg_threads = n > 0 ? n : 1;
+    sg_adaptive = adaptive;
+    ++sg_team_epoch; /* every unit's region resets its probe state on its next call */
 #ifdef SG_USES_BLAS
     scipy_openblas_set_num_threads(1); /* we split products across our own threads */
 #endif
@@ -93,15 +190,140 @@ void sg_set_threads(int n) {
 """
 
 
-class CRenderer(CStyleRenderer):
-    """C with OpenMP scheduling and OpenBLAS products (see the module docstring)."""
+class CRenderer(TeamRenderer):
+    """C with OpenMP scheduling and OpenBLAS products (see the module docstring).
+
+    ``mode`` says how the statement being rendered runs: ``"fork"`` (no enclosing region:
+    a large loop opens its own ``parallel for``; layer bodies and programs with
+    collectives), ``"shared"`` (inside the step's region, split by an orphaned
+    work-sharing construct) or ``"serial"`` (inside the region, on one thread).
+    """
 
     def __init__(self, program: L.Program) -> None:
         super().__init__(program)
         # functions of layer-loop bodies, shared by the renderers of one translation unit
         self.functions: list[str] = []
+        self._fail_to: tuple[int, str] | None = None  # (flag index, skip label) in a region
+
+    def body(self, kernels: list[L.Kernel], profile: bool, depth: int = 1, first: int = 0) -> None:
+        """The statements of ``sg_body`` after its opening line, ending in ``return``.
+
+        With at least one statement worth splitting (and no layer loop or collective),
+        the whole step is one ``#pragma omp parallel`` region (``schedule.py``): shared
+        units are orphaned ``omp for`` loops, runs of serial units one ``omp single``,
+        barriers only where a later unit touches what an earlier one writes. A group that
+        can fail records its code in its own ``sg_fail[g]``; after the group a barrier
+        and a test of that flag send every thread to ``sg_end`` together, so the first
+        failing check's code is returned and the rest skipped.
+        """
+        one = ONE_REGION and not fork_only(self.program)
+        units = split_units(kernels, self.shareable, first) if one else []
+        if not any(u.shared for u in units):
+            for number, k in enumerate(kernels, first):
+                self.kernel(k, number, profile)
+            self.emit(depth, "return 0;")
+            return
+        groups: list[list[Unit]] = []
+        for u in units:
+            if u.shared or not groups or groups[-1][0].shared:
+                groups.append([u])
+            else:
+                groups[-1].append(u)
+        failing = [g for g in groups if any(u.fails for u in g)]
+        e = self.emit
+        if failing:
+            e(depth, f"int sg_fail[{len(failing)}] = {{0}};")
+        e(depth, "const int sg_pick = sg_team_pick();")
+        e(depth, "const double sg_start = sg_threads > 1 && sg_adaptive == 1 ? sg_clock() : 0.0;")
+        e(depth, f"#pragma omp parallel num_threads(sg_pick ? {self._team_size(kernels)} : 1)")
+        e(depth, "{")
+        d = depth + 1
+        if self.flush_denormals:
+            e(d, "SG_FP_ENTER;")
+        pending = Tracker(self.program)
+        for group in groups:
+            reads = set().union(*(u.reads for u in group))
+            writes = set().union(*(u.writes for u in group))
+            if pending.needs_barrier(reads, writes) or profile:
+                e(d, "#pragma omp barrier")
+                pending.clear()
+            pending.add(reads, writes)
+            if group[0].shared:
+                self._unit(group[0], d, profile)
+                continue
+            flag = failing.index(group) if group in failing else -1
+            e(d, "#pragma omp single nowait")
+            e(d, "{")
+            self._fail_to = (flag, f"sg_skip{flag}") if flag >= 0 else None
+            for u in group:
+                self._unit(u, d + 1, profile)
+            self._fail_to = None
+            if flag >= 0:
+                e(d + 1, f"sg_skip{flag}:;")
+            e(d, "}")
+            if flag >= 0:
+                e(d, "#pragma omp barrier")
+                e(d, f"if (sg_fail[{flag}]) goto sg_end;")
+                pending.clear()
+        if failing:
+            e(d, "sg_end:;")
+        if self.flush_denormals:
+            e(d, "SG_FP_LEAVE;")
+        e(depth, "}")
+        e(depth, "if (sg_start != 0.0) sg_team_record(sg_pick, sg_clock() - sg_start);")
+        if failing:
+            e(depth, f"for (int g = 0; g < {len(failing)}; ++g)")
+            e(depth + 1, "if (sg_fail[g]) return sg_fail[g];")
+        e(depth, "return 0;")
+        self.mode = "fork"
+
+    def _team_size(self, kernels: list[L.Kernel]) -> str:
+        """The region's team: ``sg_threads``, at most the scratch slices of any batch-fused
+        product (each thread of the team owns one)."""
+        slots = [s.slots for k in kernels for s in L.walk(k.body) if isinstance(s, L.BatchFused)]
+        if not slots:
+            return "sg_threads"
+        return f"(sg_threads < {min(slots)} ? sg_threads : {min(slots)})"
+
+    def shareable(self, s: L.Stmt) -> bool:
+        """Whether the renderer splits top-level statement ``s`` across the team (the same
+        decisions as ``loop`` and ``contract`` make in fork mode)."""
+        if isinstance(s, L.BatchFused):
+            return True
+        if isinstance(s, L.Contract):
+            return split_kind(s) is not None
+        if isinstance(s, L.Loop) and estimate_work(s) >= REGION_MIN_WORK:
+            if s.kind == "parallel" and s.var.extent > 1:
+                return True
+            return s.kind == "reduction" and _row_of(s) is not None
+        return False
+
+    def _unit(self, u: Unit, depth: int, profile: bool) -> None:
+        k = u.kernel
+        self.emit(
+            depth, f"/* {k.name}: root {k.root}; work {k.work}{' (shared)' if u.shared else ''} */"
+        )
+        if k.inlined:
+            self.emit(depth, f"/*   inlined: {', '.join(k.inlined)} */")
+        self.emit(depth, "{")
+        if profile:
+            self.emit(depth + 1, "double sg_t0 = sg_now();")
+        for name in sorted(u.reads | u.writes):
+            self.emit(depth + 1, self._pointer(name))
+        self.mode = "shared" if u.shared else "serial"
+        for s in u.body:
+            self.stmt(s, depth + 1, parallel_ok=u.shared)
+        if profile:
+            if u.shared:  # thread 0 times the whole construct, stragglers included
+                self.emit(depth + 1, "#pragma omp barrier")
+                self.emit(depth + 1, "if (sg_thread_id() == 0)")
+                self.emit(depth + 2, f"sg_profile[{u.number}] += sg_now() - sg_t0;")
+            else:
+                self.emit(depth + 1, f"sg_profile[{u.number}] += sg_now() - sg_t0;")
+        self.emit(depth, "}")
 
     def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
+        self.mode = "fork"
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
             self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
@@ -130,11 +352,12 @@ class CRenderer(CStyleRenderer):
         (a bias gradient) is split over the row instead (``_split_rows``). Nothing inside
         a serial loop forks a team: a region per iteration would fork thousands of times."""
         if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
+            self.work_sharing(depth, f"dynamic, {chunk_size(s)}")
             v = s.var.name
             self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
             self.stmts(s.body, depth + 1, False)
             self.emit(depth, "}")
+            self.end_work_sharing(depth)
             return
         if parallel_ok and s.kind == "reduction" and (row := _row_of(s)) is not None:
             self._split_rows(s, row, depth)
@@ -147,16 +370,18 @@ class CRenderer(CStyleRenderer):
         runs in the same order as serially, so results are identical."""
         j = row.var
         e = self.emit
-        e(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-        e(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
-        e(depth + 1, f"const int64_t j0 = part * {j.extent} / sg_threads;")
-        e(depth + 1, f"const int64_t j1 = (part + 1) * {j.extent} / sg_threads;")
+        parts = split_parts()
+        self.work_sharing(depth, "dynamic, 1")
+        e(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
+        e(depth + 1, f"const int64_t j0 = part * {j.extent} / {parts};")
+        e(depth + 1, f"const int64_t j1 = (part + 1) * {j.extent} / {parts};")
 
         def blocked(x: L.Stmt) -> L.Stmt:
             return _BlockLoop(j, x.body) if isinstance(x, L.Loop) and x.var == j else x
 
         self.stmts(L.map_body((nest,), stmt=blocked), depth + 1, False)
         e(depth, "}")
+        self.end_work_sharing(depth)
 
     def stmt(self, s: L.Stmt, depth: int, parallel_ok: bool) -> None:
         if isinstance(s, _BlockLoop):
@@ -168,7 +393,10 @@ class CRenderer(CStyleRenderer):
         super().stmt(s, depth, parallel_ok)
 
     def fail(self, code: int) -> str:
-        return f"return {code};"
+        if self._fail_to is None:
+            return f"return {code};"
+        flag, label = self._fail_to
+        return f"{{ sg_fail[{flag}] = {code}; goto {label}; }}"
 
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
         """The body as its own function (rendered once), called per layer with its I/O
@@ -177,6 +405,7 @@ class CRenderer(CStyleRenderer):
         self.functions.append("")  # reserve the number; nested bodies come first
         sub = CRenderer(s.body)
         sub.functions = self.functions
+        sub.flush_denormals = self.flush_denormals
         sub.lines.append(f"/* layer body {_comment_safe(s.body.name)} */")
         sub.lines.append(f"static int {fn}(void **restrict io, char *restrict arena) {{")
         sub.emit(1, "(void)io; (void)arena;")
@@ -202,157 +431,9 @@ class CRenderer(CStyleRenderer):
         e(depth + 1, "}")
         e(depth, "}")
 
-    def contract(self, s: L.Contract, depth: int) -> None:
-        """Library products; large ones are split into row blocks across the OpenMP team
-        (each block a single-threaded BLAS call), see ``sg_set_threads``."""
-        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
-        f = "f" if s.dtype.name == "float32" else ""
-        one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
-        ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
-        a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
-        big = s.m * s.n * s.k * s.batch * s.sum_batch >= CONTRACT_SPLIT_MACS
-        if big and s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= SUM_SPLIT_MAX_OUT:
-            self.contract_sum_split(s, depth)
-            return
-        if big and s.batch >= 8:
-            # many independent products: hand whole products to threads, rows stay intact
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-        split = big and s.batch < 8 and s.m >= 16
-        if split:
-            self.emit(depth, "#pragma omp parallel for schedule(static) num_threads(sg_threads)")
-            self.emit(depth, "for (int64_t part = 0; part < sg_threads; ++part) {")
-            depth += 1
-            self.emit(depth, f"int64_t m0 = part * {s.m} / sg_threads;")
-            self.emit(depth, f"int64_t m1 = (part + 1) * {s.m} / sg_threads;")
-            rows, a_off, c_off = "(int)(m1 - m0)", f" + m0 * {a_row}", f" + m0 * {s.n}"
-        else:
-            rows, a_off, c_off = str(s.m), "", ""
-        self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
-        self.emit(depth + 1, f"for (int64_t si = 0; si < {s.sum_batch}; ++si)")
-        self.emit(
-            depth + 2,
-            f"{fn}(101, {ta}, {tb}, {rows}, {s.n}, {s.k}, {alpha}, "
-            f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}{a_off}, {s.lda}, "
-            f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}, {s.ldb}, "
-            f"si ? {one} : {beta}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
-        )
-        if split:
-            self.emit(depth - 1, "}")
-
-    def contract_sum_split(self, s: L.Contract, depth: int) -> None:
-        """A sum of products (a convolution's weight gradient) split over the summed axis:
-        each thread accumulates whole products into a private partial, then the partials
-        are added into ``c`` in thread order (deterministic for a given team size)."""
-        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
-        t, f = self.type_name(s.dtype), ("f" if s.dtype.name == "float32" else "")
-        size, total = s.m * s.n, s.sum_batch
-        e = self.emit
-        e(depth, "{")
-        e(depth, "#ifdef _OPENMP")
-        e(depth, "#pragma omp parallel num_threads(sg_threads)")
-        e(depth, "#endif")
-        e(depth, "{")
-        d = depth + 1
-        e(d, "int nt = 1, tid = 0;")
-        e(d, "#ifdef _OPENMP")
-        e(d, "nt = omp_get_num_threads(); tid = omp_get_thread_num();")
-        e(d, "#endif")
-        e(d, f"{t} part[{size}];")
-        e(d, f"int64_t s0 = tid * {total} / nt, s1 = (tid + 1) * {total} / nt;")
-        e(d, "for (int64_t si = s0; si < s1; ++si)")
-        a = f"{s.a} + {s.offset_a} + si * {s.sum_stride_a}"
-        b = f"{s.b} + {s.offset_b} + si * {s.sum_stride_b}"
-        e(d + 1, _partial_product(fn, s, a, b, f"si > s0 ? 1.0{f} : 0.0{f}"))
-        self.add_partials(s, d, "tid")
-        e(depth, "}")
-        e(depth, "}")
-
-    def add_partials(self, s: L.Contract, d: int, tid: str) -> None:
-        """Add each thread's ``part`` (its products ``s0 <= si < s1``) into ``s.c``, in
-        thread order; thread 0 also applies ``beta``. ``part`` is ``n x m`` when
-        ``_partial_transposed(s)`` (see ``_partial_product``)."""
-        e, f = self.emit, ("f" if s.dtype.name == "float32" else "")
-        e(d, "for (int q = 0; q < nt; ++q) {")
-        e(d + 1, "#ifdef _OPENMP")
-        e(d + 1, "#pragma omp barrier")
-        e(d + 1, "#endif")
-        e(d + 1, f"if (q != {tid}) continue;")
-        init = f"0.0{f}" if s.beta == 0.0 else f"{s.beta!r}{f} * {s.c}[i]"
-        if _partial_transposed(s):
-            loop = f"for (int64_t i = 0, r = 0; r < {s.m}; ++r) for (int64_t j = 0; j < {s.n}; ++j, ++i) "
-            got = f"part[j * {s.m} + r]"
-        else:
-            loop, got = f"for (int64_t i = 0; i < {s.m * s.n}; ++i) ", "part[i]"
-        e(d + 1, "if (q == 0)")
-        e(d + 2, f"{loop}{s.c}[i] = {init} + (s1 > s0 ? {got} : 0.0{f});")
-        e(d + 1, "else if (s1 > s0)")
-        e(d + 2, f"{loop}{s.c}[i] += {got};")
-        e(d, "}")
-
-    def batch_fused(self, s: L.BatchFused, depth: int) -> None:
-        """Per batch index: the producer nests write this thread's scratch slice, then one
-        library call reads it (see ``loops.BatchFused``). Threads share the batch indices
-        (or, for a sum of products, split them and add private partials in thread order)."""
-        c, e = s.contract, self.emit
-        fn = "scipy_cblas_sgemm" if c.dtype.name == "float32" else "scipy_cblas_dgemm"
-        t, f = self.type_name(c.dtype), ("f" if c.dtype.name == "float32" else "")
-        summed = c.sum_batch > 1
-        count = c.sum_batch if summed else c.batch
-        e(depth, "{")
-        e(depth, f"int sg_team = sg_threads < {s.slots} ? sg_threads : {s.slots};")
-        e(depth, "(void)sg_team;")
-        e(depth, "#pragma omp parallel num_threads(sg_team)")
-        e(depth, "{")
-        d = depth + 1
-        e(d, "int64_t sg_tid = 0; int nt = 1;")
-        e(d, "#ifdef _OPENMP")
-        e(d, "sg_tid = omp_get_thread_num(); nt = omp_get_num_threads();")
-        e(d, "#endif")
-        e(d, "(void)nt;")
-        e(d, f"{t} *restrict sg_slice = {s.scratch} + sg_tid * {s.slice};")
-        if summed:
-            e(d, f"{t} part[{c.m * c.n}];")
-            e(d, f"int64_t s0 = sg_tid * {count} / nt, s1 = (sg_tid + 1) * {count} / nt;")
-            e(d, "for (int64_t bi = s0; bi < s1; ++bi) {")
-        else:
-            e(d, "#pragma omp for schedule(static)")
-            e(d, f"for (int64_t bi = 0; bi < {count}; ++bi) {{")
-        self._slice_nests(s.producer, s.scratch, d + 1)
-        if s.operand == "c":
-            c = replace(c, c="sg_slice", stride_c=0)
-        a_step = c.sum_stride_a if summed else c.stride_a
-        b_step = c.sum_stride_b if summed else c.stride_b
-        a = "sg_slice" if s.operand == "a" else f"{c.a} + {c.offset_a} + bi * {a_step}"
-        b = "sg_slice" if s.operand == "b" else f"{c.b} + {c.offset_b} + bi * {b_step}"
-        if summed:
-            e(d + 1, _partial_product(fn, c, a, b, f"bi > s0 ? 1.0{f} : 0.0{f}"))
-        else:
-            e(
-                d + 1,
-                f"{fn}(101, {112 if c.trans_a else 111}, {112 if c.trans_b else 111}, "
-                f"{c.m}, {c.n}, {c.k}, {_alpha(c)}, {a}, {c.lda}, {b}, {c.ldb}, "
-                f"{c.beta!r}{f}, {c.c} + bi * {c.stride_c}, {c.n});",
-            )
-        self._slice_nests(s.consumer, s.scratch, d + 1)
-        e(d, "}")
-        if summed:
-            self.add_partials(c, d, "sg_tid")
-        e(depth, "}")
-        e(depth, "}")
-
     def collective(self, s: L.Collective, depth: int) -> None:
         """MPI through the pointers bound by ``sg_mpi_bind`` (``backends/c/collectives.py``)."""
         render_collective(s, self.type_name(s.dtype), self.emit, depth)
-
-    def _slice_nests(self, nests: tuple[L.Loop, ...], scratch: str, depth: int) -> None:
-        """Each nest with its outer variable fixed to ``bi`` and the scratch addressed
-        through this thread's slice."""
-        for nest in nests:
-            body = L.rename_buffers(nest.body, lambda n: "sg_slice" if n == scratch else n)
-            self.emit(depth, "{")
-            self.emit(depth + 1, f"int64_t {nest.var.name} = bi;")
-            self.stmts(body, depth + 1, parallel_ok=False)
-            self.emit(depth, "}")
 
 
 @dataclass(frozen=True)
@@ -383,39 +464,6 @@ def _row_of(nest: L.Loop) -> L.Loop | None:
         if any(isinstance(a, L.DivMod) for a in store.index.atoms()):
             return None
     return s
-
-
-def _partial_transposed(s: L.Contract) -> bool:
-    """Whether a thread's private partial of a summed product is kept transposed.
-
-    The partial is private, so its layout is free: OpenBLAS runs the form with more
-    rows than columns faster (CNN weight gradient m=32, n=144, k=784: 75 -> 102 GF/s;
-    m=16, n=144: 62 -> 81; m=64, n=576, k=196: 121 -> 138; one thread, this machine)."""
-    return s.m < s.n
-
-
-def _partial_product(fn: str, s: L.Contract, a: str, b: str, beta: str) -> str:
-    """The library call adding one product of the summed ``s`` into ``part``: ``m x n`` as
-    written, or ``n x m`` as ``op(b)^T @ op(a)^T`` when ``_partial_transposed(s)``."""
-    ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
-    if not _partial_transposed(s):
-        return (
-            f"{fn}(101, {ta}, {tb}, {s.m}, {s.n}, {s.k}, {_alpha(s)}, "
-            f"{a}, {s.lda}, {b}, {s.ldb}, {beta}, part, {s.n});"
-        )
-    flip = {111: 112, 112: 111}
-    return (
-        f"{fn}(101, {flip[tb]}, {flip[ta]}, {s.n}, {s.m}, {s.k}, {_alpha(s)}, "
-        f"{b}, {s.ldb}, {a}, {s.lda}, {beta}, part, {s.m});"
-    )
-
-
-def _alpha(s: L.Contract) -> str:
-    """The product's scale: a literal, times a run-time scalar when it has one."""
-    f = "f" if s.dtype.name == "float32" else ""
-    if s.alpha_buffer is None:
-        return f"{s.alpha!r}{f}"
-    return f"({s.alpha!r}{f} * {s.alpha_buffer}[{s.alpha_index}])"
 
 
 def uses_blas(program: L.Program) -> bool:
@@ -460,44 +508,178 @@ _VECTOR_MATH = "".join(
 )
 
 
-def render_c(program: L.Program, profile: bool = False, vector_math: bool = False) -> str:
-    """The full C source of ``program`` (its I/O table already numbered).
+@dataclass(frozen=True)
+class CUnit:
+    """One translation unit of a program's library: ``name`` (``"step"`` for the unit with
+    ``sg_run``; ``"kernels<n>"`` for a group of kernels), its full ``source``, and
+    ``lines``, its rendered size (the kernel lines, without the shared header)."""
 
-    With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
-    ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``).
+    name: str
+    source: str
+    lines: int
 
-    Example:
-        >>> print(render_c(program))
-    """
-    w = CRenderer(program)
-    w.lines.append(f"/* shapegrad generated: program {_comment_safe(program.name)} */")
-    w.lines.append(_PRELUDE)
+
+# A unit holds about this many generated lines (consecutive kernels, never split), as ONE
+# function: gcc's per-function overhead made one function per kernel cost 12-20% more
+# compiler CPU than one per unit (GPT step 3.0-3.2 vs 2.7-2.9 s; 64-layer MLP 1.8-1.9 vs
+# 1.5 s). Units of 600 or 1200 lines cost the same CPU (GPT 2.7-2.9 s, MLP 1.5 s); 600
+# gives 7-8 units, which balance better over the compiler processes and recompile less
+# after an edit. Per unit, gcc's start-up is ~0.1 s wall (cc1 + as; the 70-line shared
+# header parses in 0.04 s).
+UNIT_LINES = 600
+# Programs below this many kernel lines stay one unit. Measured (gcc 12, -O2, compiler CPU
+# seconds, one unit vs 600-line units + step unit + link, load average 7 so wall times are
+# not comparable): MLP step depth 8 (~700 lines) 0.18 vs 0.21, depth 16 (~1300) 0.35 vs
+# 0.37, depth 32 (~2000) 0.82 vs 0.76, depth 64 (3900) 1.9 vs 1.5, GPT (4400) 2.5-2.8 vs
+# 2.7-2.8. On two free cores the split finishes in about half its CPU time, so it pays
+# from ~1000 lines on; below, the extra units and the link cost more than they save.
+SPLIT_MIN_LINES = 1000
+
+
+def _header(
+    program: L.Program, profile: bool, vector_math: bool, flush_denormals: bool
+) -> list[str]:
+    """What every unit of ``program`` starts with: includes, helpers, shared declarations."""
+    lines = [f"/* shapegrad generated: program {_comment_safe(program.name)} */"]
+    if flush_denormals:
+        lines.append("#define SG_FLUSH_DENORMALS 1")
+    lines.append(_PRELUDE)
     if vector_math:
-        w.lines.append(_VECTOR_MATH)
+        lines.append(_VECTOR_MATH)
     if uses_blas(program):
-        w.lines.append(_BLAS_DECL)
-    w.lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
+        lines.append(_BLAS_DECL)
+    lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
     if program.communicators:
-        w.lines.append(mpi_prelude(program))
+        lines.append(mpi_prelude(program))
     if profile:
-        w.lines.append(_PROFILE)
-        w.lines.append(f"double sg_profile[{max(len(program.kernels), 1)}];")
-    w.lines.append("")
-    head = len(w.lines)
-    w.lines.append("static int sg_body(void **restrict io, char *restrict arena) {")
-    w.emit(1, "(void)io; (void)arena;")
+        lines.append(_PROFILE)
+        lines.append(f"extern double sg_profile[{max(len(program.kernels), 1)}];")
+    return lines
+
+
+def _profile_storage(program: L.Program, profile: bool) -> list[str]:
+    return [f"double sg_profile[{max(len(program.kernels), 1)}];"] if profile else []
+
+
+def _kernel_lines(program: L.Program) -> list[int]:
+    """Each kernel's rendered size in lines (its block and its layer functions), to cut the
+    program into units; rendered on its own, outside any region."""
+    w = CRenderer(program)
+    sizes = []
     for number, k in enumerate(program.kernels):
-        w.kernel(k, number, profile)
-    w.emit(1, "return 0;")
+        first_line, first_fn = len(w.lines), len(w.functions)
+        w.kernel(k, number, False)
+        functions = w.functions[first_fn:]
+        sizes.append(len(w.lines) - first_line + sum(f.count("\n") + 1 for f in functions))
+    return sizes
+
+
+def _function(
+    program: L.Program,
+    kernels: list[L.Kernel],
+    first: int,
+    signature: str,
+    profile: bool,
+    flush_denormals: bool,
+) -> list[str]:
+    """``signature`` with ``kernels`` as its body (one OpenMP region when anything is worth
+    splitting, ``CRenderer.body``), preceded by the layer functions it calls."""
+    w = CRenderer(program)
+    w.flush_denormals = flush_denormals
+    w.lines.append(signature + " {")
+    w.emit(1, "(void)io; (void)arena;")
+    w.body(kernels, profile, first=first)
     w.lines.append("}")
     # layer bodies (declared first: a body may call a nested body defined after it)
     declared = [
         f"static int sg_layer{n}(void **restrict io, char *restrict arena);"
         for n in range(len(w.functions))
     ]
-    w.lines[head:head] = declared + w.functions
-    w.lines.append(_STEPS)
-    return "\n".join(w.lines) + "\n"
+    return declared + w.functions + w.lines
+
+
+def render_c(
+    program: L.Program,
+    profile: bool = False,
+    vector_math: bool = False,
+    flush_denormals: bool = False,
+) -> str:
+    """The full C source of ``program`` (its I/O table already numbered) as one unit.
+
+    With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
+    ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``);
+    with ``flush_denormals`` the entry points and every thread of their OpenMP teams run
+    with denormal floats flushed to zero (x86 MXCSR FTZ and DAZ, aarch64 FPCR FZ), and
+    restore their previous mode when the call returns.
+
+    Example:
+        >>> print(render_c(program))
+    """
+    lines = [*_header(program, profile, vector_math, flush_denormals)]
+    lines += [*_profile_storage(program, profile), ""]
+    signature = "static int sg_body(void **restrict io, char *restrict arena)"
+    lines += _function(program, list(program.kernels), 0, signature, profile, flush_denormals)
+    lines.append(_STEPS)
+    return "\n".join(lines) + "\n"
+
+
+def render_c_units(
+    program: L.Program,
+    profile: bool = False,
+    vector_math: bool = False,
+    unit_lines: int = UNIT_LINES,
+    split_min_lines: int = SPLIT_MIN_LINES,
+    flush_denormals: bool = False,
+) -> list[CUnit]:
+    """``program`` as translation units compiled separately (in parallel, each cached by its
+    own content) and linked into one library: the step unit (``sg_body`` calling one
+    function per kernel unit, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus kernel
+    units of about ``unit_lines`` lines each.
+
+    Kernel unit ``g`` holds consecutive kernels as the body of one function
+    ``SG_HIDDEN int sg_kernels<g>(void **io, char *arena)`` (one OpenMP region of its own,
+    see ``CRenderer.body``), returning 0 or the first error code; state shared by the units
+    (``sg_threads``, ``sg_adaptive``, ``sg_team_epoch``, ``sg_profile``) is declared
+    ``extern`` in the common header and defined in the step unit. Programs under
+    ``split_min_lines`` lines, and programs with collectives (their MPI entry points are
+    per-unit statics), stay one unit (:func:`render_c`).
+    """
+    sizes = _kernel_lines(program)
+    total = sum(sizes)
+    if total < split_min_lines or program.communicators or len(sizes) < 2:
+        source = render_c(program, profile, vector_math, flush_denormals)
+        return [CUnit("step", source, total)]
+    header = _header(program, profile, vector_math, flush_denormals)
+    groups: list[list[int]] = [[]]
+    size = 0
+    for n, kernel_lines in enumerate(sizes):
+        if groups[-1] and size >= unit_lines:
+            groups.append([])
+            size = 0
+        groups[-1].append(n)
+        size += kernel_lines
+    units = []
+    signature = "(void **restrict io, char *restrict arena)"
+    calls = [f"sg_kernels{g}" for g in range(len(groups))]
+    for g, numbers in enumerate(groups):
+        kernels = [program.kernels[n] for n in numbers]
+        fn = _function(
+            program,
+            kernels,
+            numbers[0],
+            f"SG_HIDDEN int {calls[g]}{signature}",
+            profile,
+            flush_denormals,
+        )
+        lines = [*header, "", *fn]
+        units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))
+    step = [*header, *_profile_storage(program, profile), ""]
+    step += [f"SG_HIDDEN int {c}{signature};" for c in calls]
+    step.append(f"static int sg_body{signature} {{")
+    step.append("    int rc;")
+    step += [f"    if ((rc = {c}(io, arena))) return rc;" for c in calls]
+    step += ["    return 0;", "}", _STEPS]
+    return [CUnit("step", "\n".join(step) + "\n", len(step) - len(header)), *units]
 
 
 def _comment_safe(text: str) -> str:

@@ -46,6 +46,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -58,10 +59,12 @@ DEFAULT_CFLAGS = (
     "-O2 -ftree-vectorize -fpeel-loops -march=native -fopenmp -fno-math-errno -fno-trapping-math "
     "-fno-signed-zeros -fassociative-math -fno-semantic-interposition -fvect-cost-model=dynamic"
 )
-_VERSION = __version__
+VERSION = __version__
 
-# Counts compiler runs in this process (tests check cache hits with it).
+# Counts compiler runs in this process (tests check cache hits with it): every run, and
+# the runs that compiled one unit of a multi-unit library to an object file.
 compile_count = 0
+object_compile_count = 0
 
 
 class CompilerNotFound(RuntimeError):
@@ -127,7 +130,7 @@ def _atomic_write(path: str, text: str) -> None:
 
 
 @lru_cache(maxsize=1)
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
     model = platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -179,8 +182,8 @@ class BuildSpec:
             " ".join(self.flags),
             " ".join(self.link),
             " ".join((self.suffix, *self.shared_flags, self.key_decl)),
-            _cpu_identity(),
-            _VERSION,
+            cpu_identity(),
+            VERSION,
         ):
             h.update(part.encode())
             h.update(b"\0")
@@ -197,11 +200,27 @@ def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     return BuildSpec(source, compiler(), tuple(cflags()), link)
 
 
-def _is_temp(name: str) -> bool:
+def is_temp(name: str) -> bool:
+    """Whether a cache entry is a writer's temp file (removed once stale)."""
     return _TEMP_NAME.match(name) is not None
 
 
-_TEMP_NAME = re.compile(r"^[0-9a-f]{32}-.+\.(c|cu|so|sha256)$|^\.tmp-|\.tmp$|^\.load-")
+_count_lock = threading.Lock()  # units are compiled from a thread pool
+
+
+def count_compile() -> None:
+    global compile_count
+    with _count_lock:
+        compile_count += 1
+
+
+def count_object_compile() -> None:
+    global object_compile_count
+    with _count_lock:
+        object_compile_count += 1
+
+
+_TEMP_NAME = re.compile(r"^[0-9a-f]{32}-.+\.(c|cu|so|o|sha256)$|^\.tmp-|\.tmp$|^\.load-")
 _MACHO_MAGICS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
 
 
@@ -255,7 +274,7 @@ def _read_trusted(path: str) -> bytes | None:
 _handed_out: set[str] = set()
 
 
-def _load_path(final: str) -> str:
+def load_path(final: str) -> str:
     if final not in _handed_out:
         _handed_out.add(final)
         return final
@@ -286,13 +305,29 @@ def cached_library(spec: BuildSpec) -> str | None:
     writable by group/others, in a directory with the same property; the checksum covers
     every byte; the ELF headers say the file is complete. Anything else is rebuilt.
     """
-    path = os.path.join(library_dir(), spec.key + ".so")
+    return cached_library_by_key(spec.key)
+
+
+def cached_library_by_key(key: str) -> str | None:
+    """:func:`cached_library` for a library known only by its key (a manifest names it)."""
+    if not _KEY.match(key):
+        return None
+    path = os.path.join(library_dir(), key + ".so")
+    data = verified_bytes(path)
+    return load_path(path) if data is not None and library_is_complete(data) else None
+
+
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+
+
+def verified_bytes(path: str) -> bytes | None:
+    """The bytes of ``path`` when it and ``path.sha256`` are ours alone and agree."""
     data, expected = _read_trusted(path), _read_trusted(path + ".sha256")
     if data is None or expected is None:
         return None
     if hashlib.sha256(data).hexdigest() != expected.decode("ascii", "replace").strip():
         return None
-    return _load_path(path) if library_is_complete(data) else None
+    return data
 
 
 def library_dir() -> str:
@@ -342,7 +377,7 @@ def build_library_in(spec: BuildSpec, folder: str) -> str:
 
 def _build_in(spec: BuildSpec, folder: str) -> str:
     global compile_count
-    _cache.remove_stale_temps(folder, _is_temp)
+    _cache.remove_stale_temps(folder, is_temp)
     key = spec.key
     final = os.path.join(folder, key + ".so")
     fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=spec.suffix, dir=folder)
@@ -371,20 +406,25 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
                 f"C backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"
                 f"{proc.stderr.strip()[-4000:]}"
             )
-        os.chmod(tmp_so, 0o700)  # the compiler honours the umask, which may be 0
-        with open(tmp_so, "rb") as handle:
-            digest = hashlib.sha256(handle.read()).hexdigest()
-        # Library first, checksum second: a reader that sees the new checksum sees the new library.
-        os.replace(tmp_so, final)
-        try:
-            _cache.write_private(final + ".sha256", digest.encode("ascii"))
-        except BaseException:
-            _cache.unlink_quietly(final)
-            raise
+        publish(tmp_so, final, 0o700)
     finally:
         _cache.unlink_quietly(tmp_c)
         _cache.unlink_quietly(tmp_so)
-    return _load_path(final)
+    return load_path(final)
+
+
+def publish(tmp: str, final: str, mode: int) -> None:
+    """Move a freshly built ``tmp`` to ``final`` with ``mode`` and write its checksum."""
+    os.chmod(tmp, mode)  # the compiler honours the umask, which may be 0
+    with open(tmp, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    # File first, checksum second: a reader that sees the new checksum sees the new file.
+    os.replace(tmp, final)
+    try:
+        _cache.write_private(final + ".sha256", digest.encode("ascii"))
+    except BaseException:
+        _cache.unlink_quietly(final)
+        raise
 
 
 def library_for(spec: BuildSpec) -> tuple[str, bool]:
