@@ -86,6 +86,10 @@ def test_first_compiled_step_shows_compiling_and_is_kept_out_of_the_rate(
 # --- item 15: Ctrl-C, ane fallback, help text, --plot-png ------------------------------------
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_with_one_line_and_an_intact_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "run.npz"
     flags = ["--mode", "eager", "--epochs", "100000", "--save", str(ckpt), "--no-progress"]
@@ -95,6 +99,10 @@ def test_ctrl_c_exits_with_one_line_and_an_intact_checkpoint(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        # A shell without job control starts background jobs with SIGINT ignored, and the
+        # child would inherit that (Python then installs no KeyboardInterrupt handler):
+        # give it the disposition of a terminal's foreground process, as a user's Ctrl-C has.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 120
     while not ckpt.exists() and time.monotonic() < deadline:
