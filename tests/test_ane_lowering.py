@@ -280,6 +280,8 @@ def test_sg_compile_ane_saves_package_and_refuses_to_run_off_macos(
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if not _has_zero_size(c)], ids=lambda c: c.name)
 def test_op_table_converts_and_saves(case: Case, tmp_path: Path) -> None:
+    if case.name == "conv2d[winograd]":
+        pytest.skip("algorithm='winograd' builds rank-6 tiles; Core ML takes rank <= 5")
     arrays = _cast_floats(case.arrays(), np.float32)
     mil = lower_to_mil(traced_graph(case.fn, arrays))
     (before,) = run_lowered(mil, arrays)

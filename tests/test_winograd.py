@@ -134,7 +134,9 @@ def test_bias_is_added_once() -> None:
     )
 
 
-def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code() -> None:
+def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     wide = conv_module.WINOGRAD_MIN_CHANNELS
     choose = conv_module._choose_algorithm
     picked: dict[str, str] = {}
@@ -147,6 +149,7 @@ def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code() -> N
         picked["forced"] = choose("im2col", x, w, (1, 1))
         return sg.conv2d(x, w, padding=1)
 
+    monkeypatch.setattr(conv_module, "WINOGRAD_AUTO", True)  # the rule, when turned on
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, wide, 3, 5)).astype(np.float32)
     w = (rng.standard_normal((wide, wide, 3, 3)) / wide).astype(np.float32)
@@ -164,6 +167,9 @@ def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code() -> N
     # Eager mode runs im2col under "auto" (Winograd's many small NumPy calls are slower).
     assert choose("auto", sg.tensor(x), sg.tensor(w), (1, 1)) == "im2col"
     assert choose("winograd", sg.tensor(x), sg.tensor(w), (1, 1)) == "winograd"
+    monkeypatch.setattr(conv_module, "WINOGRAD_AUTO", False)  # the default: im2col
+    assert sg.compile(f, backend="numpy")(*map(sg.tensor, (x, w, *zeros))) is not None
+    assert picked["wide"] == "im2col"
 
 
 def test_bad_algorithm_names_and_unsupported_shapes_are_clear_errors() -> None:

@@ -80,6 +80,8 @@ ALGORITHMS = ("auto", "im2col", "winograd")
 #     batch 32, 14x14: 0.67 at 64, 1.24 at 128, 1.38 at 256.
 # 128 is where it is faster or even in every run.
 WINOGRAD_MIN_CHANNELS = 128
+# Whether "auto" uses the rule above (off: see _choose_algorithm).
+WINOGRAD_AUTO = False
 
 
 def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]) -> str:
@@ -99,9 +101,12 @@ def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, i
         # measured 3.5-7x slower than im2col even at 256 channels, so only traced code.
         from shapegrad.ops.graph import GraphOps  # here: a module-level import is a cycle
 
+        # Not yet on by default: at two threads 128 channels measured 0.97 (no gain), and
+        # its rank-6 tiles exceed what the Core ML (ANE) lowering accepts (rank <= 5), while
+        # the backend is not known at trace time. WINOGRAD_AUTO turns the rule on.
         traced = isinstance(p.pick_ops([x, w]), GraphOps)
         wide = min(w.shape[0], w.shape[1]) >= WINOGRAD_MIN_CHANNELS
-        return "winograd" if fits and wide and traced else "im2col"
+        return "winograd" if WINOGRAD_AUTO and fits and wide and traced else "im2col"
     return algorithm
 
 
@@ -124,9 +129,9 @@ def conv2d(
         algorithm: ``"im2col"`` (patches + one product), ``"winograd"`` (F(2x2, 3x3):
             2.25x fewer multiply-adds; 3x3 float weights and stride 1 only; float32
             results differ from im2col by a few ulps times the transform constants) or
-            ``"auto"``: Winograd for stride-1 3x3 float convolutions with at least
-            ``WINOGRAD_MIN_CHANNELS`` input and output channels in traced (compiled)
-            code, where it measured faster, im2col otherwise (and always in eager mode). Both are differentiated by the same VJP rules.
+            ``"auto"`` (im2col for now: Winograd gained nothing at two threads and its
+            rank-6 tiles do not lower to Core ML). Both are differentiated by the same
+            VJP rules.
     Returns:
         ``[N, O, Ho, Wo]`` with ``Ho = (H + 2 ph - kh) // sh + 1``.
     Example:
@@ -190,7 +195,8 @@ def _tiles(
     out: tuple[int, int],
     fill: float,
 ) -> Tensor:
-    """``[N, C, Ho, kh, Wo, kw]``: the windows of a pooling whose stride is its kernel.
+    """``[N*C, Ho, kh, Wo, kw]``: the windows of a pooling whose stride is its kernel
+    (batch and channels merged: rank 5, the most Core ML takes).
 
     Non-overlapping windows tile the (padded, cropped) input, so they are a reshape of
     it, a view: no strided slices, and a backward pass that is elementwise instead of
@@ -202,7 +208,7 @@ def _tiles(
         x = p.pad(x, [0, 0, ph, pw], [0, 0, ph, pw], value=fill)
     if x.shape[2] != ho * kh or x.shape[3] != wo * kw:
         x = p.slice_(x, [0, 0, 0, 0], [n, c, ho * kh, wo * kw], [1, 1, 1, 1])
-    return p.reshape(x, [n, c, ho, kh, wo, kw])
+    return p.reshape(x, [n * c, ho, kh, wo, kw])
 
 
 def _lowest(x: Tensor) -> float:
@@ -225,7 +231,8 @@ def max_pool2d(
     """
     kernel, strides, pads, out = _pool_setup("max_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
-        return p.reduce_max(_tiles(x, kernel, pads, out, _lowest(x)), [3, 5])
+        pooled = p.reduce_max(_tiles(x, kernel, pads, out, _lowest(x)), [2, 4])
+        return p.reshape(pooled, [x.shape[0], x.shape[1], *out])
     cols = _patches(x, kernel, strides, pads, out, _lowest(x))
     return p.reduce_max(cols, [2])
 
@@ -242,7 +249,8 @@ def avg_pool2d(
     """
     kernel, strides, pads, out = _pool_setup("avg_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
-        total = p.reduce_sum(_tiles(x, kernel, pads, out, 0.0), [3, 5])
+        total = p.reduce_sum(_tiles(x, kernel, pads, out, 0.0), [2, 4])
+        total = p.reshape(total, [x.shape[0], x.shape[1], *out])
     else:
         total = p.reduce_sum(_patches(x, kernel, strides, pads, out, 0.0), [2])
     return total / float(kernel[0] * kernel[1])
