@@ -171,6 +171,14 @@ class BuildSpec:
     suffix: str = ".c"
     shared_flags: tuple[str, ...] = ("-fPIC", "-shared")
     key_decl: str = "const char sg_key[]"
+    # Seconds the compiler may run before the build fails with an error that names the
+    # kept source and the command (not part of the key: it does not change the library).
+    time_limit: float = 600.0
+
+    @property
+    def language(self) -> str:
+        """The backend's name for messages."""
+        return "CUDA" if self.suffix == ".cu" else "C"
 
     @property
     def key(self) -> str:
@@ -190,6 +198,22 @@ class BuildSpec:
         return h.hexdigest()[:32]
 
 
+def compile_time_limit(default: float) -> float:
+    """``$SHAPEGRAD_COMPILE_TIMEOUT`` (seconds) when set to a positive number, else ``default``."""
+    text = os.environ.get("SHAPEGRAD_COMPILE_TIMEOUT", "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"SHAPEGRAD_COMPILE_TIMEOUT={text!r}: expected a positive number of seconds"
+        )
+    return value
+
+
 def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
     link: tuple[str, ...] = ()
     if blas:
@@ -197,7 +221,9 @@ def make_spec(source: str, blas: bool, vector_math: bool = False) -> BuildSpec:
         link = (f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}")
     if vector_math:
         link += ("-lmvec",)
-    return BuildSpec(source, compiler(), tuple(cflags()), link)
+    return BuildSpec(
+        source, compiler(), tuple(cflags()), link, time_limit=compile_time_limit(600.0)
+    )
 
 
 def is_temp(name: str) -> bool:
@@ -395,15 +421,23 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
             *spec.link,
         ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=spec.time_limit)
         except OSError as exc:
             raise CompilerNotFound(missing_compiler_message(spec.cc)) from exc
+        except subprocess.TimeoutExpired as exc:
+            kept = os.path.join(folder, key + ".failed" + spec.suffix)
+            os.replace(tmp_c, kept)
+            raise CompileError(
+                f"{spec.language} backend: the compiler ran longer than {spec.time_limit:g} s and was "
+                f"stopped (set $SHAPEGRAD_COMPILE_TIMEOUT to allow more); source kept at "
+                f"{kept}; command: {shlex.join(cmd).replace(tmp_c, kept)}"
+            ) from exc
         compile_count += 1
         if proc.returncode != 0:
             kept = os.path.join(folder, key + ".failed" + spec.suffix)
             os.replace(tmp_c, kept)
             raise CompileError(
-                f"C backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"
+                f"{spec.language} backend: {' '.join(cmd[:1])} failed on {kept} (exit {proc.returncode}):\n"
                 f"{proc.stderr.strip()[-4000:]}"
             )
         publish(tmp_so, final, 0o700)

@@ -21,12 +21,19 @@ produced and compile-checked anywhere nvcc exists (:func:`generate`,
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
-from shapegrad.backends.c.toolchain import full_source
+from shapegrad.backends.c.toolchain import BuildSpec, full_source
 from shapegrad.backends.cuda.render import render_cuda
-from shapegrad.backends.cuda.toolchain import NvccNotFound, build_launcher, make_spec, nvcc
+from shapegrad.backends.cuda.toolchain import (
+    DEFAULT_ARCH,
+    NvccNotFound,
+    build_launcher,
+    make_spec,
+    nvcc,
+)
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import CUDA_TARGET, Target
@@ -35,7 +42,7 @@ from shapegrad.ir import Graph
 if TYPE_CHECKING:
     from shapegrad.backends.cuda.executable import CudaExecutable
 
-__all__ = ["CudaBackend", "generate"]
+__all__ = ["BuiltProgram", "CudaBackend", "build_program", "generate"]
 
 
 def cuda_target(options: CompileOptions) -> Target:
@@ -79,21 +86,48 @@ class CudaBackend:
         from shapegrad.backends.cuda.launcher import load_launcher
 
         device = device_context(int(options.get("device", 0)))
-        arch = str(options.get("arch", os.environ.get("SHAPEGRAD_CUDA_ARCH") or device.info.arch))
-        program, source = generate(graph, options)
-        uses_cublas = any(
-            isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body)
-        )
-        try:
-            spec = make_spec(source, arch, uses_cublas)
-            path = build_launcher(spec)
-        except NvccNotFound as exc:
-            raise BackendUnavailable(str(exc)) from exc
-        if options.debug_dir:
-            dump_program(options.debug_dir, options.name, program, full_source(spec), ".cu")
-        launches = source.count(">>>(") + source.count("cublasGemmStridedBatchedEx(blas")
-        lib = load_launcher(path, spec.key)
-        return CudaExecutable(graph, program, lib, path, device, launches)
+        built = build_program(graph, options, default_arch=device.info.arch)
+        lib = load_launcher(built.path, built.spec.key)
+        return CudaExecutable(graph, built.program, lib, built.path, device, built.launches)
+
+    def build(self, graph: Graph, options: CompileOptions) -> str:
+        """Generate, nvcc-compile and cache the launcher library without loading it.
+
+        Needs nvcc (and cuBLAS for a program with products) but no GPU, driver or pycuda,
+        so launchers can be prebuilt (CI, a login node); the architecture is the ``arch``
+        option, else ``$SHAPEGRAD_CUDA_ARCH``, else ``sm_90``.
+        """
+        return build_program(graph, options, default_arch=DEFAULT_ARCH).path
+
+
+@dataclass(frozen=True)
+class BuiltProgram:
+    """A launcher library in the cache and what it was built from."""
+
+    program: L.Program
+    spec: BuildSpec
+    path: str
+    launches: int  # kernels + cuBLAS calls per step (counted in the generated source)
+
+
+def uses_cublas(program: L.Program) -> bool:
+    """Whether a program has products (``Contract``), which go to cuBLAS."""
+    return any(isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body))
+
+
+def build_program(graph: Graph, options: CompileOptions, default_arch: str) -> BuiltProgram:
+    """Lower, render and build ``graph``'s launcher (a verified cached one when present)."""
+    arch = str(options.get("arch", os.environ.get("SHAPEGRAD_CUDA_ARCH") or default_arch))
+    program, source = generate(graph, options)
+    try:
+        spec = make_spec(source, arch, uses_cublas(program))
+        path = build_launcher(spec)
+    except NvccNotFound as exc:
+        raise BackendUnavailable(str(exc)) from exc
+    if options.debug_dir:
+        dump_program(options.debug_dir, options.name, program, full_source(spec), ".cu")
+    launches = source.count(">>>(") + source.count("cublasGemmStridedBatchedEx(blas")
+    return BuiltProgram(program, spec, path, launches)
 
 
 register_backend("cuda", CudaBackend)

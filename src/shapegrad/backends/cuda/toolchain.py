@@ -17,16 +17,20 @@ Flags: ``-O3`` for the host launcher and device code; no ``--use_fast_math`` (ke
 from __future__ import annotations
 
 import glob
-import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 
-from shapegrad.backends.c.toolchain import BuildSpec, library_for
+from shapegrad.backends.c.toolchain import BuildSpec, compile_time_limit, library_for
 
 CUDA_FLAGS = ("-O3", "-std=c++17", "-x", "cu")
 DEFAULT_ARCH = "sm_90"
+# nvcc on a 2-core machine: an MLP training step's launcher builds in ~10 s, a 16-block
+# transformer's in well under a minute; 5 minutes means something is wrong.
+NVCC_TIME_LIMIT = 300.0
 
 
 class NvccNotFound(RuntimeError):
@@ -71,7 +75,15 @@ def compile_check(source: str, arch: str = DEFAULT_ARCH, timeout: float = 900) -
         with open(src, "w", encoding="utf-8") as handle:
             handle.write(source)
         cmd = [path, "-cubin", f"-arch={arch}", "-std=c++17", src, "-o", src + ".cubin"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            kept = os.path.join(tempfile.gettempdir(), f"shapegrad-slow-{os.getpid()}.cu")
+            shutil.copyfile(src, kept)
+            raise NvccError(
+                f"nvcc -cubin -arch={arch} ran longer than {timeout:g} s and was stopped; "
+                f"source kept at {kept}"
+            ) from exc
         if proc.returncode != 0:
             kept = os.path.join(tempfile.gettempdir(), f"shapegrad-failed-{os.getpid()}.cu")
             shutil.copyfile(src, kept)
@@ -81,19 +93,73 @@ def compile_check(source: str, arch: str = DEFAULT_ARCH, timeout: float = 900) -
             )
 
 
-def cublas_library() -> str | None:
-    """Path of libcublas from the ``nvidia-cublas`` wheel (or ``$CUDA_HOME/lib64``), or None."""
-    candidates: list[str] = []
+# Where cuBLAS lives: NVIDIA's wheels put it under the ``nvidia`` namespace package, in
+# ``cu13/lib`` (nvidia-cublas 13.x), ``cu12/lib`` (nvidia-cublas-cu12 >= 12.8) or
+# ``cublas/lib`` (older cu12 wheels); the toolkit keeps it in ``lib64`` or
+# ``targets/<arch>-linux/lib``. Wheels come first: ``pip install 'shapegrad[cuda]'``
+# is what the README tells users to do.
+WHEEL_LIB_DIRS = ("cu13/lib", "cu12/lib", "cublas/lib")
+TOOLKIT_LIB_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
+
+
+def wheel_roots() -> list[str]:
+    """The directories of the ``nvidia`` namespace package (one per site directory)."""
     try:
-        package = importlib.import_module("nvidia.cublas")  # untyped third-party namespace
-        for root in list(getattr(package, "__path__", [])):
-            candidates += sorted(glob.glob(os.path.join(root, "lib", "libcublas.so*")))
-    except ImportError:
-        pass
-    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    candidates += sorted(glob.glob(os.path.join(home, "lib64", "libcublas.so*")))
-    libs = [c for c in candidates if "Lt" not in os.path.basename(c)]
-    return libs[0] if libs else None
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    return [str(p) for p in spec.submodule_search_locations]
+
+
+def cuda_homes() -> list[str]:
+    homes = [os.environ.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH")]
+    found = nvcc()
+    if found:  # <home>/bin/nvcc
+        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(found))))
+    homes.append("/usr/local/cuda")
+    return list(dict.fromkeys(h for h in homes if h))
+
+
+def _cublas_in(folder: str) -> str | None:
+    """The cuBLAS library file in ``folder`` (not cuBLASLt), unversioned name first."""
+    names = [
+        p
+        for p in glob.glob(os.path.join(folder, "libcublas.so*"))
+        if os.path.basename(p).startswith("libcublas.so")
+    ]
+    return min(names, key=lambda p: (len(os.path.basename(p)), p)) if names else None
+
+
+def cublas_library(
+    roots: Sequence[str] | None = None, homes: Sequence[str] | None = None
+) -> str | None:
+    """Path of libcublas: from NVIDIA's wheels (``nvidia/cu13/lib``, ``nvidia/cu12/lib``,
+    ``nvidia/cublas/lib``), else the CUDA toolkit's; None when there is none."""
+    for root in wheel_roots() if roots is None else roots:
+        for sub in WHEEL_LIB_DIRS:
+            found = _cublas_in(os.path.join(root, sub))
+            if found:
+                return found
+    for home in cuda_homes() if homes is None else homes:
+        for sub in TOOLKIT_LIB_DIRS:
+            found = _cublas_in(os.path.join(home, sub))
+            if found:
+                return found
+    return None
+
+
+def cublas_link(lib: str) -> tuple[str, ...]:
+    """Link-line arguments for the cuBLAS file ``lib``.
+
+    Never the file itself as an input: nvcc's ``-x cu`` applies to every later input, so
+    a library path after it is compiled as CUDA source (54 MB: the build never ends).
+    ``-l:<file name>`` links that exact file (wheels ship only ``libcublas.so.13``, no
+    unversioned name) and records its soname; the rpath finds it at load time.
+    """
+    folder = os.path.dirname(os.path.abspath(lib))
+    return (f"-L{folder}", f"-l:{os.path.basename(lib)}", f"-Xlinker=-rpath,{folder}")
 
 
 def make_spec(source: str, arch: str, uses_cublas: bool) -> BuildSpec:
@@ -104,9 +170,10 @@ def make_spec(source: str, arch: str, uses_cublas: bool) -> BuildSpec:
         if lib is None:
             raise NvccNotFound(
                 "CUDA backend: this program multiplies matrices with cuBLAS, which was not found "
-                "(pip install nvidia-cublas, or install the CUDA toolkit's cuBLAS)"
+                "(pip install 'shapegrad[cuda]' for the nvidia-cublas wheel, or install the "
+                "CUDA toolkit's cuBLAS)"
             )
-        link = (lib, f"-Xlinker=-rpath,{os.path.dirname(lib)}")
+        link = cublas_link(lib)
     return BuildSpec(
         source,
         require_nvcc(),
@@ -115,6 +182,7 @@ def make_spec(source: str, arch: str, uses_cublas: bool) -> BuildSpec:
         suffix=".cu",
         shared_flags=("-Xcompiler", "-fPIC", "-shared"),
         key_decl='extern "C" const char sg_key[]',
+        time_limit=compile_time_limit(NVCC_TIME_LIMIT),
     )
 
 
