@@ -9,7 +9,16 @@ from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
 from shapegrad.control import checkpoint, scan
-from shapegrad.dtypes import DType, DTypeError, bool_, float16, float32, float64, int32
+from shapegrad.dtypes import (
+    DType,
+    DTypeError,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int32,
+)
 from shapegrad.functional import (
     abs,
     arange,
@@ -106,6 +115,7 @@ __all__ = [
     "argmax",
     "avg_pool2d",
     "batch_norm",
+    "bfloat16",
     "bool_",
     "cat",
     "check_numerics",

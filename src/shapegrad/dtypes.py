@@ -1,9 +1,15 @@
-"""The five tensor element types and the promotion rule.
+"""The six tensor element types and the promotion rule.
 
 shapegrad does not promote silently between tensors: ``a + b`` with
 ``a.dtype != b.dtype`` is a :class:`DTypeError`; cast explicitly with
 ``x.astype(sg.float64)``. Python scalars are *weak*: ``x * 2`` takes the
 dtype of ``x``. Comparisons return ``bool``.
+
+``bfloat16`` (8 exponent bits like float32, 8 significand bits) is stored as 16 bits and
+computed in float32 everywhere, each op's result rounded to bfloat16 (to nearest, ties to
+even): eager through ``ml_dtypes``' NumPy type, compiled C and CUDA by converting at each
+load and store (sums and products accumulate in float32); CUDA's products run on tensor
+cores with float32 accumulation.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -43,10 +50,11 @@ class DType:
 float32: Final = DType("float32", np.dtype(np.float32), True)
 float16: Final = DType("float16", np.dtype(np.float16), True)
 float64: Final = DType("float64", np.dtype(np.float64), True)
+bfloat16: Final = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), True)
 int32: Final = DType("int32", np.dtype(np.int32), False)
 bool_: Final = DType("bool", np.dtype(np.bool_), False)
 
-ALL_DTYPES: Final = (float32, float16, float64, int32, bool_)
+ALL_DTYPES: Final = (float32, float16, float64, bfloat16, int32, bool_)
 _BY_NAME: Final = {d.name: d for d in ALL_DTYPES} | {"bool_": bool_, "float": float32}
 
 

@@ -37,6 +37,7 @@ import numpy.lib.format as npformat
 import numpy.typing as npt
 
 from shapegrad import tree
+from shapegrad.dtypes import bfloat16
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 
@@ -101,6 +102,15 @@ def _to_array(value: Any) -> npt.NDArray[Any]:
     return value.numpy() if isinstance(value, Tensor) else np.asarray(value)
 
 
+# bfloat16 has no .npy type code: its arrays are stored as their uint16 bits (shapegrad has
+# no uint16 dtype, so a uint16 entry can only be bfloat16) and viewed back when loaded.
+_BF16_BITS = np.dtype(np.uint16)
+
+
+def _stored(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    return array.view(_BF16_BITS) if array.dtype == bfloat16.numpy else array
+
+
 # --- saving ----------------------------------------------------------------------------
 
 
@@ -128,7 +138,7 @@ def save_checkpoint(
     names = param_names(params)
     leaves, _ = tree.flatten(params)
     arrays: Arrays = {
-        k: _to_array(v)
+        k: _stored(_to_array(v))
         for k, v in {
             **_named("params", params, names),
             **_named("optimizer", optimizer_state, names),
@@ -394,10 +404,10 @@ class _Reader:
                 self.members[key],
                 key,
                 want.shape,
-                want.dtype,
+                _stored(want).dtype,
                 want.nbytes,
             )
-            loaded[key] = tensor(got)
+            loaded[key] = tensor(got.view(want.dtype) if got.dtype != want.dtype else got)
         return _rebuild(like, section, names, loaded)
 
 

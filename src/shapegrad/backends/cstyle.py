@@ -38,9 +38,14 @@ C_TYPES = {
     "float32": "float",
     "float64": "double",
     "float16": "_Float16",
+    "bfloat16": "float",  # computed in float32; stored as 16 bits (STORAGE_TYPES)
     "int32": "int32_t",
     "bool": "uint8_t",
 }
+
+# How a buffer of each element type is stored, where that differs from how its values are
+# computed: bfloat16 is the upper half of a float32 (no portable C type for it).
+STORAGE_TYPES = {"bfloat16": "uint16_t"}
 
 # Scalar helpers both languages need (NaN-propagating max/min, NumPy integer division and
 # power, the counter-based generator shared with ``ops.reference.random_uniform``);
@@ -64,6 +69,16 @@ HELPERS = r"""
     while (b) {{ if (b & 1) r *= base; base *= base; b >>= 1; }}
     return (int32_t)r;
 }}
+{q} float sg_bf2f(uint16_t h) {{
+    union {{ uint32_t u; float f; }} v; v.u = (uint32_t)h << 16; return v.f;
+}}
+{q} uint16_t sg_f2bf(float f) {{
+    /* to nearest, ties to even; NaN stays NaN (quiet), as ml_dtypes rounds */
+    union {{ uint32_t u; float f; }} v; v.f = f;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}}
+{q} float sg_bfround(float f) {{ return sg_bf2f(sg_f2bf(f)); }}
 {q} double sg_rand(uint32_t counter, uint32_t seed_mix) {{
     uint32_t x = counter + seed_mix;
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
@@ -82,7 +97,10 @@ FLOAT_FUNCTIONS = {
 }
 ARITH = {"add": "+", "sub": "-", "mul": "*"}
 COMPARE = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i"}
+MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i", "bfloat16": "f"}
+# Element types whose values are float32 in generated code (the f-suffixed functions).
+FLOAT32_VALUES = frozenset({"float32", "float16", "bfloat16"})
+NOT_ROUNDED = frozenset({*COMPARE, "and"})  # binary ops whose result is not a float
 
 
 class CStyleRenderer:
@@ -102,8 +120,17 @@ class CStyleRenderer:
 
     # -- types, constants, indices ---------------------------------------------------------
     def type_name(self, dtype: DType) -> str:
-        """This language's spelling of an element type."""
+        """This language's spelling of an element type's values."""
         return self.types[dtype.name]
+
+    def storage_name(self, dtype: DType) -> str:
+        """This language's spelling of an element type in memory (a buffer's pointer type)."""
+        return STORAGE_TYPES.get(dtype.name) or self.types[dtype.name]
+
+    def is_bf16_buffer(self, name: str) -> bool:
+        """Whether ``name`` is a program buffer stored as bfloat16 (locals hold floats)."""
+        spec = self.program.buffers.get(name)
+        return spec is not None and spec.dtype.name == "bfloat16"
 
     def const(self, c: L.Const) -> str:
         v, dtype = c.value, c.dtype
@@ -114,7 +141,7 @@ class CStyleRenderer:
             elif math.isinf(f):
                 text = "INFINITY" if f > 0 else "(-INFINITY)"
             else:
-                text = repr(f) + ("f" if dtype.name == "float32" else "")
+                text = repr(f) + ("f" if dtype.name in ("float32", "bfloat16") else "")
             if dtype.name == "float16":
                 return f"(({self.type_name(dtype)}){text})"
             return text if text[0] != "-" else f"({text})"
@@ -143,18 +170,22 @@ class CStyleRenderer:
         if isinstance(e, L.Const):
             return self.const(e)
         if isinstance(e, L.Load):
+            if self.is_bf16_buffer(e.buffer):
+                return f"sg_bf2f({e.buffer}[{self.affine(e.index)}])"
             return f"{e.buffer}[{self.affine(e.index)}]"
         if isinstance(e, L.Ref):
-            return e.name
+            return self.rounded(e, e.name)
         if isinstance(e, L.Unary):
-            return self.unary(e.op, e.dtype, self.expr(e.x))
+            return self.rounded(e, self.unary(e.op, e.dtype, self.expr(e.x)))
         if isinstance(e, L.Binary):
-            return self.binary(e.op, e.dtype, self.expr(e.a), self.expr(e.b))
+            return self.rounded(e, self.binary(e.op, e.dtype, self.expr(e.a), self.expr(e.b)))
         if isinstance(e, L.Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, L.Cast):
             if e.dtype.name == "bool":
                 return f"(uint8_t)({self.expr(e.x)} != 0)"
+            if e.dtype.name == "bfloat16":
+                return f"sg_bfround((float)({self.expr(e.x)}))"
             return f"({self.type_name(e.dtype)})({self.expr(e.x)})"
         if isinstance(e, L.IndexValue):
             return f"(int32_t)({self.affine(e.index)})"
@@ -164,15 +195,32 @@ class CStyleRenderer:
         if isinstance(e, L.Random):
             mix = (e.seed * 0x9E3779B9) & 0xFFFFFFFF
             counter = self.affine(e.counter)
-            return f"({self.type_name(e.dtype)})sg_rand((uint32_t)({counter}), {mix}u)"
+            sample = f"({self.type_name(e.dtype)})sg_rand((uint32_t)({counter}), {mix}u)"
+            return f"sg_bfround({sample})" if e.dtype.name == "bfloat16" else sample
         raise NotImplementedError(f"{type(self).__name__}: no rule for {type(e).__name__}")
+
+    def rounded(self, e: L.Expr, text: str) -> str:
+        """A bfloat16 value computed in float, rounded to bfloat16 as eager rounds each op's
+        result (comparisons give bool; an accumulator is read rounded, as eager's sum is)."""
+        if e.dtype.name != "bfloat16" or (isinstance(e, L.Binary) and e.op in NOT_ROUNDED):
+            return text
+        return f"sg_bfround({text})"
+
+    def accumuland(self, e: L.Expr) -> str:
+        """The value a reduction accumulates: a bfloat16 term is not rounded before the
+        float accumulator adds it (eager sums and multiplies bfloat16 in float32)."""
+        if e.dtype.name == "bfloat16" and isinstance(e, L.Binary) and e.op not in NOT_ROUNDED:
+            return self.binary(e.op, e.dtype, self.expr(e.a), self.expr(e.b))
+        if e.dtype.name == "bfloat16" and isinstance(e, L.Unary):
+            return self.unary(e.op, e.dtype, self.expr(e.x))
+        return self.expr(e)
 
     def unary(self, op: str, dtype: DType, x: str) -> str:
         if op == "neg":
             return f"(-({x}))"
         if not dtype.is_float:
             return f"({x} < 0 ? -{x} : {x})" if op == "abs" else x
-        suffix = "f" if dtype.name in ("float32", "float16") else ""
+        suffix = "f" if dtype.name in FLOAT32_VALUES else ""
         fn = FLOAT_FUNCTIONS[op] + suffix
         if dtype.name == "float16":
             return f"(({self.type_name(dtype)}){fn}((float){x}))"
@@ -196,7 +244,7 @@ class CStyleRenderer:
                 return f"sg_ipow({a}, {b})"
             if dtype.name == "float16":
                 return f"(({self.type_name(dtype)})powf((float){a}, (float){b}))"
-            return f"pow{'f' if dtype.name == 'float32' else ''}({a}, {b})"
+            return f"pow{'f' if dtype.name in FLOAT32_VALUES else ''}({a}, {b})"
         if op in ("max", "min"):
             if dtype.name == "bool":
                 return f"({a} {'|' if op == 'max' else '&'} {b})"
@@ -309,6 +357,10 @@ class CStyleRenderer:
     def store(self, s: L.Store) -> str:
         target = f"{s.buffer}[{self.affine(s.index)}]"
         value = self.expr(s.value)
+        if self.is_bf16_buffer(s.buffer):  # computed in float, rounded once on the way out
+            if s.accumulate is not None:
+                value = self.binary(s.accumulate, s.value.dtype, f"sg_bf2f({target})", value)
+            return f"{target} = sg_f2bf({value});"
         if s.accumulate is None:
             return f"{target} = {value};"
         dtype = s.value.dtype
@@ -328,7 +380,7 @@ class CStyleRenderer:
         self.emit(depth, f"{self.type_name(s.init.dtype)} {s.name} = {self.expr(s.init)};")
         for d, v in enumerate(s.vars):
             self.emit(depth + d, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
-        step = self.binary(s.op, s.value.dtype, s.name, self.expr(s.value))
+        step = self.binary(s.op, s.value.dtype, s.name, self.accumuland(s.value))
         self.emit(depth + len(s.vars), f"{s.name} = {step};")
 
     def blocked_sum(self, s: L.Reduce, depth: int, j: int, chunk: int) -> None:
@@ -353,7 +405,7 @@ class CStyleRenderer:
         for v in s.vars[j + 1 :]:
             self.emit(inner, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
             inner += 1
-        self.emit(inner, f"{part} = {self.binary('add', s.value.dtype, part, self.expr(s.value))};")
+        self.emit(inner, f"{part} = {self.binary('add', s.value.dtype, part, self.accumuland(s.value))};")
         self.emit(d + 1, f"{wide} += (double){part};")
         self.emit(d, "}")
         self.emit(depth + 1, f"{s.name} = ({ctype}){wide};")

@@ -571,7 +571,7 @@ class KernelBuilder:
         op = node.attr.get("op", "sum")
         reduces = kind in ("all_reduce", "reduce_scatter")
         work = dtype
-        if reduces and dtype.name in ("float16", "bool"):
+        if reduces and dtype.name in ("float16", "bfloat16", "bool"):
             work = float32 if dtype.is_float else int32
         body: list[L.Stmt] = []
         n_in, n_out = size_of(x.shape), size_of(node.shape)

@@ -109,13 +109,13 @@ C_TARGET = Target(name="c", exp_flush_denormal=True)
 
 
 # A GPU wants parallelism over cache locality: no row form (it serialises the output row
-# per thread), no batch fusion (per-thread scratch slices), float16 products on tensor
-# cores, reductions as block trees and scatters as atomics. Index checks of inputs still
-# run first (one small kernel), so a failing step changes nothing.
+# per thread), no batch fusion (per-thread scratch slices), float16 and bfloat16 products
+# on tensor cores, reductions as block trees and scatters as atomics. Index checks of
+# inputs still run first (one small kernel), so a failing step changes nothing.
 CUDA_TARGET = Target(
     name="cuda",
     contract_min_macs=1 << 15,
-    contract_dtypes=frozenset({"float16", "float32", "float64"}),
+    contract_dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
     row_form=False,
     batch_fusion=False,

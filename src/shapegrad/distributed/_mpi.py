@@ -37,6 +37,7 @@ from shapegrad.distributed._comm import (
     NativeMPI,
     check_same,
 )
+from shapegrad.dtypes import bfloat16
 
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 # The entry points generated C calls (see backends/c/collectives.py).
@@ -233,8 +234,8 @@ def watch(comm: Communicator | None, what: str) -> contextlib.AbstractContextMan
 
 
 def _staged(x: Array) -> Array:
-    """The array as MPI reduces it: float16 in float32, bool as unsigned bytes."""
-    if x.dtype == np.float16:
+    """The array as MPI reduces it: float16 and bfloat16 in float32, bool as unsigned bytes."""
+    if x.dtype == np.float16 or x.dtype == bfloat16.numpy:
         return x.astype(np.float32)
     if x.dtype == np.bool_:
         return x.astype(np.uint8)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shapegrad.dtypes import DType
+from shapegrad.dtypes import DType, bfloat16, float32
 from shapegrad.ops.einsum_plan import einsum_macs, plan_einsum
 from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
@@ -144,8 +144,27 @@ def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
     return out
 
 
+# Primitives that only move or select bfloat16 values (no arithmetic, nothing to widen).
+_BF16_AS_IS = frozenset(
+    {Prim.RESHAPE, Prim.PERMUTE, Prim.BROADCAST, Prim.SLICE, Prim.CONCAT, Prim.GATHER,
+     Prim.STOP_GRADIENT, Prim.SCAN, Prim.WHERE, Prim.PAD, *COLLECTIVES}
+)  # fmt: skip
+
+
+def _widen_bfloat16(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> Array:
+    """``prim`` computed in float32 from bfloat16 operands, the result rounded once (as
+    compiled code does: sums and products accumulate in float32, never in bfloat16)."""
+    wide = [a.astype(np.float32) if a.dtype == bfloat16.numpy else a for a in args]
+    out = evaluate(prim, wide, attrs, float32 if dtype == bfloat16 else dtype)
+    return np.asarray(out, dtype=dtype.numpy)
+
+
 def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> Array:
     """Compute ``prim`` on NumPy arrays; ``dtype`` is the inferred output dtype."""
+    if prim not in _BF16_AS_IS and any(
+        getattr(a, "dtype", None) == bfloat16.numpy for a in args
+    ):
+        return _widen_bfloat16(prim, args, attrs, dtype)
     if "scalars" in attrs:  # scalar operands go where they belong (``protocol.operands``)
         args = operands(args, attrs)
     if prim in UNARY:

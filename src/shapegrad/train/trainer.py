@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from shapegrad import random, tree
 from shapegrad.distributed import Communicator, check_same, watch, world
-from shapegrad.dtypes import DType, as_dtype, float16, float32
+from shapegrad.dtypes import DType, as_dtype, bfloat16, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
@@ -77,7 +77,8 @@ class ScalarTrainer:
         schedule: optional learning-rate schedule (``step -> lr``), used when ``step`` is
             called without ``lr``; it overrides the optimizer's constant ``lr``.
         dtype: compute dtype; ``None`` uses the parameters' dtype. ``"float16"`` enables
-            mixed precision: float32 master parameters, float16 compute, dynamic loss scale.
+            mixed precision: float32 master parameters, float16 compute, dynamic loss scale;
+            ``"bfloat16"`` the same without a loss scale (bfloat16 has float32's range).
         clip_norm: clip gradients to this global L2 norm before the update.
         requires_grad: per-parameter flags overriding those of ``params`` (length-checked).
         loss_scale: initial dynamic loss scale for float16 (default ``2**15``).
@@ -524,10 +525,15 @@ def _check_params(leaves: Sequence[Tensor], flags: tuple[bool, ...]) -> None:
         raise ValueError("ScalarTrainer: every parameter is frozen (requires_grad all False)")
 
 
+# Compute dtypes trained with float32 master parameters: float16 with a dynamic loss scale
+# (its 5 exponent bits underflow small gradients), bfloat16 without (float32's range).
+MIXED = (float16, bfloat16)
+
+
 def _pick_dtypes(
     leaves: Sequence[Tensor], flags: tuple[bool, ...], dtype: str | DType | None
 ) -> tuple[DType, DType]:
-    """(master dtype, compute dtype). float16 compute keeps float32 masters."""
+    """(master dtype, compute dtype). float16 and bfloat16 compute keep float32 masters."""
     floats = {x.dtype for x in leaves if x.dtype.is_float}
     if len(floats) > 1:
         raise TypeError(
@@ -535,14 +541,15 @@ def _pick_dtypes(
         )
     own = floats.pop() if floats else float32
     if dtype is None:
-        return (float32, float16) if own == float16 else (own, own)
+        return (float32, own) if own in MIXED else (own, own)
     compute = as_dtype(dtype)
-    if compute == float16:
-        return float32, float16
+    if compute in MIXED:
+        return float32, compute
     if compute != own:
         raise TypeError(
             f"ScalarTrainer: parameters are {own} but dtype={compute}; cast the parameters "
-            "or leave dtype unset (dtype='float16' is the only mixed setting)"
+            "or leave dtype unset (dtype='float16' and dtype='bfloat16' are the mixed "
+            "settings)"
         )
     return own, compute
 

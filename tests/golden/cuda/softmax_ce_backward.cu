@@ -22,6 +22,16 @@ static __device__ __forceinline__ int32_t sg_ipow(int32_t a, int32_t b) {
     while (b) { if (b & 1) r *= base; base *= base; b >>= 1; }
     return (int32_t)r;
 }
+static __device__ __forceinline__ float sg_bf2f(uint16_t h) {
+    union { uint32_t u; float f; } v; v.u = (uint32_t)h << 16; return v.f;
+}
+static __device__ __forceinline__ uint16_t sg_f2bf(float f) {
+    /* to nearest, ties to even; NaN stays NaN (quiet), as ml_dtypes rounds */
+    union { uint32_t u; float f; } v; v.f = f;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+static __device__ __forceinline__ float sg_bfround(float f) { return sg_bf2f(sg_f2bf(f)); }
 static __device__ __forceinline__ double sg_rand(uint32_t counter, uint32_t seed_mix) {
     uint32_t x = counter + seed_mix;
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;

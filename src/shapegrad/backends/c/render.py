@@ -342,7 +342,7 @@ class CRenderer(TeamRenderer):
 
     def _pointer(self, name: str) -> str:
         spec = self.program.buffers[name]
-        t = self.type_name(spec.dtype)
+        t = self.storage_name(spec.dtype)
         const = "const " if spec.kind in ("input", "const") else ""
         src = f"(arena + {spec.offset})" if spec.kind == "temp" else f"io[{spec.slot}]"
         return f"{const}{t} *restrict {name} = ({const}{t} *){src};"

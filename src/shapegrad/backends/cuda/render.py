@@ -83,8 +83,10 @@ extern "C" int cublasGemmStridedBatchedEx(void *handle, int transa, int transb, 
     const void *B, int Btype, int ldb, long long strideB, const void *beta, void *C, int Ctype,
     int ldc, long long strideC, int batchCount, int computeType, int algo);
 """
-CUDA_R = {"float32": 0, "float64": 1, "float16": 2}
-COMPUTE = {"float32": 68, "float64": 70, "float16": 68}  # CUBLAS_COMPUTE_32F / _64F
+# cudaDataType: CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF; half and bfloat16
+# products run on tensor cores and accumulate in float (CUBLAS_COMPUTE_32F = 68).
+CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+COMPUTE = {"float32": 68, "float64": 70, "float16": 68, "bfloat16": 68}  # _COMPUTE_32F / _64F
 
 CUDA_TYPES = {**C_TYPES, "float16": "__half"}
 
@@ -204,7 +206,7 @@ class CudaRenderer(CStyleRenderer):
 
     def _param(self, name: str) -> str:
         spec = self.program.buffers[name]
-        t = self.type_name(spec.dtype)
+        t = self.storage_name(spec.dtype)
         const = "const " if spec.kind in ("input", "const") else ""
         return f"{const}{t} *__restrict__ {name}"
 
@@ -233,7 +235,7 @@ class CudaRenderer(CStyleRenderer):
         self.emit(depth, f"{acc_t} {r.name} = {init};")
         self.emit(depth, f"for (int64_t sg_r = threadIdx.x; sg_r < {total}; sg_r += blockDim.x) {{")
         self._decompose("sg_r", list(r.vars), depth + 1)
-        value = self.expr(r.value)
+        value = self.accumuland(r.value)
         if dtype.name == "float16":
             value = f"(float)({value})"
         step = self.binary(r.op, _acc_dtype(dtype), r.name, value)
@@ -324,7 +326,7 @@ class CudaRenderer(CStyleRenderer):
     def _cast(self, name: str) -> str:
         spec = self.program.buffers[name]
         const = "const " if spec.kind in ("input", "const") else ""
-        return f"{const}{self.type_name(spec.dtype)} *"
+        return f"{const}{self.storage_name(spec.dtype)} *"
 
     def _address(self, name: str) -> str:
         spec = self.program.buffers[name]
@@ -334,7 +336,7 @@ class CudaRenderer(CStyleRenderer):
         """``C = alpha * op(A) op(B) + beta * C`` per batch, as ``C^T = op(B)^T op(A)^T``."""
         if s.alpha_buffer is not None:
             raise NotImplementedError("CUDA: a run-time product scale needs runtime_alpha=False")
-        t = self.type_name(s.dtype)
+        t = self.storage_name(s.dtype)
         scalar = "double" if s.dtype.name == "float64" else "float"
         dt, ct = CUDA_R[s.dtype.name], COMPUTE[s.dtype.name]
         a = f"(const {t} *){self._address(s.a)} + {s.offset_a}"
