@@ -37,7 +37,9 @@ from shapegrad.nn.transformer import (
 VOCAB, D, HEADS, T = 94, 128, 4, 64
 
 
-def shapegrad_trainer(stack: Any, tok: Any, pos: Any, loop: bool, dtype: str | None) -> Any:
+def shapegrad_trainer(
+    stack: Any, tok: Any, pos: Any, loop: bool, dtype: str | None, backend: str
+) -> Any:
     blocks = stack[0].shape[0]
 
     def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
@@ -62,7 +64,7 @@ def shapegrad_trainer(stack: Any, tok: Any, pos: Any, loop: bool, dtype: str | N
         loss,
         params,
         mode="compiled",
-        backend="cuda",
+        backend=backend,
         dtype=dtype,
         optimizer=sg.optim.AdamW(lr=1e-3),
     )
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backend", default="cuda", help="c: check the script without a GPU")
     args = parser.parse_args()
     rng = np.random.default_rng(2)
     k = 10
@@ -130,7 +133,7 @@ def main() -> None:
         for loop in (False, True):
             name = f"sg {'bf16' if dtype else 'fp32'} {'loop' if loop else 'unrolled'}"
             try:
-                trainer = shapegrad_trainer(stack, tok, pos, loop, dtype)
+                trainer = shapegrad_trainer(stack, tok, pos, loop, dtype, args.backend)
                 t0 = time.perf_counter()
                 trainer.step(xs[0], ys[0])
                 first = time.perf_counter() - t0
@@ -138,17 +141,22 @@ def main() -> None:
                 print(f"{name}: not run ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
                 continue
             print(f"{name}: first step (compile + run) {first:.2f} s")
-            bound = trainer.strategy.live.bound  # the CUDA executable bound to the state
-            launches[name] = int(bound.exe.launches_per_step)
+            bound = getattr(trainer.strategy, "live", None)  # CUDA: the bound executable
+            if bound is not None and hasattr(
+                getattr(bound.bound, "exe", None), "launches_per_step"
+            ):
+                launches[name] = int(bound.bound.exe.launches_per_step)
             runners[name + " step"] = lambda tr=trainer: tr.step(xs[0], ys[0])
             runners[name + " K-step"] = lambda tr=trainer: tr.step_many(xs, ys)
     try:
-        import torch  # noqa: F401
+        import torch
 
+        if not torch.cuda.is_available():
+            raise ImportError("no CUDA device for PyTorch")
         runners["torch fp32 eager"] = torch_step(tok, pos, args.blocks, xs, ys, bf16=False)
         runners["torch bf16 autocast"] = torch_step(tok, pos, args.blocks, xs, ys, bf16=True)
-    except ImportError:
-        print("PyTorch not installed: its columns are missing")
+    except ImportError as exc:
+        print(f"PyTorch columns missing: {exc}")
     for run in runners.values():
         run()  # warm-up (PyTorch's kernels, our first replays)
     results: dict[str, list[float]] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from shapegrad.dtypes import DTypeError
@@ -214,7 +215,7 @@ def _tiles(
 def _lowest(x: Tensor) -> float:
     """The dtype's lowest finite value: a padding that never wins and never trips check_numerics."""
     numpy_dtype: Any = x.dtype.numpy
-    info: Any = np.finfo(numpy_dtype) if x.dtype.is_float else np.iinfo(numpy_dtype)
+    info: Any = ml_dtypes.finfo(numpy_dtype) if x.dtype.is_float else np.iinfo(numpy_dtype)
     return float(info.min)
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
+import ml_dtypes
 
 from shapegrad import functional as F
-from shapegrad.dtypes import int32
+from shapegrad.dtypes import ALL_DTYPES, int32
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, broadcast_shapes, fmt
 from shapegrad.tensor import Tensor
@@ -62,10 +62,7 @@ def attention_init(std: float = 0.02) -> list[Any]:
 
 
 # the most negative finite value per dtype: masked scores (exp() of it minus the max is 0)
-_LOWEST = {
-    name: float(np.finfo(t).min)
-    for name, t in (("float16", np.float16), ("float32", np.float32), ("float64", np.float64))
-}
+_LOWEST = {d.name: float(ml_dtypes.finfo(d.numpy).min) for d in ALL_DTYPES if d.is_float}
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
