@@ -122,7 +122,4 @@ CUDA_TARGET = Target(
     alignment=256,
     reduction="tree",
     scatter="atomic",
-    # Not yet run on a GPU: merged elementwise loops are one launch instead of several,
-    # but the CUDA renderer's flattening of them is unmeasured (no GPU in CI).
-    skip_stages=frozenset({"fuse_elementwise_kernels"}),
 )
