@@ -339,7 +339,7 @@ def _transformer_step_program(layers: int) -> L.Program:
 
 def _layer_functions(source: str) -> list[str]:
     """The text of each ``sg_layerN`` host function."""
-    starts = [m.start() for m in re.finditer(r"^static int sg_layer\d+\(", source, re.M)]
+    starts = [m.start() for m in re.finditer(r"^/\* layer body ", source, re.M)]
     return [source[s : source.index("\n}\n", s)] for s in starts]
 
 
@@ -374,6 +374,38 @@ def test_transformer_loop_source_does_not_grow_with_depth() -> None:
     # the body's products are found inside the layer loop: the launcher links cuBLAS
     assert uses_cublas(deep) and "#define SG_USES_CUBLAS 1" in deep_src
     compile_check(deep_src)
+
+
+def _nested_scan_program() -> L.Program:
+    """A scan whose body scans again (blocks of sub-layers), with its gradient."""
+    rng = np.random.default_rng(5)
+    w = (rng.normal(size=(3, 2, 6, 6)) * 0.5).astype(np.float32)
+    x = rng.normal(size=(4, 6)).astype(np.float32)
+
+    def inner(h: sg.Tensor, wl: sg.Tensor) -> tuple[sg.Tensor, None]:
+        return sg.tanh(h @ wl), None
+
+    def outer(h: sg.Tensor, ws: sg.Tensor) -> tuple[sg.Tensor, None]:
+        return sg.scan(inner, h, ws)[0], None
+
+    def loss(w: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        h, _ = sg.scan(outer, x, w)
+        return (h * h).sum()
+
+    return _program(sg.value_and_grad(loss), w, x)
+
+
+@needs_nvcc
+def test_nested_layer_loops_compile() -> None:
+    from shapegrad.backends.cuda.render import render_cuda
+
+    source = render_cuda(_nested_scan_program())
+    bodies = _layer_functions(source)
+    assert len(bodies) >= 4  # outer and inner bodies, forward and backward
+    # an outer body calls an inner one, declared before the definitions
+    assert any(re.search(r"sg_layer\d+\(sg_sub,", b) for b in bodies)
+    assert source.index("void *blas, int64_t t);") < source.index("/* layer body")
+    compile_check(source)
 
 
 @needs_nvcc

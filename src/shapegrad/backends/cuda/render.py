@@ -379,7 +379,15 @@ class CudaRenderer(CStyleRenderer):
 
     def host(self) -> list[str]:
         """The layer functions, ``sg_enqueue_steps``, graph capture and replay, cuBLAS."""
+        # layer functions are declared first: a body may call a nested body defined after it
+        declarations = [
+            f"static int sg_layer{n}(void **io, char *arena, int *sg_err, cudaStream_t stream, "
+            "void *blas, int64_t t);"
+            for n in range(len(self.layer_functions))
+        ]
         out = [
+            *declarations,
+            *([""] if declarations else []),
             *self.layer_functions,
             'extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,',
             "                                void *blas, int64_t k, const int64_t *step) {",
