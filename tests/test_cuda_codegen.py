@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -474,3 +475,36 @@ def test_elementwise_fusion_runs_for_cuda_and_compiles() -> None:
         assert function.count("__global__") == 1 and "for (" not in function
         assert function.count("] = ") == sum(isinstance(s, L.Store) for s in L.walk(k.body))
     _compile_together([gelu, adam])
+
+
+@needs_nvcc
+def test_threshold_benchmark_variants_are_what_they_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/cuda_thresholds.py (run on a GPU) builds each case both ways; here its
+    variants are lowered, checked to differ as labelled, and compiled."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "cuda_thresholds.py"
+    spec = importlib.util.spec_from_file_location("cuda_thresholds", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cuda_thresholds", bench)  # dataclasses look it up
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "PRODUCTS", [(16, 16, 16), (128, 128, 128)])
+    monkeypatch.setattr(bench, "REDUCTIONS", [(1, 4096), (4096, 64)])
+    variants = bench.variants()  # asserts each variant's schedule (cuBLAS or not, tree or not)
+    assert [(v.size, v.label) for v in variants][:2] == [
+        ((16, 16, 16), "loops"),
+        ((16, 16, 16), "cublas"),
+    ]
+    trees = {
+        (v.size, v.label): "sg_block_reduce<" in v.source.split("SG_NSLOTS")[1]
+        for v in variants
+        if v.kind == "reduction"
+    }
+    assert trees == {
+        ((1, 4096), "tree"): True,
+        ((1, 4096), "thread"): False,
+        ((4096, 64), "tree"): True,
+        ((4096, 64), "thread"): False,
+    }
+    bench.check(variants)

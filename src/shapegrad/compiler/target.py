@@ -114,6 +114,8 @@ C_TARGET = Target(name="c", exp_flush_denormal=True)
 # run first (one small kernel), so a failing step changes nothing.
 CUDA_TARGET = Target(
     name="cuda",
+    # A guess awaiting a GPU measurement: benchmarks/cuda_thresholds.py times products as
+    # generated loops and as cuBLAS calls and prints the crossover.
     contract_min_macs=1 << 15,
     contract_dtypes=frozenset({"float16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)

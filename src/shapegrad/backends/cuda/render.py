@@ -41,6 +41,8 @@ from shapegrad.dtypes import DType
 BLOCK = 256
 # A Reduce runs as a block tree when it reduces at least this many elements into at most
 # this many output points; otherwise each thread reduces one output point by itself.
+# Guesses awaiting a GPU measurement: benchmarks/cuda_thresholds.py times both forms
+# over (outputs, reduced) and prints where the tree starts to win.
 TREE_MIN_REDUCED = 256
 TREE_MAX_OUTPUTS = 1 << 16
 ATOMIC_DTYPES = frozenset({"float32", "float64", "float16", "int32"})
@@ -131,6 +133,8 @@ class CudaRenderer(CStyleRenderer):
         self.layer_functions: list[str] = parent.layer_functions if parent is not None else []
         if parent is not None:
             self.lines = parent.lines
+            self.tree_min_reduced = parent.tree_min_reduced
+            self.tree_max_outputs = parent.tree_max_outputs
         self._io = "io" if parent is not None else "local"
         self._prefix = f"l{len(self.layer_functions)}_" if parent is not None else ""
 
@@ -561,14 +565,20 @@ def launches_per_step(program: L.Program) -> int:
     return r.launch_count()
 
 
-def render_cuda_unit(program: L.Program, namespace: str | None = None) -> str:
+def render_cuda_unit(
+    program: L.Program, namespace: str | None = None, tree: tuple[int, int] | None = None
+) -> str:
     """Device functions and the host launcher of ``program`` (no includes).
 
     With ``namespace``, everything lives in that C++ namespace and the entry points are
     not ``extern "C"``: many programs can then share one translation unit (the
-    compile-only tests build all op-table programs in a few ``nvcc`` runs).
+    compile-only tests build all op-table programs in a few ``nvcc`` runs). ``tree``
+    replaces the block-tree thresholds ``(TREE_MIN_REDUCED, TREE_MAX_OUTPUTS)`` (what
+    ``benchmarks/cuda_thresholds.py`` varies).
     """
     r = CudaRenderer(program)
+    if tree is not None:
+        r.tree_min_reduced, r.tree_max_outputs = tree
     head = [f"/* shapegrad generated (CUDA): program {_comment_safe(program.name)} */"]
     head.append(HELPERS.format(q="static __device__ __forceinline__"))
     head.append(BLOCK_REDUCE)
@@ -590,9 +600,9 @@ def render_cuda_unit(program: L.Program, namespace: str | None = None) -> str:
     return text
 
 
-def render_cuda(program: L.Program) -> str:
+def render_cuda(program: L.Program, tree: tuple[int, int] | None = None) -> str:
     """The full CUDA source of ``program`` (its I/O table numbered)."""
-    return INCLUDES + render_cuda_unit(program)
+    return INCLUDES + render_cuda_unit(program, tree=tree)
 
 
 def _comment_safe(text: str) -> str:
