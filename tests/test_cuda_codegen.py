@@ -477,6 +477,29 @@ def test_elementwise_fusion_runs_for_cuda_and_compiles() -> None:
     _compile_together([gelu, adam])
 
 
+def _bias_then_flat(x: sg.Tensor, b: sg.Tensor) -> Any:
+    """A broadcast (2-axis nest) whose output flat elementwise kernels read back."""
+    h = x + b
+    return h, sg.tanh(h) * 2.0 + h, sg.exp(h)
+
+
+@needs_nvcc
+def test_fused_nest_over_two_axes_maps_onto_the_grid() -> None:
+    """Flat kernels merged into a 2-axis nest (their index flattened to ``32*i + j``): one
+    launch whose thread index decomposes into both axes."""
+    rng = np.random.default_rng(6)
+    x, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal(32)
+    program = _program(_bias_then_flat, x, b.astype(np.float32))
+    (kernel,) = program.kernels
+    outer = kernel.body[0]
+    assert isinstance(outer, L.Loop) and isinstance(outer.body[0], L.Loop)
+    assert sum(isinstance(s, L.Store) for s in L.walk(kernel.body)) == 3
+    source = render_source(program)
+    assert source.count("<<<") == 1 and "if (sg_gid >= 2048) return;" in source
+    assert "(sg_gid / 1) % 32;" in source and "(sg_gid / 32) % 64;" in source
+    compile_check(source)
+
+
 @needs_nvcc
 def test_threshold_benchmark_variants_are_what_they_say(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/cuda_thresholds.py (run on a GPU) builds each case both ways; here its

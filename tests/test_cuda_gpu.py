@@ -340,3 +340,22 @@ def test_nested_scan_matches_eager() -> None:
     np.testing.assert_allclose(value.numpy(), e_value.numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(gw.numpy(), e_gw.numpy(), rtol=0, atol=1e-10)
     np.testing.assert_allclose(gx.numpy(), e_gx.numpy(), rtol=0, atol=1e-10)
+
+
+def test_fused_nest_over_two_axes_matches_numpy() -> None:
+    """A broadcast nest with flat kernels merged into it (indices flattened onto 2 axes)."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+
+    def f(x: sg.Tensor, b: sg.Tensor) -> Any:
+        h = x + b
+        return h, sg.tanh(h) * 2.0 + h, sg.exp(h)
+
+    compiled = sg.compile(f, backend="cuda")
+    assert len(compiled.lower(x, b).executable.program.kernels) == 1
+    h, y, e = (t.numpy() for t in compiled(sg.tensor(x), sg.tensor(b)))
+    want = x + b
+    np.testing.assert_allclose(h, want, rtol=1e-6)
+    np.testing.assert_allclose(y, np.tanh(want) * 2 + want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(e, np.exp(want), rtol=1e-5)

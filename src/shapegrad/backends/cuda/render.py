@@ -165,6 +165,12 @@ class CudaRenderer(CStyleRenderer):
     def contract(self, s: L.Contract, depth: int) -> None:
         raise NotImplementedError("CUDA: library products are host calls, not device code")
 
+    def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
+        raise NotImplementedError(
+            "CUDA: a layer loop runs on the host (see layer_call); it must be a top-level "
+            f"statement of its kernel, not inside device code (body {s.body.name})"
+        )
+
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         raise NotImplementedError(
             "CUDA: batch-fused products are not rendered; lower with CUDA_TARGET "
