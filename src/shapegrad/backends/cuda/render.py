@@ -20,6 +20,14 @@ batch fusion), scheduled for a GPU:
 * **Errors.** A failed ``CheckBounds`` records its code and step in ``sg_err``
   (first failure wins, ``atomicCAS``); every kernel starts with ``if (*sg_err)
   return;``, so the rest of the program, and later steps, are skipped.
+* **Layer loops** (``sg.scan``, ``sg.checkpoint``: ``loops.LayerLoop``). The body
+  program's kernels become device functions once, and one host function
+  ``sg_layerN(io, arena, ...)`` that enqueues them (and their cuBLAS calls) for one
+  layer. The enclosing step calls it in a host loop over the layers with the body's
+  I/O table pointed at each layer's slices (``buffer + offset + stride * layer``) of
+  the stacked parameters, carries and outputs, then launches the carry moves. Under
+  graph capture the loop records ``length`` copies of the body into the CUDA graph;
+  the source and nvcc's time do not grow with the depth.
 * **Host launcher.** ``sg_enqueue_steps`` launches every kernel and library call
   of ``k`` steps on one stream (stacked inputs advance by ``step[slot]`` bytes);
   ``sg_graph_build`` captures that into a CUDA graph and ``sg_graph_launch``
