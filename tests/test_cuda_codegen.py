@@ -410,6 +410,23 @@ def test_nested_layer_loops_compile() -> None:
 
 
 @needs_nvcc
+def test_checkpoint_regions_render_as_layer_loops() -> None:
+    from shapegrad.backends.cuda.render import render_cuda
+
+    x, w = np.ones((4, 6), np.float32), np.full((6, 6), 0.1, np.float32)
+
+    def block(h: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return sg.gelu(h @ w) + sg.tanh(h) * 0.5
+
+    def loss(x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return (sg.checkpoint(block)(sg.checkpoint(block)(x, w), w) ** 2).mean()
+
+    source = render_cuda(_program(sg.grad(loss, argnums=(0, 1)), x, w))
+    assert _layer_functions(source)
+    compile_check(source)
+
+
+@needs_nvcc
 def test_scan_launcher_builds_and_loads_without_a_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -359,3 +359,21 @@ def test_fused_nest_over_two_axes_matches_numpy() -> None:
     np.testing.assert_allclose(h, want, rtol=1e-6)
     np.testing.assert_allclose(y, np.tanh(want) * 2 + want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(e, np.exp(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "residuals"])
+def test_checkpoint_gradients_equal_the_plain_function_on_cuda(policy: str) -> None:
+    """sg.checkpoint regions are one-layer loops (float64; the device's exp/tanh may
+    differ from NumPy's by an ulp or two)."""
+    from modes import MODES
+    from test_remat import _arrays, _loss
+
+    checkpointed = _loss(lambda f: sg.checkpoint(f, policy=policy))
+    plain = _loss(lambda f: f)
+    arrays = _arrays()
+    (value,) = MODES["cuda"].call(checkpointed, arrays)
+    (expected,) = MODES["eager"].call(plain, arrays)
+    np.testing.assert_allclose(value, expected, rtol=0, atol=1e-10)
+    grads = MODES["cuda"].grad(checkpointed, arrays, (0, 1, 2))
+    for g, e in zip(grads, MODES["eager"].grad(plain, arrays, (0, 1, 2)), strict=True):
+        np.testing.assert_allclose(g, e, rtol=0, atol=1e-10)
