@@ -124,4 +124,6 @@ CUDA_TARGET = Target(
     alignment=256,
     reduction="tree",
     scatter="atomic",
+    # fuse_elementwise_kernels runs: a merged nest maps onto the grid whole (one launch);
+    # tests/test_cuda_gpu.py's fused-program tests are its check on a GPU.
 )
