@@ -114,6 +114,8 @@ C_TARGET = Target(name="c", exp_flush_denormal=True)
 # inputs still run first (one small kernel), so a failing step changes nothing.
 CUDA_TARGET = Target(
     name="cuda",
+    # A guess awaiting a GPU measurement: benchmarks/cuda_thresholds.py times products as
+    # generated loops and as cuBLAS calls and prints the crossover.
     contract_min_macs=1 << 15,
     contract_dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
@@ -122,7 +124,6 @@ CUDA_TARGET = Target(
     alignment=256,
     reduction="tree",
     scatter="atomic",
-    # Not yet run on a GPU: merged elementwise loops are one launch instead of several,
-    # but the CUDA renderer's flattening of them is unmeasured (no GPU in CI).
-    skip_stages=frozenset({"fuse_elementwise_kernels"}),
+    # fuse_elementwise_kernels runs: a merged nest maps onto the grid whole (one launch);
+    # tests/test_cuda_gpu.py's fused-program tests are its check on a GPU.
 )

@@ -20,6 +20,14 @@ batch fusion), scheduled for a GPU:
 * **Errors.** A failed ``CheckBounds`` records its code and step in ``sg_err``
   (first failure wins, ``atomicCAS``); every kernel starts with ``if (*sg_err)
   return;``, so the rest of the program, and later steps, are skipped.
+* **Layer loops** (``sg.scan``, ``sg.checkpoint``: ``loops.LayerLoop``). The body
+  program's kernels become device functions once, and one host function
+  ``sg_layerN(io, arena, ...)`` that enqueues them (and their cuBLAS calls) for one
+  layer. The enclosing step calls it in a host loop over the layers with the body's
+  I/O table pointed at each layer's slices (``buffer + offset + stride * layer``) of
+  the stacked parameters, carries and outputs, then launches the carry moves. Under
+  graph capture the loop records ``length`` copies of the body into the CUDA graph;
+  the source and nvcc's time do not grow with the depth.
 * **Host launcher.** ``sg_enqueue_steps`` launches every kernel and library call
   of ``k`` steps on one stream (stacked inputs advance by ``step[slot]`` bytes);
   ``sg_graph_build`` captures that into a CUDA graph and ``sg_graph_launch``
@@ -41,6 +49,8 @@ from shapegrad.dtypes import DType
 BLOCK = 256
 # A Reduce runs as a block tree when it reduces at least this many elements into at most
 # this many output points; otherwise each thread reduces one output point by itself.
+# Guesses awaiting a GPU measurement: benchmarks/cuda_thresholds.py times both forms
+# over (outputs, reduced) and prints where the tree starts to win.
 TREE_MIN_REDUCED = 256
 TREE_MAX_OUTPUTS = 1 << 16
 ATOMIC_DTYPES = frozenset({"float32", "float64", "float16", "int32"})
@@ -103,17 +113,40 @@ class Launch:
     checks: bool = False  # a bounds-check kernel: takes the step index
 
 
+@dataclass
+class LayerCall:
+    """A layer loop's host side: the body's host function, called once per layer."""
+
+    function: str  # sg_layerN
+    loop: L.LayerLoop
+    moves: list[Launch]  # the ``after`` statements' launches (enclosing program)
+    body_launches: int  # launches and cuBLAS calls of one layer
+
+
 class CudaRenderer(CStyleRenderer):
     """Renders device functions into ``self.lines`` and records the host launch sequence."""
 
     types = CUDA_TYPES
+    # Block-tree thresholds (class attributes so benchmarks/cuda_thresholds.py can vary them)
+    tree_min_reduced = TREE_MIN_REDUCED
+    tree_max_outputs = TREE_MAX_OUTPUTS
 
-    def __init__(self, program: L.Program) -> None:
+    def __init__(self, program: L.Program, parent: CudaRenderer | None = None) -> None:
         super().__init__(program)
-        self.launches: list[tuple[str, Launch | L.Contract]] = []  # (kernel name, what)
+        self.launches: list[tuple[str, Launch | L.Contract | LayerCall]] = []  # (kernel, what)
         self._atomic: set[str] = set()
         self._float_acc: set[str] = set()
-        self._counter = 0
+        # A layer body's renderer shares its parent's output: device functions go to the
+        # same lines, its host function to the same list (nested bodies first), names are
+        # numbered by one counter. Its I/O table is the host function's ``io`` argument.
+        self._names: list[int] = parent._names if parent is not None else [0]
+        self.layer_functions: list[str] = parent.layer_functions if parent is not None else []
+        if parent is not None:
+            self.lines = parent.lines
+            self.tree_min_reduced = parent.tree_min_reduced
+            self.tree_max_outputs = parent.tree_max_outputs
+        self._io = "io" if parent is not None else "local"
+        self._prefix = f"l{len(self.layer_functions)}_" if parent is not None else ""
 
     # -- expressions that differ from C ----------------------------------------------------
     def expr(self, e: L.Expr) -> str:
@@ -142,6 +175,12 @@ class CudaRenderer(CStyleRenderer):
     def contract(self, s: L.Contract, depth: int) -> None:
         raise NotImplementedError("CUDA: library products are host calls, not device code")
 
+    def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
+        raise NotImplementedError(
+            "CUDA: a layer loop runs on the host (see layer_call); it must be a top-level "
+            f"statement of its kernel, not inside device code (body {s.body.name})"
+        )
+
     def batch_fused(self, s: L.BatchFused, depth: int) -> None:
         raise NotImplementedError(
             "CUDA: batch-fused products are not rendered; lower with CUDA_TARGET "
@@ -156,15 +195,44 @@ class CudaRenderer(CStyleRenderer):
                 self.launches.append((k.name, part[0]))
             elif len(part) == 1 and isinstance(part[0], L.BatchFused):
                 self.batch_fused(part[0], 0)
+            elif len(part) == 1 and isinstance(part[0], L.LayerLoop):
+                self.launches.append((k.name, self.layer_call(k, part[0])))
             else:
                 self.launches.append((k.name, self.device_function(k, part)))
 
+    def layer_call(self, k: L.Kernel, s: L.LayerLoop) -> LayerCall:
+        """The body's kernels rendered once, as device functions and one host function
+        ``sg_layerN`` that enqueues them for one layer; the host loop over the layers (see
+        :meth:`host`) points the body's I/O table at each layer's slices. The ``after``
+        statements (moving the next carry into place) are launches of the enclosing
+        program, run after each layer."""
+        sub = CudaRenderer(s.body, parent=self)
+        number = len(self.layer_functions)
+        self.layer_functions.append("")  # reserve the number; nested bodies come first
+        for body_kernel in s.body.kernels:
+            sub.kernel(body_kernel)
+        fn = f"sg_layer{number}"
+        text = [
+            f"/* layer body {_comment_safe(s.body.name)} */",
+            f"static int {fn}(void **io, char *arena, int *sg_err, cudaStream_t stream,",
+            "                 void *blas, int64_t t) {",
+            "    (void)io; (void)arena; (void)blas;",
+            *sub.launch_lines(1),
+            "    return 0;",
+            "}",
+            "",
+        ]
+        self.layer_functions[number] = "\n".join(text)
+        after = L.Kernel(f"{k.name}_after", s.after, 0, f"{k.root} (next carry)")
+        moves = [self.device_function(after, part) for part in _parts(s.after)]
+        return LayerCall(fn, s, moves, sub.launch_count())
+
     def device_function(self, k: L.Kernel, part: tuple[L.Stmt, ...]) -> Launch:
-        name = f"sg_{k.name}_{self._counter}"
-        self._counter += 1
+        name = f"sg_{self._prefix}{k.name}_{self._names[0]}"
+        self._names[0] += 1
         chain, body = _grid_chain(part, self._atomic_ok(part))
         outputs = math.prod(v.var.extent for v in chain)
-        tree = _tree_reduce(body, outputs)
+        tree = _tree_reduce(body, outputs, self.tree_min_reduced, self.tree_max_outputs)
         self._atomic = {
             s.buffer
             for loop in chain
@@ -262,9 +330,85 @@ class CudaRenderer(CStyleRenderer):
         self.emit(depth + len(s.vars), f"{s.name} = {step};")
 
     # -- the host side ----------------------------------------------------------------------
+    def launch_lines(self, depth: int) -> list[str]:
+        """Host statements enqueueing this program's launches for one step ``t`` (I/O table
+        ``self._io``, arena ``arena``, stream ``stream``, cuBLAS handle ``blas``)."""
+        out: list[str] = []
+        pad = self.indent * depth
+        for kernel_name, what in self.launches:
+            if isinstance(what, L.Contract):
+                out.extend(f"{pad}{line}" for line in self._gemm(kernel_name, what))
+            elif isinstance(what, LayerCall):
+                out.extend(f"{pad}{line}" for line in self._layer_loop_lines(kernel_name, what))
+            else:
+                out.extend(f"{pad}{line}" for line in self._launch(kernel_name, what))
+        return out
+
+    def _launch(self, kernel_name: str, what: Launch) -> list[str]:
+        if what.grid == 0:
+            return []  # an empty index space: nothing to launch
+        args = ", ".join(f"({self._cast(p)}){self._address(p)}" for p in what.params)
+        sep = ", " if args else ""
+        return [
+            f"/* {kernel_name}: {what.comment} */",
+            f"{what.name}<<<{what.grid}, {what.block}, 0, stream>>>({args}{sep}sg_err, t);",
+        ]
+
+    def _layer_loop_lines(self, kernel_name: str, call: LayerCall) -> list[str]:
+        """``for layer``: the body's I/O table at the layer's slices, the body's launches
+        (``sg_layerN``), then the carry moves. Under graph capture this records
+        ``length`` copies of the body: the graph holds them, the source does not."""
+        s = call.loop
+        layer = f"{s.length - 1} - sg_i" if s.reverse else "sg_i"
+        lines = [
+            f"/* {kernel_name}: layer loop {_comment_safe(s.body.name)}, {s.length} layers */",
+            "{",
+            f"    void *sg_sub[{max(len(s.slots), 1)}];",
+            f"    for (int64_t sg_i = 0; sg_i < {s.length}; ++sg_i) {{",
+            f"        const int64_t layer = {layer};",
+        ]
+        for number, slot in enumerate(s.slots):
+            t = self.type_name(self.program.buffers[slot.buffer].dtype)
+            base = f"({t} *){self._address(slot.buffer)}"
+            lines.append(
+                f"        sg_sub[{number}] = (void *)({base} + {slot.offset} + "
+                f"{slot.stride} * layer);"
+            )
+        lines += [
+            f"        int sg_rc = {call.function}(sg_sub, (char *){self._address(s.arena)}, "
+            "sg_err, stream, blas, t);",
+            "        if (sg_rc) return sg_rc;",
+        ]
+        for move in call.moves:
+            lines.extend(f"        {line}" for line in self._launch(kernel_name, move))
+        lines += ["    }", "}"]
+        return lines
+
+    def launch_count(self) -> int:
+        """Kernel launches and cuBLAS calls of one step (layer bodies counted per layer)."""
+        total = 0
+        for _, what in self.launches:
+            if isinstance(what, L.Contract):
+                total += what.sum_batch
+            elif isinstance(what, LayerCall):
+                moves = sum(1 for m in what.moves if m.grid)
+                total += what.loop.length * (what.body_launches + moves)
+            else:
+                total += 1 if what.grid else 0
+        return total
+
     def host(self) -> list[str]:
-        """``sg_enqueue_steps``, graph capture and replay, the cuBLAS handle."""
+        """The layer functions, ``sg_enqueue_steps``, graph capture and replay, cuBLAS."""
+        # layer functions are declared first: a body may call a nested body defined after it
+        declarations = [
+            f"static int sg_layer{n}(void **io, char *arena, int *sg_err, cudaStream_t stream, "
+            "void *blas, int64_t t);"
+            for n in range(len(self.layer_functions))
+        ]
         out = [
+            *declarations,
+            *([""] if declarations else []),
+            *self.layer_functions,
             'extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,',
             "                                void *blas, int64_t k, const int64_t *step) {",
             "    cudaStream_t stream = (cudaStream_t)stream_;",
@@ -273,19 +417,8 @@ class CudaRenderer(CStyleRenderer):
             "    cudaMemsetAsync(sg_err, 0, 2 * sizeof(int), stream);",
             "    for (int64_t t = 0; t < k; ++t) {",
             "        for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];",
+            *self.launch_lines(2),
         ]
-        for kernel_name, what in self.launches:
-            if isinstance(what, L.Contract):
-                out.extend(f"        {line}" for line in self._gemm(kernel_name, what))
-                continue
-            if what.grid == 0:
-                continue  # an empty index space: nothing to launch
-            args = ", ".join(f"({self._cast(p)}){self._address(p)}" for p in what.params)
-            sep = ", " if args else ""
-            out.append(f"        /* {kernel_name}: {what.comment} */")
-            out.append(
-                f"        {what.name}<<<{what.grid}, {what.block}, 0, stream>>>({args}{sep}sg_err, t);"
-            )
         out += [
             "    }",
             "    return (int)cudaGetLastError();",
@@ -330,7 +463,7 @@ class CudaRenderer(CStyleRenderer):
 
     def _address(self, name: str) -> str:
         spec = self.program.buffers[name]
-        return f"(arena + {spec.offset})" if spec.kind == "temp" else f"local[{spec.slot}]"
+        return f"(arena + {spec.offset})" if spec.kind == "temp" else f"{self._io}[{spec.slot}]"
 
     def _gemm(self, kernel_name: str, s: L.Contract) -> list[str]:
         """``C = alpha * op(A) op(B) + beta * C`` per batch, as ``C^T = op(B)^T op(A)^T``."""
@@ -372,7 +505,7 @@ def _parts(body: tuple[L.Stmt, ...]) -> list[tuple[L.Stmt, ...]]:
     parts: list[tuple[L.Stmt, ...]] = []
     run: list[L.Stmt] = []
     for s in body:
-        if isinstance(s, L.Loop | L.Contract | L.BatchFused | L.CheckBounds):
+        if isinstance(s, L.Loop | L.Contract | L.BatchFused | L.CheckBounds | L.LayerLoop):
             if run:
                 parts.append(tuple(run))
                 run = []
@@ -414,31 +547,58 @@ class _ThreadCheck(L.Stmt):
     var: L.Var
 
 
-def _tree_reduce(body: tuple[L.Stmt, ...], outputs: int) -> L.Reduce | None:
+def _tree_reduce(
+    body: tuple[L.Stmt, ...], outputs: int, min_reduced: int, max_outputs: int
+) -> L.Reduce | None:
     """The Reduce to run as a block tree, when the thread body is ``Reduce; stores``."""
     if not body or not isinstance(body[0], L.Reduce):
         return None
     r = body[0]
     reduced = math.prod(v.extent for v in r.vars)
-    if reduced < TREE_MIN_REDUCED or outputs > TREE_MAX_OUTPUTS:
+    if reduced < min_reduced or outputs > max_outputs:
         return None
     if any(isinstance(s, L.Reduce) for s in L.walk(body[1:])):
         return None
     return r
 
 
-def render_cuda_unit(program: L.Program, namespace: str | None = None) -> str:
+def uses_cublas(program: L.Program) -> bool:
+    """Whether ``program`` (or a layer body inside it) has a library product: the launcher
+    then declares and links cuBLAS."""
+    for k in program.kernels:
+        for s in L.walk(k.body):
+            if isinstance(s, L.Contract) or (isinstance(s, L.LayerLoop) and uses_cublas(s.body)):
+                return True
+    return False
+
+
+def launches_per_step(program: L.Program) -> int:
+    """Kernel launches and cuBLAS calls one step of ``program`` enqueues (a layer loop's
+    body counted once per layer): the size of the captured CUDA graph."""
+    r = CudaRenderer(program)
+    for k in program.kernels:
+        r.kernel(k)
+    return r.launch_count()
+
+
+def render_cuda_unit(
+    program: L.Program, namespace: str | None = None, tree: tuple[int, int] | None = None
+) -> str:
     """Device functions and the host launcher of ``program`` (no includes).
 
     With ``namespace``, everything lives in that C++ namespace and the entry points are
     not ``extern "C"``: many programs can then share one translation unit (the
-    compile-only tests build all op-table programs in a few ``nvcc`` runs).
+    compile-only tests build all op-table programs in a few ``nvcc`` runs). ``tree``
+    replaces the block-tree thresholds ``(TREE_MIN_REDUCED, TREE_MAX_OUTPUTS)`` (what
+    ``benchmarks/cuda_thresholds.py`` varies).
     """
     r = CudaRenderer(program)
+    if tree is not None:
+        r.tree_min_reduced, r.tree_max_outputs = tree
     head = [f"/* shapegrad generated (CUDA): program {_comment_safe(program.name)} */"]
     head.append(HELPERS.format(q="static __device__ __forceinline__"))
     head.append(BLOCK_REDUCE)
-    if any(isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body)):
+    if uses_cublas(program):
         head.append(CUBLAS_DECL)
     head.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
     for k in program.kernels:
@@ -456,9 +616,9 @@ def render_cuda_unit(program: L.Program, namespace: str | None = None) -> str:
     return text
 
 
-def render_cuda(program: L.Program) -> str:
+def render_cuda(program: L.Program, tree: tuple[int, int] | None = None) -> str:
     """The full CUDA source of ``program`` (its I/O table numbered)."""
-    return INCLUDES + render_cuda_unit(program)
+    return INCLUDES + render_cuda_unit(program, tree=tree)
 
 
 def _comment_safe(text: str) -> str:
