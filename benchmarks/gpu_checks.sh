@@ -9,16 +9,18 @@
 # Steps: tests (the GPU test files), optable (the op table in cuda mode, 16 pytest-xdist
 # workers), fuzz (the differential fuzzer, which adds CUDA where a GPU is present),
 # dp (data parallel on the GPU: mpiexec -n 2 sharing one GPU), bench
-# (benchmarks/train_step_cuda.py), thresholds (benchmarks/cuda_thresholds.py).
+# (benchmarks/train_step_cuda.py), gpt (benchmarks/gpt_cuda.py: the charlm step, fp32 and
+# bf16), thresholds (benchmarks/cuda_thresholds.py).
 #
 # A machine without pycuda/cffi/beartype (our GPU machines: Python 3.12, no network) can
 # take them as wheels: copy ../shared/gpu/wheels/*.whl into .gpu-wheels/ (or point
-# $GPU_WHEELS at a folder); they are installed into a temporary folder, nothing else changes.
+# $GPU_WHEELS at a folder), with mpi4py and mpich wheels for the dp step; they are installed
+# into a temporary folder, nothing else changes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:-gpu-logs}
 mkdir -p "$LOG"
-STEPS=${GPU_CHECKS:-tests,optable,fuzz,dp,bench,thresholds}
+STEPS=${GPU_CHECKS:-tests,optable,fuzz,dp,bench,gpt,thresholds}
 PY=${PYTHON:-python3}
 WHEELS=${GPU_WHEELS:-.gpu-wheels}
 export PYTHONUNBUFFERED=1
@@ -29,6 +31,7 @@ if ! $PY -c "import pycuda, cffi, beartype" 2>/dev/null && ls "$WHEELS"/*.whl >/
         || { echo "could not install the wheels in $WHEELS"; exit 2; }
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
     export PATH=$site/bin:$PATH  # mpiexec from an MPICH wheel, when one is among them
+    export LD_LIBRARY_PATH=$site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # its libmpi
 fi
 export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$(mktemp -d)}
@@ -57,8 +60,9 @@ PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts=)
 run tests 150 "${PYTEST[@]}" -n 4 tests/test_cuda_build.py tests/test_cuda_codegen.py tests/test_cuda_gpu.py -m "not slow" -rs
 run optable 150 "${PYTEST[@]}" -n 16 tests/test_ops.py -k cuda
 run fuzz 120 "${PYTEST[@]}" -n 8 tests/test_fuzz.py
-run dp 90 "${PYTEST[@]}" tests/test_cuda_gpu.py -k data_parallel -rs
+run dp 120 "${PYTEST[@]}" tests/test_distributed.py -k gpu -rs
 run bench 150 $PY benchmarks/train_step_cuda.py
+run gpt 150 $PY benchmarks/gpt_cuda.py
 run thresholds 60 $PY benchmarks/cuda_thresholds.py
 
 echo "== summary (logs in $LOG)"

@@ -234,6 +234,26 @@ def check_training(comm: D.Communicator, steps: int = 50) -> None:
             print(f"parity {mode}/{backend} {opt} {dtype}: max |diff| {err:.2e}")
 
 
+def check_training_cuda(comm: D.Communicator, steps: int = 30) -> None:
+    """Data parallel on GPUs (every rank may share one): the CUDA step averages gradients
+    over MPI through host copies; N ranks match one process on the global batch and hold
+    identical parameters."""
+    for opt in ("sgd", "adam"):
+        mine = _train(comm, "compiled", "cuda", opt, "float32", steps)
+        everyone = comm.gather_objects(mine)
+        for r, theirs in enumerate(everyone):
+            for a, b in zip(mine, theirs, strict=True):
+                assert np.array_equal(a, b), f"cuda params differ between rank {comm.rank} and {r}"
+        if comm.rank == 0:
+            single = _train(None, "compiled", "cuda", opt, "float32", steps)
+            cpu = _train(None, "compiled", "c", opt, "float32", steps)
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+            err_cpu = max(float(np.abs(a - b).max()) for a, b in zip(mine, cpu, strict=True))
+            # float32 sums in another order (half batches on each rank, cuBLAS vs OpenBLAS)
+            assert err <= 1e-4 and err_cpu <= 1e-4, (opt, err, err_cpu)
+            print(f"parity compiled/cuda {opt} float32: max |diff| {err:.2e} (vs C {err_cpu:.2e})")
+
+
 def check_features(comm: D.Communicator) -> None:
     """float16 mixed precision with a schedule and K steps per native call (step_many), and
     float32 with gradient accumulation (2 micro-batches of each process's shard), work
@@ -364,6 +384,8 @@ def main() -> None:
         check_features(comm)
         check_keys_and_state(comm)
         check_checkpoint(comm, out)
+    elif task == "cuda":
+        check_training_cuda(comm)
     elif task in ("raise", "kill", "hang"):
         fault(comm, out, task)
     else:

@@ -154,3 +154,38 @@ def test_compile_timeout_setting_is_validated(
     monkeypatch.setenv("SHAPEGRAD_COMPILE_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="SHAPEGRAD_COMPILE_TIMEOUT"):
         build_program(_mlp_step_graph(), CompileOptions(name="m"), default_arch="sm_90")
+
+
+def test_data_parallel_step_exchanges_gradients_through_host_copies() -> None:
+    """A data-parallel step on CUDA: each all-reduce waits for the stream, copies the
+    gradient to the host, calls MPI (the C backend's exchange) and copies the mean back;
+    the launcher exports ``sg_mpi_bind`` and compiles."""
+    pytest.importorskip("mpi4py", reason="no mpi4py (pip install -e '.[mpi]')")
+    from shapegrad import distributed
+    from shapegrad.backends.cuda import generate
+    from shapegrad.distributed._mpi import MPICommunicator
+
+    comm = MPICommunicator()
+    comm.size = 2  # traced as one rank of two (the exchange is rendered, never run here)
+
+    def step(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> Any:
+        def loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+            w, b = params
+            return sg.mse((x @ w).reshape(-1) + b, y)
+
+        value, grads = sg.value_and_grad(loss)(params, x, y)
+        grads = [distributed.all_reduce(g, "mean", comm=comm) for g in grads]
+        return [p - 0.1 * g for p, g in zip(params, grads, strict=True)], value
+
+    rng = np.random.default_rng(0)
+    params = [np.zeros((64, 1), np.float32), np.zeros(1, np.float32)]
+    x, y = rng.random((32, 64), dtype=np.float32), rng.random(32, dtype=np.float32)
+    graph = sg.compile(step, backend="numpy").lower(params, x, y).graph
+    program, source = generate(graph)
+    assert program.communicators == [comm]
+    assert source.count("over MPI (") == 2  # the weight's and the bias's gradients
+    assert source.count("cudaStreamSynchronize(stream)") == 2
+    assert 'extern "C" int sg_mpi_bind(' in source
+    for n in (64, 1):
+        assert f"sg_mpi_allreduce(src, dst, {n}, sg_mpi_handle[SG_MPI_FLOAT32]" in source
+    tc.compile_check(source)

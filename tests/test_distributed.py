@@ -204,6 +204,20 @@ def test_two_ranks_collectives_gradients_mismatch_and_training(two_ranks: Path) 
     assert (two_ranks / "ok-all.txt").read_text() == "ok\n"
 
 
+def test_two_ranks_share_one_gpu_data_parallel(tmp_path: Path) -> None:
+    """ScalarTrainer(backend="cuda", data_parallel=True) under mpiexec -n 2 on one GPU:
+    gradients averaged over MPI (host staging) inside the step; both ranks end with equal
+    parameters, equal to one process on the global batch (SGD momentum and Adam)."""
+    from modes import _cuda_unavailable
+
+    reason = _cuda_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    run = launch(2, "cuda", tmp_path)
+    assert run.returncode == 0 and (tmp_path / "ok-cuda.txt").exists(), run.stdout + run.stderr
+    assert run.stdout.count("parity compiled/cuda") == 2, run.stdout
+
+
 def test_three_ranks(tmp_path: Path) -> None:
     run = launch(3, "all", tmp_path)
     assert run.returncode == 0 and (tmp_path / "ok-all.txt").exists(), run.stdout + run.stderr

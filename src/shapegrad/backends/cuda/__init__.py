@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
+from shapegrad.backends.c import collectives
 from shapegrad.backends.c.toolchain import BuildSpec, full_source
 from shapegrad.backends.cuda.render import render_cuda
 from shapegrad.backends.cuda.toolchain import (
@@ -83,11 +84,13 @@ class CudaBackend:
     def compile(self, graph: Graph, options: CompileOptions) -> CudaExecutable:
         from shapegrad.backends.cuda.driver import device_context
         from shapegrad.backends.cuda.executable import CudaExecutable
-        from shapegrad.backends.cuda.launcher import load_launcher
+        from shapegrad.backends.cuda.launcher import ffi, load_launcher
 
         device = device_context(int(options.get("device", 0)))
         built = build_program(graph, options, default_arch=device.info.arch)
+        collectives.check_program(built.program)  # every process runs the same exchanges
         lib = load_launcher(built.path, built.spec.key)
+        collectives.bind(lib, ffi(), built.program)
         return CudaExecutable(graph, built.program, lib, built.path, device, built.launches)
 
     def build(self, graph: Graph, options: CompileOptions) -> str:

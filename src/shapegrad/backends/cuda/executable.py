@@ -223,9 +223,13 @@ class CudaBoundStep:
         captured = self._captured(k)
         for buf, a in zip(captured.inputs, stacked, strict=True):
             exe.device.upload(buf, a)
-        with exe.device.active():
-            rc = exe.lib.sg_graph_launch(captured.graph, _void(exe.device.stream_handle))
-        exe.raise_launch_error(rc)
+        if captured.graph is None:  # MPI exchanges between launches: enqueue the steps
+            io, steps = captured.keep
+            exe.enqueue(io, k, steps)
+        else:
+            with exe.device.active():
+                rc = exe.lib.sg_graph_launch(captured.graph, _void(exe.device.stream_handle))
+            exe.raise_launch_error(rc)
         for out, buf in zip(captured.outputs, captured.output_buffers, strict=True):
             exe.device.download(out, buf)
         exe.finish(k)
@@ -259,21 +263,25 @@ class CudaBoundStep:
             output_buffers.append(
                 stacked_buffer(exe._slot_of_output[j], node.shape, node.aval.dtype.numpy)
             )
-        handle = f.new("void **")
-        stream = _void(exe.device.stream_handle)
-        with exe.device.active():
-            rc = exe.lib.sg_graph_build(
-                io, exe._arena_ptr, exe._err_ptr, stream, exe.blas, k, steps, handle
-            )
-        exe.raise_launch_error(rc)
-        captured = _Captured(handle[0], (io, steps), inputs, output_buffers, outputs)
+        graph = None
+        if not exe.program.communicators:  # a host exchange (MPI) cannot be captured
+            handle = f.new("void **")
+            stream = _void(exe.device.stream_handle)
+            with exe.device.active():
+                rc = exe.lib.sg_graph_build(
+                    io, exe._arena_ptr, exe._err_ptr, stream, exe.blas, k, steps, handle
+                )
+            exe.raise_launch_error(rc)
+            graph = handle[0]
+        captured = _Captured(graph, (io, steps), inputs, output_buffers, outputs)
         self._graphs[k] = captured
         return captured
 
 
 @dataclass
 class _Captured:
-    """A captured K-step graph and what it points at (kept alive with it)."""
+    """A captured K-step graph and what it points at (kept alive with it); ``graph`` is None
+    for a program with collectives, whose steps are enqueued on each call instead."""
 
     graph: Any
     keep: tuple[Any, ...]

@@ -14,6 +14,7 @@ int sg_graph_build(void **io, char *arena, int *err, void *stream, void *blas,
 int sg_graph_launch(void *exec, void *stream);
 void sg_graph_free(void *exec);
 int sg_blas_create(void **handle);
+int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
 extern const char sg_key[];
 """
 

@@ -39,9 +39,11 @@ Compile-only use (no GPU needed): ``nvcc -cubin -arch=sm_90`` on the source.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from shapegrad.backends.c.collectives import mpi_prelude, render_collective
 from shapegrad.backends.cstyle import C_TYPES, HELPERS, CStyleRenderer
 from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DType
@@ -56,6 +58,7 @@ TREE_MAX_OUTPUTS = 1 << 16
 ATOMIC_DTYPES = frozenset({"float32", "float64", "float16", "int32"})
 
 INCLUDES = r"""#include <stdint.h>
+#include <stdlib.h>
 #include <math.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -133,7 +136,10 @@ class CudaRenderer(CStyleRenderer):
 
     def __init__(self, program: L.Program, parent: CudaRenderer | None = None) -> None:
         super().__init__(program)
-        self.launches: list[tuple[str, Launch | L.Contract | LayerCall]] = []  # (kernel, what)
+        # (kernel name, what): a launch, a cuBLAS call, a layer loop or an MPI exchange
+        self.launches: list[tuple[str, Launch | L.Contract | LayerCall | L.Collective]] = []
+        self.collective_functions: list[str] = []
+        self._collective_numbers: dict[int, int] = {}
         self._atomic: set[str] = set()
         self._float_acc: set[str] = set()
         # A layer body's renderer shares its parent's output: device functions go to the
@@ -197,6 +203,9 @@ class CudaRenderer(CStyleRenderer):
                 self.batch_fused(part[0], 0)
             elif len(part) == 1 and isinstance(part[0], L.LayerLoop):
                 self.launches.append((k.name, self.layer_call(k, part[0])))
+            elif len(part) == 1 and isinstance(part[0], L.Collective):
+                self.launches.append((k.name, part[0]))
+                self.collective_function(part[0])
             else:
                 self.launches.append((k.name, self.device_function(k, part)))
 
@@ -340,6 +349,8 @@ class CudaRenderer(CStyleRenderer):
                 out.extend(f"{pad}{line}" for line in self._gemm(kernel_name, what))
             elif isinstance(what, LayerCall):
                 out.extend(f"{pad}{line}" for line in self._layer_loop_lines(kernel_name, what))
+            elif isinstance(what, L.Collective):
+                out.extend(f"{pad}{line}" for line in self._collective_lines(kernel_name, what))
             else:
                 out.extend(f"{pad}{line}" for line in self._launch(kernel_name, what))
         return out
@@ -368,7 +379,7 @@ class CudaRenderer(CStyleRenderer):
             f"        const int64_t layer = {layer};",
         ]
         for number, slot in enumerate(s.slots):
-            t = self.type_name(self.program.buffers[slot.buffer].dtype)
+            t = self.storage_name(self.program.buffers[slot.buffer].dtype)
             base = f"({t} *){self._address(slot.buffer)}"
             lines.append(
                 f"        sg_sub[{number}] = (void *)({base} + {slot.offset} + "
@@ -384,6 +395,64 @@ class CudaRenderer(CStyleRenderer):
         lines += ["    }", "}"]
         return lines
 
+    # -- collectives: MPI on host copies (the exchange itself is backends/c/collectives.py's) --
+    def collective_function(self, s: L.Collective) -> None:
+        """``static int sg_collN(src, dst)``: the MPI call of ``s`` on host buffers."""
+        t = self.storage_name(s.dtype)
+        lines: list[str] = []
+        staged = dataclasses.replace(s, src="src", dst="dst")
+        render_collective(staged, t, lambda depth, text: lines.append("    " * depth + text), 1)
+        number = len(self.collective_functions)
+        self.collective_functions.append(
+            "\n".join(
+                [
+                    f"static int sg_coll{number}({t} *src, {t} *dst) {{",
+                    "    (void)src; (void)dst;",
+                    *lines,
+                    "    return 0;",
+                    "}",
+                    "",
+                ]
+            )
+        )
+        self._collective_numbers[id(s)] = number
+
+    def _collective_lines(self, kernel_name: str, s: L.Collective) -> list[str]:
+        """Wait for the stream, copy ``src`` to the host, exchange over MPI, copy the result
+        back. A failed exchange records its error code and step in ``sg_err`` and ends the
+        call (the error-flag contract: the steps before it completed). Not capturable in a
+        CUDA graph: a bound step of a program with collectives enqueues its kernels per
+        call (see ``executable.py``)."""
+        size = self.program.communicators[s.comm].size
+        item = s.dtype.numpy.itemsize
+        count_in = s.count * (size if s.kind == "reduce_scatter" else 1)
+        count_out = s.count * (size if s.kind == "all_gather" else 1)
+        t = self.storage_name(s.dtype)
+        number = self._collective_numbers[id(s)]
+        return [
+            f"/* {kernel_name}: {s.kind} over MPI ({count_in} -> {count_out} x {s.dtype}), "
+            "staged through host memory */",
+            "{",
+            "    int sg_rc = (int)cudaStreamSynchronize(stream);",
+            "    if (sg_rc) return sg_rc;",
+            f"    {t} *sg_h = ({t} *)malloc({(count_in + count_out) * item + 1});",
+            "    if (!sg_h) return (int)cudaErrorMemoryAllocation;",
+            f"    sg_rc = (int)cudaMemcpy(sg_h, {self._address(s.src)}, {count_in * item}, "
+            "cudaMemcpyDeviceToHost);",
+            f"    int sg_code = sg_rc ? 0 : sg_coll{number}(sg_h, sg_h + {count_in});",
+            "    if (!sg_rc && !sg_code)",
+            f"        sg_rc = (int)cudaMemcpy({self._address(s.dst)}, sg_h + {count_in}, "
+            f"{count_out * item}, cudaMemcpyHostToDevice);",
+            "    free(sg_h);",
+            "    if (sg_rc) return sg_rc;",
+            "    if (sg_code) {",
+            "        int sg_flag[2] = {sg_code, (int)t};",
+            "        cudaMemcpy(sg_err, sg_flag, sizeof sg_flag, cudaMemcpyHostToDevice);",
+            "        return 0;",
+            "    }",
+            "}",
+        ]
+
     def launch_count(self) -> int:
         """Kernel launches and cuBLAS calls of one step (layer bodies counted per layer)."""
         total = 0
@@ -393,6 +462,8 @@ class CudaRenderer(CStyleRenderer):
             elif isinstance(what, LayerCall):
                 moves = sum(1 for m in what.moves if m.grid)
                 total += what.loop.length * (what.body_launches + moves)
+            elif isinstance(what, L.Collective):
+                continue  # a host exchange between launches, not a launch
             else:
                 total += 1 if what.grid else 0
         return total
@@ -408,6 +479,7 @@ class CudaRenderer(CStyleRenderer):
         out = [
             *declarations,
             *([""] if declarations else []),
+            *self.collective_functions,
             *self.layer_functions,
             'extern "C" int sg_enqueue_steps(void **io, char *arena, int *sg_err, void *stream_,',
             "                                void *blas, int64_t k, const int64_t *step) {",
@@ -505,7 +577,9 @@ def _parts(body: tuple[L.Stmt, ...]) -> list[tuple[L.Stmt, ...]]:
     parts: list[tuple[L.Stmt, ...]] = []
     run: list[L.Stmt] = []
     for s in body:
-        if isinstance(s, L.Loop | L.Contract | L.BatchFused | L.CheckBounds | L.LayerLoop):
+        if isinstance(
+            s, L.Loop | L.Contract | L.BatchFused | L.CheckBounds | L.LayerLoop | L.Collective
+        ):
             if run:
                 parts.append(tuple(run))
                 run = []
@@ -600,6 +674,8 @@ def render_cuda_unit(
     head.append(BLOCK_REDUCE)
     if uses_cublas(program):
         head.append(CUBLAS_DECL)
+    if program.communicators:  # host code: MPI entry points bound after loading
+        head.append(mpi_prelude(program).replace("int sg_mpi_bind(", 'extern "C" int sg_mpi_bind('))
     head.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
     for k in program.kernels:
         r.kernel(k)
