@@ -188,3 +188,36 @@ def test_cuda_bfloat16_matches_eager() -> None:
         np.testing.assert_allclose(
             np.asarray(g, np.float32), np.asarray(e, np.float32), rtol=2**-6, atol=1e-5
         )
+
+
+def _op_table_cases(every: int) -> list[Any]:
+    from op_table import CASES
+
+    return [pytest.param(c, id=c.name) for i, c in enumerate(CASES) if i % every == 0]
+
+
+def _agree_in_bfloat16(case: Any) -> None:
+    """Eager and compiled C round the same ops to bfloat16: outputs agree to a couple of
+    bfloat16 ulps (only the order of float32 sums differs)."""
+    from harness import _cast_floats
+
+    arrays = _cast_floats(case.arrays(), BF16)
+    if not any(a.dtype == BF16 for a in arrays):
+        pytest.skip("no float input")
+    eager = case.fn(*[sg.tensor(a) for a in arrays]).numpy()
+    got = np.asarray(sg.compile(case.fn, backend="c")(*arrays))
+    assert got.dtype == eager.dtype
+    e32, g32 = np.asarray(eager, np.float64), np.asarray(got, np.float64)
+    scale = max(1.0, float(np.nanmax(np.abs(e32)))) if e32.size else 1.0
+    np.testing.assert_allclose(g32, e32, rtol=2**-6, atol=2**-6 * scale, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", _op_table_cases(7))
+def test_op_table_sample_compiled_agrees_with_eager(case: Any) -> None:
+    _agree_in_bfloat16(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", _op_table_cases(1))
+def test_op_table_compiled_agrees_with_eager(case: Any) -> None:
+    _agree_in_bfloat16(case)
