@@ -1,4 +1,5 @@
 #include <stdint.h>
+#include <stdlib.h>
 #include <math.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

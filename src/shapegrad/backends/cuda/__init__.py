@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
 from shapegrad.backends.c import collectives
 from shapegrad.backends.c.toolchain import BuildSpec, full_source
-from shapegrad.backends.cuda.render import render_cuda
+from shapegrad.backends.cuda.render import launches_per_step, render_cuda, uses_cublas
 from shapegrad.backends.cuda.toolchain import (
     DEFAULT_ARCH,
     NvccNotFound,
@@ -113,11 +113,6 @@ class BuiltProgram:
     launches: int  # kernels + cuBLAS calls per step (counted in the generated source)
 
 
-def uses_cublas(program: L.Program) -> bool:
-    """Whether a program has products (``Contract``), which go to cuBLAS."""
-    return any(isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body))
-
-
 def build_program(graph: Graph, options: CompileOptions, default_arch: str) -> BuiltProgram:
     """Lower, render and build ``graph``'s launcher (a verified cached one when present)."""
     arch = str(options.get("arch", os.environ.get("SHAPEGRAD_CUDA_ARCH") or default_arch))
@@ -129,8 +124,7 @@ def build_program(graph: Graph, options: CompileOptions, default_arch: str) -> B
         raise BackendUnavailable(str(exc)) from exc
     if options.debug_dir:
         dump_program(options.debug_dir, options.name, program, full_source(spec), ".cu")
-    launches = source.count(">>>(") + source.count("cublasGemmStridedBatchedEx(blas")
-    return BuiltProgram(program, spec, path, launches)
+    return BuiltProgram(program, spec, path, launches_per_step(program))
 
 
 register_backend("cuda", CudaBackend)

@@ -378,12 +378,12 @@ class CudaRenderer(CStyleRenderer):
             f"    for (int64_t sg_i = 0; sg_i < {s.length}; ++sg_i) {{",
             f"        const int64_t layer = {layer};",
         ]
-        for number, slot in enumerate(s.slots):
-            t = self.storage_name(self.program.buffers[slot.buffer].dtype)
-            base = f"({t} *){self._address(slot.buffer)}"
+        for number, slot in enumerate(s.slots):  # byte offsets: right for every storage type
+            size = self.program.buffers[slot.buffer].dtype.numpy.itemsize
+            base = f"(char *){self._address(slot.buffer)}"
             lines.append(
-                f"        sg_sub[{number}] = (void *)({base} + {slot.offset} + "
-                f"{slot.stride} * layer);"
+                f"        sg_sub[{number}] = (void *)({base} + {slot.offset * size} + "
+                f"{slot.stride * size} * layer);"
             )
         lines += [
             f"        int sg_rc = {call.function}(sg_sub, (char *){self._address(s.arena)}, "
