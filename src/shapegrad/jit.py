@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -29,11 +30,15 @@ from shapegrad import tree
 from shapegrad._names import safe_name
 from shapegrad.backends.base import (
     Array,
+    BuildsArtifacts,
     CompileOptions,
     Executable,
+    Generated,
+    GeneratesSource,
     KeyedBackend,
     get_backend,
     known_backends,
+    options_type,
     validate_inputs,
 )
 from shapegrad.compiler.budget import CompileStats
@@ -49,29 +54,66 @@ from shapegrad.tensor import Tensor, TraceError
 
 
 class _Static:
-    """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf."""
+    """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf.
 
-    __slots__ = ("value",)
+    It is keyed by a snapshot of its *value* taken when the call is made (:func:`_snapshot`),
+    so a list or array that the caller mutates between calls retraces rather than reusing
+    the program traced with its old contents.
+    """
+
+    __slots__ = ("_key", "value")
     __sg_static__ = True  # opaque to tree.flatten even when it holds tensors (baked in)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, where: str) -> None:
         self.value = value
-
-    def _key(self) -> Any:
-        try:
-            hash(self.value)
-            return (type(self.value), self.value)
-        except TypeError:
-            return ("id", id(self.value))
+        self._key = (type(value), _snapshot(value, where))
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self._key() == other._key()
+        return isinstance(other, _Static) and self._key == other._key
 
     def __repr__(self) -> str:
         return f"static({self.value!r})"
+
+
+def _snapshot(value: Any, where: str) -> Any:
+    """A hashable copy of a static argument's value: equal snapshots, equal values.
+
+    Containers (list, tuple, dict, set) are copied item by item, arrays and eager tensors
+    by dtype, shape and a SHA-256 of their bytes; any other value must be hashable (its
+    hash and ``==`` are its identity, as for ``jax.jit``'s static arguments).
+
+    Raises:
+        TypeError: an unhashable value that is none of the above (naming ``where``).
+    """
+    if isinstance(value, np.ndarray | np.generic):
+        data = np.ascontiguousarray(value)
+        digest = hashlib.sha256(data.tobytes()).hexdigest()
+        return ("array", data.dtype.str, data.shape, digest)
+    if isinstance(value, Tensor):
+        if value.is_traced:
+            return ("traced", id(value))
+        return ("tensor", value.dtype.name, _snapshot(value.numpy(), where))
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_snapshot(v, where) for v in value))
+    if isinstance(value, dict):
+        return (type(value), tuple((k, _snapshot(v, where)) for k, v in value.items()))
+    if isinstance(value, set | frozenset):
+        return (type(value), frozenset(_snapshot(v, where) for v in value))
+    if isinstance(value, bytearray):
+        return (bytearray, bytes(value))
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(
+            f"{where} is a {type(value).__name__}, which is not hashable: a compiled function "
+            "cannot tell whether it changed since it was traced into the program. Pass a "
+            "hashable value (e.g. a frozen dataclass, a tuple) or a list/dict/tuple/set/array, "
+            "which are compared by value"
+        ) from None
+    return value
 
 
 def _is_scalar(value: Any) -> bool:
@@ -283,16 +325,66 @@ def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
+class Traced:
+    """Stage one of ``sg.compile(f).trace(*args)``: the function traced into a graph.
+
+    Attributes:
+        graph: the traced graph (before optimization); ``print(traced.graph)``.
+        in_tree / out_tree: the argument and result structures (:class:`tree.TreeDef`).
+        backend: the backend ``lower`` prepares for; options: its validated options.
+        recorded_nodes: nodes the trace created (including dead ones).
+        trace_seconds: how long tracing took.
+
+    Example:
+        >>> traced = sg.compile(loss, backend="c").trace(params, x, y)
+        >>> lowered = traced.lower(); print(lowered.source)   # the generated C
+        >>> exe = lowered.compile()                            # takes graph.inputs' arrays
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        in_tree: tree.TreeDef,
+        out_tree: tree.TreeDef,
+        backend: str,
+        options: CompileOptions,
+        recorded_nodes: int,
+        trace_seconds: float,
+        signature: Any,
+    ) -> None:
+        self.graph = graph
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        self.backend = backend
+        self.options = options
+        self.recorded_nodes = recorded_nodes
+        self.trace_seconds = trace_seconds
+        self.signature = signature  # the call signature (names the debug dump folder)
+
+    def lower(self) -> Lowered:
+        """Stage two: the optimized graph, and the backend's program and source on demand."""
+        return Lowered(self)
+
+
 class Lowered:
-    """Everything one signature compiled to: graphs before/after the passes, stats, executable.
+    """Stage two, ``traced.lower()`` (and what ``Compiled.lower(*args)`` returns, compiled):
+    the optimized graph, the backend's loop program and generated source, the executable.
+
+    The stages run when first asked for: ``graph``/``stats`` run the graph passes;
+    ``program``/``source`` run the backend's loop pipeline and renderer (C, CUDA; the MIL
+    program for ANE; None for NumPy); :meth:`compile` builds and loads the executable (first
+    from the backend's keyed cache, where a warm cache skips the passes, lowering and
+    rendering); :meth:`build` compiles the native artifact into the cache without loading
+    it and returns its path.
 
     Attributes:
         traced: the graph as traced (before optimization).
-        graph: the optimized graph the backend compiled; ``print(lowered.graph)``. When the
+        graph: the optimized graph the backend compiles; ``print(lowered.graph)``. When the
             executable came from the backend's keyed cache (``from_cache``), the passes did
             not run: they run on first access of ``graph`` or ``stats``.
         stats: one :class:`PassStat` per pass application.
-        executable: what runs; ``executable.graph`` has the inputs/outputs of ``graph``.
+        executable: what runs (``compile()``); ``executable.graph`` has the inputs/outputs
+            of ``graph``.
         recorded_nodes: nodes the trace created (including dead ones).
         trace_seconds / optimize_seconds / backend_seconds: where compile time went
             (``backend_seconds`` is the cache lookup and load for a cached executable).
@@ -300,32 +392,33 @@ class Lowered:
             lowering or rendering happened in this process).
     """
 
-    def __init__(
-        self,
-        traced: Graph,
-        graph: Graph | None,
-        stats: list[PassStat] | None,
-        executable: Executable,
-        recorded_nodes: int,
-        trace_seconds: float,
-        optimize_seconds: float,
-        backend_seconds: float,
-        out_treedef: tree.TreeDef,
-        from_cache: bool = False,
-    ) -> None:
-        self.traced = traced
-        self._graph = graph
-        self._stats = stats
-        self.executable = executable
-        self.recorded_nodes = recorded_nodes
-        self.trace_seconds = trace_seconds
-        self.optimize_seconds = optimize_seconds
-        self.backend_seconds = backend_seconds
-        self.out_treedef = out_treedef
-        self.from_cache = from_cache
+    def __init__(self, traced: Traced) -> None:
+        self.stage = traced
+        self.traced = traced.graph
+        self.out_treedef = traced.out_tree
+        self.recorded_nodes = traced.recorded_nodes
+        self.trace_seconds = traced.trace_seconds
+        self.optimize_seconds = 0.0
+        self.backend_seconds = 0.0
+        self.from_cache = False
+        self._graph: Graph | None = None
+        self._stats: list[PassStat] | None = None
+        self._executable: Executable | None = None
+        self._generated: Generated | None = None
+        self._key: tuple[str | None] | None = None
+        root = debug_root()
+        self._dumper = GraphDumper(root, traced.options.name, traced.signature) if root else None
+
+    # --- the graph -----------------------------------------------------------------------
 
     def _optimize(self) -> None:
-        self._graph, self._stats = optimize(self.traced)
+        t0 = time.perf_counter()
+        on_pass = None
+        if self._dumper is not None:
+            self._dumper.dump("traced", self.traced)
+            on_pass = self._dumper.on_pass
+        self._graph, self._stats = optimize(self.traced, on_pass=on_pass)
+        self.optimize_seconds = time.perf_counter() - t0
 
     @property
     def graph(self) -> Graph:
@@ -340,6 +433,96 @@ class Lowered:
             self._optimize()
         assert self._stats is not None
         return self._stats
+
+    # --- the backend's program and source ------------------------------------------------
+
+    def generated(self) -> Generated | None:
+        """What the backend generates from ``graph`` before compiling (None for a backend
+        that generates no source, e.g. NumPy); made once."""
+        if self._generated is None:
+            backend = get_backend(self.stage.backend, check=False)  # no device needed
+            if isinstance(backend, GeneratesSource):
+                self._generated = backend.generate(self.graph, self._options())
+        return self._generated
+
+    @property
+    def program(self) -> Any:
+        """The backend's lowered program (the loop IR for C/CUDA, MIL for ANE), or None."""
+        generated = self.generated()
+        return None if generated is None else generated.program
+
+    @property
+    def source(self) -> str | None:
+        """The generated source (C, CUDA, MIL text) as it will be compiled, or None."""
+        generated = self.generated()
+        return None if generated is None else generated.source
+
+    # --- compiling -----------------------------------------------------------------------
+
+    @property
+    def executable(self) -> Executable:
+        return self.compile()
+
+    def compile(self) -> Executable:
+        """Stage three: the executable (built and loaded once; from the backend's keyed
+        cache when it holds this traced graph). It takes one NumPy array per
+        ``graph.inputs`` entry, in order (``Compiled.__call__`` takes the pytrees)."""
+        if self._executable is not None:
+            return self._executable
+        backend = get_backend(self.stage.backend)
+        t0 = time.perf_counter()
+        key = self._graph_key(backend)
+        if key is not None and isinstance(backend, KeyedBackend) and self._dumper is None:
+            # A debug run takes the full path so that every stage is dumped.
+            found = backend.load_keyed(key, self.traced, self.stage.options)
+            if found is not None:
+                self.from_cache = True
+                self.backend_seconds = time.perf_counter() - t0
+                self._executable = found
+                return found
+        lookup = time.perf_counter() - t0
+        graph = self.graph  # the passes: timed as optimize_seconds
+        t1 = time.perf_counter()
+        options = self._options(key)
+        generated = self._generated
+        if generated is not None and isinstance(backend, GeneratesSource):
+            self._executable = backend.compile_generated(graph, generated, options)
+        else:
+            self._executable = backend.compile(graph, options)
+        self.backend_seconds = lookup + (time.perf_counter() - t1)
+        return self._executable
+
+    def build(self) -> str:
+        """Generate, compile and cache the backend's native artifact without loading it;
+        returns its path (C: the shared library; CUDA: the launcher; ANE: the
+        ``.mlpackage``). Needs the toolchain but not the device: a CUDA launcher builds
+        with nvcc on a machine without a GPU or pycuda (name the ``arch`` then).
+
+        Raises:
+            TypeError: the backend builds no artifact (``numpy``).
+        """
+        backend = get_backend(self.stage.backend, check=False)
+        if not isinstance(backend, BuildsArtifacts):
+            raise TypeError(
+                f"Lowered.build: backend {self.stage.backend!r} builds no native artifact "
+                "(the c, cuda and ane backends do); call compile() instead"
+            )
+        return backend.build(self.graph, self._options(self._graph_key(backend)))
+
+    def _graph_key(self, backend: Any) -> str | None:
+        """The traced graph's key for a keyed backend (None: not keyed or unkeyable)."""
+        if not isinstance(backend, KeyedBackend):
+            return None
+        if self._key is None:
+            options = self.stage.options
+            chosen = options.backend_options
+            text = "" if chosen is None else chosen.canonical()
+            self._key = (graph_key_of(self.traced, self.stage.backend, options.name, text),)
+        return self._key[0]
+
+    def _options(self, cache_key: str | None = None) -> CompileOptions:
+        folder = self._dumper.folder if self._dumper is not None else None
+        return dataclasses.replace(self.stage.options, debug_dir=folder, cache_key=cache_key)
 
     def summary(self) -> str:
         """Node counts and timings as a few readable lines."""
@@ -414,9 +597,21 @@ class Compiled:
         )
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        """Trace/optimize/compile for these arguments (or fetch from the cache) without running."""
+        """Trace/optimize/compile for these arguments (or fetch from the cache) without running;
+        ``.executable`` is ready."""
         leaves, td, key = self._signature(args, kwargs)
         return self._lower(leaves, td, key, args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Stage one: trace ``fn`` for these arguments (always anew; nothing is cached or
+        compiled). ``.lower()`` then ``.compile()`` continue, as in JAX.
+
+        Example:
+            >>> lowered = sg.compile(step, backend="c").trace(params, x, y).lower()
+            >>> print(lowered.graph); print(lowered.source)
+        """
+        leaves, td, key = self._signature(args, kwargs)
+        return self._trace(leaves, td, key)
 
     def graph(self, *args: Any, **kwargs: Any) -> Graph:
         """The optimized graph for these arguments (``print(fast.graph(params, x, y))``)."""
@@ -438,7 +633,15 @@ class Compiled:
                     f"static_argnums contains {i} but {self.options.name} got {len(args)} positional arguments"
                 )
         statics = {i % len(args) for i in self.static_argnums}
-        return (tuple(_Static(a) if i in statics else a for i, a in enumerate(args)), kwargs)
+        return (
+            tuple(
+                _Static(a, f"sg.compile({self.options.name}): static argument {i}")
+                if i in statics
+                else a
+                for i, a in enumerate(args)
+            ),
+            kwargs,
+        )
 
     def _signature(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -468,46 +671,15 @@ class Compiled:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        backend = get_backend(self.backend)
-        self.trace_count += 1
-        t0 = time.perf_counter()
-        traced, out_td, recorded = self._trace(leaves, td)
-        t1 = time.perf_counter()
-        root = debug_root()
-        # The keyed cache (a fresh process skips the passes, lowering and rendering); a
-        # debug run takes the full path so that every stage is dumped.
-        graph_key = None
-        if isinstance(backend, KeyedBackend):
-            graph_key = graph_key_of(traced, self.backend, self.options.name, self.options.extra)
-            found = (
-                backend.load_keyed(graph_key, traced, self.options)
-                if graph_key and not root
-                else None
-            )
-            if found is not None:
-                lowered = Lowered(
-                    traced, None, None, found, recorded, t1 - t0, 0.0,
-                    time.perf_counter() - t1, out_td, from_cache=True,
-                )  # fmt: skip
-                self._cache[key] = lowered
-                return lowered
-        dumper = GraphDumper(root, self.options.name, key) if root else None
-        if dumper is not None:
-            dumper.dump("traced", traced)
-        graph, stats = optimize(traced, on_pass=dumper.on_pass if dumper else None)
-        t2 = time.perf_counter()
-        options = dataclasses.replace(
-            self.options, debug_dir=dumper.folder if dumper else None, cache_key=graph_key
-        )
-        executable = backend.compile(graph, options)
-        t3 = time.perf_counter()
-        lowered = Lowered(
-            traced, graph, stats, executable, recorded, t1 - t0, t2 - t1, t3 - t2, out_td
-        )
+        get_backend(self.backend)  # unavailable: say so before tracing
+        lowered = self._trace(leaves, td, key).lower()
+        lowered.compile()
         self._cache[key] = lowered
         return lowered
 
-    def _trace(self, leaves: list[Any], td: tree.TreeDef) -> tuple[Graph, tree.TreeDef, int]:
+    def _trace(self, leaves: list[Any], td: tree.TreeDef, key: Any) -> Traced:
+        self.trace_count += 1
+        t0 = time.perf_counter()
         ops = GraphOps()
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
@@ -525,7 +697,9 @@ class Compiled:
         _check_outputs(out_td, self.options.name)
         graph = Graph(list(ops.inputs), [ops.lift_value(leaf) for leaf in out_leaves], ops.table)
         graph.aliases = _find_aliases(graph, td, out_td, self.donate_argnums)
-        return graph, out_td, len(ops.table.table) + len(ops.inputs)
+        recorded = len(ops.table.table) + len(ops.inputs)
+        seconds = time.perf_counter() - t0
+        return Traced(graph, td, out_td, self.backend, self.options, recorded, seconds, key)
 
 
 def _check_not_mutated(
@@ -617,10 +791,17 @@ def compile(
             structure and types is taken as the new value. Donated eager tensors must not
             be used after the call (the NumPy backend never overwrites; the C backend may).
         name: readable name for debug dumps (defaults to ``fn.__name__``).
-        backend_options: backend-specific settings passed as ``CompileOptions.extra``.
+        backend_options: the backend's options (C: ``denormals``, ``cflags``, ``target``,
+            ...; CUDA: ``device``, ``arch``, ``target``; ANE: ``precision``, ``cache_dir``;
+            NumPy: none), checked now against the backend's ``Options`` dataclass
+            (``COptions``, ``CudaOptions``, ``AneOptions``): an unknown name raises
+            ``TypeError`` listing the valid ones, a wrong type ``TypeError``, a value out
+            of range ``ValueError``.
     Returns:
         A :class:`Compiled` callable returning eager tensors in ``fn``'s output structure,
-        with ``.lower(*args)``, ``.graph(*args)``, ``.stats(*args)`` and ``.trace_count``.
+        with ``.lower(*args)``, ``.graph(*args)``, ``.stats(*args)``, ``.trace_count`` and
+        the staged ``.trace(*args)`` -> :class:`Traced` ``.lower()`` -> :class:`Lowered`
+        ``.compile()`` (the executable) / ``.build()`` (the native artifact's path).
     Example:
         >>> fast = sg.compile(sg.value_and_grad(loss))
         >>> value, grads = fast(params, x, y)
@@ -630,13 +811,14 @@ def compile(
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     if backend not in known_backends():
         raise ValueError(f"unknown backend {backend!r}; choose one of {known_backends()}")
+    chosen = options_type(backend).from_kwargs(backend_options, backend)  # errors now, not later
 
     def make(f: Callable[..., Any]) -> Compiled:
         label = safe_name(name or str(getattr(f, "__name__", "fn")))
-        options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
+        options = CompileOptions(name=label, backend_options=chosen)
         return Compiled(f, backend, nums, options, donate)
 
     return make if fn is None else make(fn)
 
 
-__all__ = ["Compiled", "Lowered", "compile"]
+__all__ = ["Compiled", "Lowered", "Traced", "compile"]

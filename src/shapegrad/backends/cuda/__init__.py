@@ -6,9 +6,10 @@ loop stages as the C backend; a GPU schedule is a Target setting) ->
 into the disk cache -> ``dlopen`` -> :class:`CudaExecutable` on a device's
 stream, with parameters and optimizer state resident on the GPU.
 
-Backend options (``CompileOptions.extra``): ``device`` (GPU number, default 0),
-``target`` (a :class:`~shapegrad.compiler.target.Target` replacing
-:data:`CUDA_TARGET`), ``arch`` (e.g. ``"sm_90"``; default: the device's).
+Backend options (:class:`~shapegrad.backends.cuda.options.CudaOptions`): ``device``
+(GPU number, default 0), ``target`` (a :class:`~shapegrad.compiler.target.Target`
+replacing :data:`CUDA_TARGET`), ``arch`` (e.g. ``"sm_90"``; default
+``$SHAPEGRAD_CUDA_ARCH``, else the device's).
 
 Needs pycuda, an NVIDIA driver with a GPU, and nvcc (the CUDA toolkit); cuBLAS comes
 from the ``nvidia-cublas`` wheel (``pip install 'shapegrad[cuda]'``). Without them,
@@ -20,16 +21,16 @@ produced and compile-checked anywhere nvcc exists (:func:`generate`,
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
 from shapegrad.backends.c.toolchain import full_source
+from shapegrad.backends.cuda.options import CudaOptions
 from shapegrad.backends.cuda.render import render_cuda
 from shapegrad.backends.cuda.toolchain import NvccNotFound, build_launcher, make_spec, nvcc
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
-from shapegrad.compiler.target import CUDA_TARGET, Target
+from shapegrad.compiler.target import Target
 from shapegrad.ir import Graph
 
 if TYPE_CHECKING:
@@ -39,10 +40,7 @@ __all__ = ["CudaBackend", "generate"]
 
 
 def cuda_target(options: CompileOptions) -> Target:
-    target = options.get("target", CUDA_TARGET)
-    if not isinstance(target, Target):
-        raise TypeError(f"backend option 'target' must be a Target, got {type(target).__name__}")
-    return target
+    return options.of(CudaOptions).resolved_target()
 
 
 def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Program, str]:
@@ -78,8 +76,9 @@ class CudaBackend:
         from shapegrad.backends.cuda.executable import CudaExecutable
         from shapegrad.backends.cuda.launcher import load_launcher
 
-        device = device_context(int(options.get("device", 0)))
-        arch = str(options.get("arch", os.environ.get("SHAPEGRAD_CUDA_ARCH") or device.info.arch))
+        opts = options.of(CudaOptions)
+        device = device_context(opts.device)
+        arch = str(opts.resolved_arch(device.info.arch))
         program, source = generate(graph, options)
         uses_cublas = any(
             isinstance(s, L.Contract) for k in program.kernels for s in L.walk(k.body)
@@ -96,4 +95,4 @@ class CudaBackend:
         return CudaExecutable(graph, program, lib, path, device, launches)
 
 
-register_backend("cuda", CudaBackend)
+register_backend("cuda", CudaBackend, options=CudaOptions)
