@@ -110,7 +110,8 @@ def _describe(hint: Any) -> str:
         parts = [_describe(a) for a in get_args(hint) if a is not type(None)]
         return " or ".join(parts) + " or None"
     if origin is tuple:
-        return f"a tuple of {_describe(get_args(hint)[0])}"
+        item = get_args(hint)[0]
+        return f"a tuple of {getattr(item, '__name__', item)}"
     if isinstance(hint, type):
         article = "an" if hint.__name__[0].lower() in "aeiou" else "a"
         return f"{article} {hint.__name__}"
