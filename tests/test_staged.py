@@ -143,7 +143,7 @@ if sys.argv[1] == "build":
 else:
     got = fast(x).numpy()
     assert np.allclose(got, (np.sin(x) * 0.6875).sum(axis=1), rtol=1e-5), got
-    print("compiles", toolchain.compile_count)
+    print("compiles", toolchain.compile_count, "from_cache", fast.lower(x).from_cache)
 """
 
 
@@ -163,7 +163,8 @@ def test_a_library_built_in_one_process_is_loaded_by_the_next(tmp_path: Path) ->
         out.append(proc.stdout.split())
     assert out[0][0] == "path" and Path(out[0][1]).is_file()
     assert Path(out[0][1]).parent == tmp_path
-    assert out[1] == ["compiles", "0"]  # the second process ran no compiler
+    # the second process ran no compiler, and found the manifest: no lowering either
+    assert out[1] == ["compiles", "0", "from_cache", "True"]
 
 
 def test_ane_build_saves_the_package(tmp_path: Path) -> None:

@@ -279,6 +279,31 @@ class CBackend:
         if options.debug_dir:
             dump_program(options.debug_dir, options.name, program, library.source, ".c")
         collectives.bind(lib, ffi(), program)
+        info = self._store_manifest(graph, program, library, options)
+        exe = CExecutable(graph, info, lib, library.path, program)
+        exe.phase_seconds = {**generated.seconds, "cc": t1 - t0, "load": t2 - t1}
+        return exe
+
+    def build(self, graph: Graph, options: CompileOptions) -> str:
+        """Lower, render and compile ``graph`` into the cache without loading it; returns
+        the library's path in the cache. A later ``compile`` finds the library there, and
+        with ``options.cache_key`` set (``Lowered.build``) a new process finds its manifest
+        too (no lowering)."""
+        return self.build_generated(graph, self.generate(graph, options), options)
+
+    def build_generated(self, graph: Graph, generated: Generated, options: CompileOptions) -> str:
+        """:meth:`build` for what :meth:`generate` made of ``graph``."""
+        program = generated.program
+        assert isinstance(program, L.Program)
+        library = compile_units(generated.units, program, options.of(COptions))
+        self._store_manifest(graph, program, library, options)
+        return _cache_path(library.path)
+
+    def _store_manifest(
+        self, graph: Graph, program: L.Program, library: Library, options: CompileOptions
+    ) -> RuntimeInfo:
+        """What calls need to know of ``program``; stored as the manifest of
+        ``options.cache_key`` when there is one."""
         info = RuntimeInfo.of(program, library.key)
         if options.cache_key is not None and not program.communicators:
             # Collectives are never stored: binding them needs the communicator objects,
@@ -286,21 +311,7 @@ class CBackend:
             mkey = self._manifest_key(options.cache_key, options)
             if mkey is not None:
                 manifest.write(mkey, info, graph)
-        exe = CExecutable(graph, info, lib, library.path, program)
-        exe.phase_seconds = {**generated.seconds, "cc": t1 - t0, "load": t2 - t1}
-        return exe
-
-    def build(self, graph: Graph, options: CompileOptions) -> str:
-        """Lower, render and compile ``graph`` into the cache without loading it; returns
-        the library's path in the cache (a later ``compile`` finds it there)."""
-        return self.build_generated(self.generate(graph, options), options)
-
-    def build_generated(self, generated: Generated, options: CompileOptions) -> str:
-        """:meth:`build` for what :meth:`generate` made."""
-        program = generated.program
-        assert isinstance(program, L.Program)
-        library = compile_units(generated.units, program, options.of(COptions))
-        return _cache_path(library.path)
+        return info
 
     def load_keyed(self, key: str, traced: Graph, options: CompileOptions) -> CExecutable | None:
         """The executable a manifest stored under ``key`` describes, without lowering; None
