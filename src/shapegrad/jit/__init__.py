@@ -10,7 +10,14 @@ tuples/lists/dicts/ParamList/TList of them. Python scalars become scalar
 graph inputs (``int`` -> int32, ``bool`` -> bool, ``float`` -> the float dtype
 of the array arguments when they all share one, else float32), so changing a
 learning rate does not retrace. Pass ``np.float64(x)`` to force a dtype, or
-list the argument in ``static_argnums`` to bake it in.
+list the argument in ``static_argnums`` to bake it in (static arguments are keyed by
+value: a list or array mutated between calls retraces; an unhashable object that is
+not a container or array is rejected).
+
+Backend options are checked when ``sg.compile`` is called (``backends/options.py``).
+The stages can be taken one at a time (``stages.py``): ``Compiled.trace(*args)`` ->
+:class:`Traced`, ``.lower()`` -> :class:`Lowered`, ``.compile()`` -> the executable,
+``.build()`` -> the native artifact's path. The per-call fast path is ``fastpath.py``.
 """
 
 from __future__ import annotations
@@ -474,8 +481,9 @@ def compile(
         fn: the function; may return a tensor or a nested tuple/list/dict of tensors
             (``None`` entries are allowed and returned as ``None``).
         backend: ``"numpy"`` (reference), ``"c"``, ``"cuda"`` or ``"ane"``.
-        static_argnums: positional arguments baked into the trace (retrace when they change;
-            must be hashable to be cached by value).
+        static_argnums: positional arguments baked into the trace (retrace when their value
+            changes: lists, tuples, dicts, sets and arrays are compared by value, anything
+            else must be hashable).
         donate_argnums: positional arguments whose buffers the backend may overwrite with
             their updated values (``graph.aliases``); the returned output with the same
             structure and types is taken as the new value. Donated eager tensors must not
