@@ -178,6 +178,8 @@ def test_ane_build_saves_the_package(tmp_path: Path) -> None:
     assert lowered.source is not None and "tanh" in lowered.source  # the MIL text
     path = Path(lowered.build())
     assert path.suffix == ".mlpackage" and path.is_dir() and path.parent == tmp_path
+    exe = lowered.compile()  # converts the MIL program it showed: the package is the built one
+    assert exe.package == path and exe.stats["cached"]  # type: ignore[attr-defined]
 
 
 def test_compiled_lower_still_returns_a_ready_executable() -> None:
