@@ -77,11 +77,11 @@ def test_the_callers_mode_and_the_pool_threads_are_restored() -> None:
 
 def test_generated_code_sets_the_mode_in_every_region() -> None:
     from shapegrad.backends.base import CompileOptions
-    from shapegrad.backends.c import generate
+    from shapegrad.backends.c import COptions, generate
 
     x, s = _inputs(1 << 20)
     graph = sg.compile(_scaled, backend="numpy").graph(x, s)
-    _, source = generate(graph, CompileOptions(extra=(("flush_denormals", True),)))
+    _, source = generate(graph, CompileOptions(backend_options=COptions(denormals="flush")))
     assert "#define SG_FLUSH_DENORMALS 1" in source
     body = source[source.index("static int sg_body(") :]
     assert body.count("#pragma omp parallel") == body.count("SG_FP_ENTER;") - 2  # + 2 entries

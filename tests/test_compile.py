@@ -95,6 +95,52 @@ def test_static_argnums_retrace_on_change() -> None:
     assert fast.trace_count == 2
 
 
+def test_static_list_and_array_are_keyed_by_value_not_identity() -> None:
+    def weighted(x: Tensor, weights: Any) -> Tensor:
+        out = x[0] * 0.0
+        for k, w in enumerate(weights):  # a Python loop over the static values
+            out = out + x[k] * float(w)
+        return out
+
+    fast = sg.compile(weighted, static_argnums=1)
+    x = rand(3, 2)
+    weights = [1.0, 2.0, 3.0]
+    np.testing.assert_allclose(fast(x, weights).numpy(), x.T @ np.array(weights))
+    weights[1] = -5.0  # the caller mutates the list it passed before
+    np.testing.assert_allclose(fast(x, weights).numpy(), x.T @ np.array(weights))
+    assert fast.trace_count == 2
+    fast(x, [1.0, -5.0, 3.0])  # an equal, distinct list: no new trace
+    assert fast.trace_count == 2
+    table = np.array([0.5, 0.25, 2.0])
+    np.testing.assert_allclose(fast(x, table).numpy(), x.T @ table)
+    table[0] = 7.0  # the same array object, mutated in place
+    np.testing.assert_allclose(fast(x, table).numpy(), x.T @ table)
+    assert fast.trace_count == 4
+    nested = {"w": [1.0, 1.0, 1.0]}
+    pick = sg.compile(lambda x, cfg: weighted(x, cfg["w"]), static_argnums=1)
+    np.testing.assert_allclose(pick(x, nested).numpy(), x.sum(axis=0))
+    nested["w"][2] = 0.0
+    np.testing.assert_allclose(pick(x, nested).numpy(), x[0] + x[1])
+
+
+def test_an_unhashable_static_argument_is_rejected() -> None:
+    class Config:  # no __hash__ (defines __eq__), not a container
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Config) and other.k == self.k
+
+    fast = sg.compile(lambda x, cfg: x * float(cfg.k), static_argnums=1, name="scale")
+    with pytest.raises(
+        TypeError,
+        match=r"sg.compile\(scale\): static argument 1 is a Config, "
+        "which is not hashable",
+    ):
+        fast(rand(2), Config(3))
+    assert fast.trace_count == 0
+
+
 def test_structure_change_retraces_and_nested_outputs_round_trip() -> None:
     def f(tree: dict[str, Any]) -> dict[str, Any]:
         a, (b, c) = tree["a"], tree["bc"]

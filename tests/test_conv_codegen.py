@@ -12,7 +12,7 @@ import pytest
 
 import shapegrad as sg
 from shapegrad.backends.base import CompileOptions
-from shapegrad.backends.c import generate
+from shapegrad.backends.c import COptions, generate
 from shapegrad.compiler.target import C_TARGET
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
@@ -38,7 +38,7 @@ def test_weight_gradient_partials_are_tall_and_match_numpy(target: str, threads:
     args = (_f32(8, 6, 3, 3), _f32(8, seed=1), _f32(24, 6, 14, 14, seed=2))
     vg = sg.value_and_grad(_conv_loss, argnums=(0, 1, 2))
     graph = sg.compile(vg, backend="numpy").graph(*args)
-    options = CompileOptions(extra=(("target", TARGETS[target]),))
+    options = CompileOptions(backend_options=COptions(target=TARGETS[target]))
     _, source = generate(graph, options)
     assert "part[j * 8 + r]" in source  # the 8 x 54 partial is kept as 54 x 8
     fn = sg.compile(vg, backend="c", target=TARGETS[target])

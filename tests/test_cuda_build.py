@@ -50,7 +50,7 @@ def _stub_cublas(folder: Path) -> Path:
     return lib
 
 
-def _mlp_step_graph() -> Any:
+def _mlp_step() -> tuple[Any, tuple[Any, ...]]:
     def loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
         w1, b1, w2, b2, w3, b3 = params
         h = sg.relu(x @ w1 + b1)
@@ -66,7 +66,12 @@ def _mlp_step_graph() -> Any:
     params = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     x = rng.random((128, 784), dtype=np.float32)
     y = rng.integers(0, 10, 128).astype(np.int32)
-    return sg.compile(step, backend="numpy").lower(params, x, y).graph
+    return step, (params, x, y)
+
+
+def _mlp_step_graph() -> Any:
+    step, args = _mlp_step()
+    return sg.compile(step, backend="numpy").lower(*args).graph
 
 
 def _needed(path: str) -> list[str]:
@@ -105,6 +110,20 @@ def test_mlp_training_step_launcher_builds_without_a_gpu(
     # The backend's public hook: a second build is the verified cached library.
     again = CudaBackend().build(graph, CompileOptions(name="mlp_step"))
     assert os.path.samefile(again, built.path)
+
+
+def test_public_staged_build_prebuilds_the_launcher(
+    cublas_wheel: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sg.compile(f, backend="cuda").trace(*args).lower().build()``: generated, compiled
+    and cached on a machine with nvcc but no GPU or pycuda; the source is there to read."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    step, args = _mlp_step()
+    lowered = sg.compile(step, backend="cuda", arch="sm_90").trace(*args).lower()
+    assert "__global__" in lowered.source and "cublasGemmStridedBatchedEx" in lowered.source
+    path = lowered.build()
+    assert path.startswith(str(tmp_path / "cache")) and os.path.exists(path)
+    assert any(n.startswith("libcublas.so") for n in _needed(path))
 
 
 def test_link_line_never_feeds_the_library_to_nvcc_as_source(cublas_wheel: Path) -> None:

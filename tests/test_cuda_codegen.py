@@ -477,8 +477,9 @@ def _adam_graph() -> Any:
 @needs_nvcc
 def test_elementwise_fusion_runs_for_cuda_and_compiles() -> None:
     from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.cuda.options import CudaOptions
 
-    unfused = CompileOptions(extra=(("target", UNFUSED),))
+    unfused = CompileOptions(backend_options=CudaOptions(target=UNFUSED))
     gelu, gelu_before = generate(_gelu_grad_graph())[0], generate(_gelu_grad_graph(), unfused)[0]
     adam, adam_before = generate(_adam_graph())[0], generate(_adam_graph(), unfused)[0]
     assert len(gelu.kernels) == 1 < len(gelu_before.kernels)  # GELU backward: one pass

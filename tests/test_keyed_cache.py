@@ -68,7 +68,7 @@ def _forbid_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the keyed cache hit must not optimize, lower or render")
 
-    monkeypatch.setattr(jit, "optimize", fail)
+    monkeypatch.setattr(jit.stages, "optimize", fail)
     monkeypatch.setattr(cbackend, "lower_program", fail)
     monkeypatch.setattr(cbackend, "render_c_units", fail)
 

@@ -4,7 +4,8 @@ Nothing found in a cache is loaded unless it is the user's own: a shared library
 in the cache runs its constructors in this process the moment it is ``dlopen``-ed,
 so a directory or file another user can write to is never used.
 
-* :func:`cache_home` is ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``).
+* :func:`cache_home` is ``$SHAPEGRAD_CACHE_DIR`` when set, else
+  ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``): every backend's cache.
 * :func:`private_dir` returns a directory that is ours alone (owned by this uid,
   not writable by group or others), creating it with mode 0700. A directory that
   fails those checks, is not a directory or is not writable is bypassed with a
@@ -43,8 +44,15 @@ class CacheError(RuntimeError):
     """No usable cache directory (not even a private temporary one)."""
 
 
+CACHE_ENV = "SHAPEGRAD_CACHE_DIR"
+
+
 def cache_home() -> str:
-    """``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``)."""
+    """The cache of every backend: ``$SHAPEGRAD_CACHE_DIR`` when set (non-empty), else
+    ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``)."""
+    explicit = os.environ.get(CACHE_ENV, "").strip()
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "shapegrad")
 

@@ -56,16 +56,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from shapegrad.backends.options import BackendOptions, NoOptions
 from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph
 from shapegrad.shapes import ShapeError, fmt
 
 Array = npt.NDArray[Any]
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
 
 
 @dataclass(frozen=True)
@@ -75,20 +77,34 @@ class CompileOptions:
     Attributes:
         name: a readable name for the compiled function (used in dumps and cache keys).
         debug_dir: where to write debug dumps (IR, generated source), or None.
-        extra: backend-specific settings (e.g. ``{"cflags": [...]}``); must be hashable values.
+        backend_options: the backend's typed options (its :class:`BackendOptions`
+            subclass, e.g. ``COptions(denormals="flush")``), validated when ``sg.compile``
+            was called; None means the backend's defaults.
         cache_key: the key of the traced graph being compiled (see :class:`KeyedBackend`).
     """
 
     name: str = "fn"
     debug_dir: str | None = None
-    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    backend_options: BackendOptions | None = None
     # The traced graph's key (``compiler/graphkey.py``), set by ``sg.compile`` for a
     # :class:`KeyedBackend`: store what ``load_keyed`` needs to skip lowering next time.
     cache_key: str | None = None
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value of backend-specific setting ``key`` (``default`` when absent)."""
-        return dict(self.extra).get(key, default)
+    def of(self, kind: type[OptionsT]) -> OptionsT:
+        """The backend options as ``kind`` (its defaults when none were given).
+
+        Raises:
+            TypeError: the options belong to another backend.
+        """
+        found = self.backend_options
+        if found is None:
+            return kind()
+        if not isinstance(found, kind):
+            raise TypeError(
+                f"{kind.__name__} expected for backend {kind.backend!r}, got "
+                f"{type(found).__name__} (options of backend {found.backend!r})"
+            )
+        return found
 
 
 @dataclass(frozen=True)
@@ -218,6 +234,61 @@ class KeyedBackend(Backend, Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Generated:
+    """What a source-generating backend made of an optimized graph, before compiling it.
+
+    Attributes:
+        program: the backend's lowered program (the loop IR ``compiler.loops.Program`` for
+            C and CUDA).
+        source: the generated source text, as it will be compiled (all units).
+        language: ``"c"``, ``"cuda"``, ...
+        units: ``(name, source)`` of each translation unit when the source is compiled in
+            several pieces (C), else empty.
+        seconds: time per phase so far (e.g. ``lower``, ``render``).
+    """
+
+    program: Any
+    source: str
+    language: str
+    units: tuple[tuple[str, str], ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+@runtime_checkable
+class GeneratesSource(Backend, Protocol):
+    """A backend whose compile is "lower and render, then build and load" (C, CUDA).
+
+    ``sg.compile(f).trace(*args).lower()`` shows ``generate``'s result (``.program``,
+    ``.source``) and its ``.compile()`` then builds from it without lowering again.
+    """
+
+    def generate(self, graph: Graph, options: CompileOptions) -> Generated:
+        """Lower and render ``graph`` (no compiler runs)."""
+        ...
+
+    def compile_generated(
+        self, graph: Graph, generated: Generated, options: CompileOptions
+    ) -> Executable:
+        """``compile(graph, options)`` for a ``generated`` made by :meth:`generate`."""
+        ...
+
+
+@runtime_checkable
+class BuildsArtifacts(Backend, Protocol):
+    """A backend that can build its native artifact without loading it.
+
+    ``Lowered.build()`` calls it: the artifact is generated, compiled and stored in the
+    cache as ``compile`` would, but nothing is loaded, so it runs where the toolchain
+    exists but the device does not (a CUDA launcher built with nvcc on a machine with no
+    GPU or pycuda); a later ``compile`` on the device finds it in the cache.
+    """
+
+    def build(self, graph: Graph, options: CompileOptions) -> str:
+        """Generate, compile and cache the artifact for ``graph``; return its path."""
+        ...
+
+
 class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here (missing compiler, GPU, OS...)."""
 
@@ -225,6 +296,7 @@ class BackendUnavailable(RuntimeError):
 BackendFactory = Callable[[], Backend]
 
 _FACTORIES: dict[str, BackendFactory] = {}
+_OPTIONS: dict[str, type[BackendOptions]] = {}
 _INSTANCES: dict[str, Backend] = {}
 # Backends that live in their own module and register themselves on import.
 _MODULES = {
@@ -235,14 +307,35 @@ _MODULES = {
 }
 
 
-def register_backend(name: str, factory: BackendFactory) -> None:
-    """Make ``factory()`` the backend used for ``sg.compile(..., backend=name)``.
+def register_backend(
+    name: str, factory: BackendFactory, options: type[BackendOptions] = NoOptions
+) -> None:
+    """Make ``factory()`` the backend used for ``sg.compile(..., backend=name)``, with
+    ``options`` the frozen dataclass of the keyword options it accepts.
 
     Example:
-        >>> register_backend("numpy", NumpyBackend)
+        >>> register_backend("c", CBackend, options=COptions)
     """
     _FACTORIES[name] = factory
+    _OPTIONS[name] = options
     _INSTANCES.pop(name, None)
+
+
+def options_type(name: str) -> type[BackendOptions]:
+    """The options dataclass of backend ``name`` (importing its module, never its toolchain).
+
+    Raises:
+        ValueError: unknown name.
+        BackendUnavailable: the backend's module cannot be imported.
+    """
+    if name not in _OPTIONS and name in _MODULES:
+        try:
+            importlib.import_module(_MODULES[name])
+        except ImportError as exc:
+            raise BackendUnavailable(f"backend {name!r} could not be imported: {exc}") from exc
+    if name not in _OPTIONS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {known_backends()}")
+    return _OPTIONS[name]
 
 
 def known_backends() -> list[str]:
@@ -269,8 +362,11 @@ def available_backends() -> list[str]:
     return [name for name, problem in backend_status().items() if not problem]
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, *, check: bool = True) -> Backend:
     """The backend registered as ``name``, importing its module on first use.
+
+    ``check=False`` returns it even where it cannot run (no GPU, no pycuda): to generate
+    source or build artifacts for another machine (``Lowered.source``, ``Lowered.build``).
 
     Raises:
         ValueError: unknown name.
@@ -278,6 +374,9 @@ def get_backend(name: str) -> Backend:
     """
     if name in _INSTANCES:
         return _INSTANCES[name]
+    if not check:
+        options_type(name)  # imports and registers it
+        return _FACTORIES[name]()
     if name not in _FACTORIES and name in _MODULES:
         try:
             importlib.import_module(_MODULES[name])

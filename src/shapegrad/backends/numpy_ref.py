@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shapegrad.backends.base import Array, CompileOptions, Executable, register_backend
+from shapegrad.backends.options import NoOptions
 from shapegrad.ir import Graph, Node
 from shapegrad.ops import reference
 from shapegrad.ops.protocol import Prim
@@ -67,4 +68,4 @@ class NumpyBackend:
         return True, ""
 
 
-register_backend("numpy", NumpyBackend)
+register_backend("numpy", NumpyBackend, options=NoOptions)

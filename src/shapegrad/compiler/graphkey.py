@@ -153,7 +153,7 @@ def graph_key(graph: Graph, *context: Any) -> str | None:
     and the package version; None when something in them has no canonical text.
 
     Example:
-        >>> graph_key(traced, "c", options.name, options.extra)   # doctest: +SKIP
+        >>> graph_key(traced, "c", options.name, c_options.canonical())   # doctest: +SKIP
         '5d1f...'
     """
     out: list[str] = [FORMAT, __version__, code_fingerprint()]

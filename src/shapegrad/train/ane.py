@@ -117,16 +117,15 @@ def all_finite(arrays: Sequence[Array]) -> bool:
 
 
 def _trace(fn: Callable[..., Any], *args: Any) -> Graph:
-    """The optimized graph of ``fn(*args)`` (traced and optimized by ``sg.compile``'s pipeline).
-
-    The NumPy backend is only named because ``sg.compile`` needs one; nothing runs on it.
-    """
+    """The optimized graph of ``fn(*args)``: ``sg.compile``'s trace and lower stages for the
+    ane backend (only the graph passes run; lowering to MIL is the trainer's own)."""
     from shapegrad.jit import compile as sg_compile
 
     leaves, treedef = tree.flatten(args)
-    graph: Graph = sg_compile(fn, backend="numpy").graph(
+    traced = sg_compile(fn, backend="ane").trace(
         *tree.unflatten(treedef, [tensor(a) for a in leaves])
     )
+    graph: Graph = traced.lower().graph
     return graph
 
 

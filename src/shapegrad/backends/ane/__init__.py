@@ -6,8 +6,9 @@ Pipeline: optimized graph -> :func:`lower_to_mil` (fp16 compute, fp32 I/O)
 compiling works (the package is built and saved) and *calling* raises
 :class:`AneExecutionUnavailable`; there is no silent fallback.
 
-Backend settings (``CompileOptions.extra``): ``precision`` (``"fp16"``
-default, or ``"fp32"``), ``cache_dir``.
+Backend options (:class:`~shapegrad.backends.ane.options.AneOptions`): ``precision``
+(``"fp16"`` default, or ``"fp32"``), ``cache_dir``. :meth:`AneBackend.build` converts and
+saves the package without loading it (returns its path).
 
 Example:
     >>> f = sg.compile(loss, backend="ane")      # doctest: +SKIP
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shapegrad.backends.base import CompileOptions, register_backend
+from shapegrad.backends.base import CompileOptions, Generated, register_backend
 from shapegrad.ir import Graph
 
 from .executable import (
@@ -29,6 +30,7 @@ from .executable import (
     can_execute,
 )
 from .lowering import AneLoweringError, MilProgram, lower_to_mil
+from .options import AneOptions
 from .package import Package, build_package, dump_mil
 
 
@@ -78,13 +80,30 @@ class AneBackend:
     binds_state = False
 
     def compile(self, graph: Graph, options: CompileOptions) -> AneExecutable:
-        return compile_graph(
-            graph,
-            name=options.name,
-            precision=str(options.get("precision", "fp16")),
-            cache_dir=options.get("cache_dir"),
-            debug_dir=options.debug_dir,
-        )
+        opts = options.of(AneOptions)
+        return compile_graph(graph, options.name, opts.precision, opts.cache_dir, options.debug_dir)
+
+    def generate(self, graph: Graph, options: CompileOptions) -> Generated:
+        """The MIL program of ``graph`` and its text (nothing converted yet)."""
+        mil = lower_to_mil(graph, options.of(AneOptions).precision)
+        return Generated(mil, mil.text(), "mil")
+
+    def compile_generated(
+        self, graph: Graph, generated: Generated, options: CompileOptions
+    ) -> AneExecutable:
+        """Convert and wrap the MIL program :meth:`generate` made (conversion consumes it)."""
+        assert isinstance(generated.program, MilProgram)
+        cache_dir = options.of(AneOptions).cache_dir
+        return compile_graph_lowered(generated.program, options.name, cache_dir, options.debug_dir)
+
+    def build(self, graph: Graph, options: CompileOptions) -> str:
+        """Lower, convert and save ``graph``'s ``.mlpackage`` in the cache without loading
+        it; returns the package's path."""
+        opts = options.of(AneOptions)
+        mil = lower_to_mil(graph, opts.precision)
+        dump_mil(mil, options.name, options.debug_dir)
+        root = Path(opts.cache_dir) if opts.cache_dir else None
+        return str(build_package(mil, options.name, root).path)
 
     def is_available(self) -> tuple[bool, str]:
         try:
@@ -96,13 +115,14 @@ class AneBackend:
         return True, ""
 
 
-register_backend("ane", AneBackend)
+register_backend("ane", AneBackend, options=AneOptions)
 
 __all__ = [
     "AneBackend",
     "AneExecutable",
     "AneExecutionUnavailable",
     "AneLoweringError",
+    "AneOptions",
     "IoSignature",
     "MilProgram",
     "MilRunner",

@@ -26,15 +26,13 @@ from ._mil import coremltools, target
 from .lowering import MilProgram
 
 DEPLOYMENT = "iOS16"  # = macOS 13, the first Core ML with fp16 I/O and the MIL ops we emit
-CACHE_ENV = "SHAPEGRAD_CACHE_DIR"
 DEBUG_ENV = "SHAPEGRAD_DEBUG"
 
 
 def cache_root() -> Path:
-    """``$SHAPEGRAD_CACHE_DIR/ane``, default ``$XDG_CACHE_HOME/shapegrad/ane``
-    (``~/.cache/shapegrad/ane`` when ``$XDG_CACHE_HOME`` is unset)."""
-    base = os.environ.get(CACHE_ENV) or _cache.cache_home()
-    return Path(base) / "ane"
+    """``<cache home>/ane``: ``$SHAPEGRAD_CACHE_DIR/ane``, default
+    ``$XDG_CACHE_HOME/shapegrad/ane`` (see ``_cache.cache_home``)."""
+    return Path(_cache.cache_home()) / "ane"
 
 
 def canonical_ops(mil: MilProgram) -> list[str]:

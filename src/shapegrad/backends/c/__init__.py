@@ -6,16 +6,15 @@ stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
 ``CompileOptions.debug_dir``) receives the program after every loop stage
 (``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt`` and ``<name>.c``.
 
-Backend options (``CompileOptions.extra``): ``target`` (a
-:class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
-``contract_min`` (smallest matrix product, in multiply-adds, sent to BLAS) and
-``fuse_epilogues`` (bool) as shorthands for those target fields, ``vector_math`` (bool,
-default: where libmvec exists), ``profile``
-(bool: per-kernel wall time, read with ``CExecutable.profile()``), ``flush_denormals``
-(bool, default False: run each call with denormal floats flushed to zero on every thread,
-restoring the caller's floating-point mode after; see ``render_c``), ``unit_lines`` and
-``split_min_lines`` (ints: how the C is split into translation units, see
-``render.render_c_units``; defaults ``render.UNIT_LINES`` / ``render.SPLIT_MIN_LINES``).
+Backend options: :class:`~shapegrad.backends.c.options.COptions` (``target``,
+``contract_min``, ``fuse_epilogues``, ``vector_math``, ``denormals``, ``profile``,
+``cflags``, ``unit_lines``, ``split_min_lines``), validated by ``sg.compile`` and read
+here through ``CompileOptions.of(COptions)``.
+
+Staged use (``sg.compile(f).trace(*args).lower()``): :meth:`CBackend.generate` lowers
+and renders (no compiler runs), :meth:`CBackend.compile_generated` builds and loads
+what it made, and :meth:`CBackend.build` builds and caches the library without loading
+it (returns its path).
 
 Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user):
 
@@ -31,14 +30,21 @@ Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user)
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shapegrad._names import safe_name
-from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
+from shapegrad.backends.base import (
+    BackendUnavailable,
+    CompileOptions,
+    Generated,
+    register_backend,
+)
 from shapegrad.backends.c import collectives, manifest, render, units
 from shapegrad.backends.c.executable import (
     BoundStep,
@@ -48,8 +54,10 @@ from shapegrad.backends.c.executable import (
     load_library,
 )
 from shapegrad.backends.c.manifest import RuntimeInfo
-from shapegrad.backends.c.render import render_c, render_c_units, uses_blas
+from shapegrad.backends.c.options import COptions
+from shapegrad.backends.c.render import CUnit, render_c, render_c_units, uses_blas
 from shapegrad.backends.c.toolchain import (
+    BuildSpec,
     CompileError,
     CompilerNotFound,
     blas_paths,
@@ -70,13 +78,14 @@ from shapegrad.compiler import loops as L
 from shapegrad.compiler.graphkey import Unkeyable, canonical_text
 from shapegrad.compiler.passes import optimize
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
-from shapegrad.compiler.target import C_TARGET, Target
+from shapegrad.compiler.target import Target
 from shapegrad.ir import Graph
 
 __all__ = [
     "BoundStep",
     "CBackend",
     "CExecutable",
+    "COptions",
     "CompileError",
     "CompilerNotFound",
     "NativeError",
@@ -86,14 +95,7 @@ __all__ = [
 
 def c_target(options: CompileOptions) -> Target:
     """The target for one compilation: ``C_TARGET`` with the options' overrides."""
-    target = options.get("target", C_TARGET)
-    if not isinstance(target, Target):
-        raise TypeError(f"backend option 'target' must be a Target, got {type(target).__name__}")
-    if options.get("contract_min") is not None:
-        target = target.replace(contract_min_macs=int(options.get("contract_min")))
-    if options.get("fuse_epilogues") is not None:
-        target = target.replace(fuse_epilogues=bool(options.get("fuse_epilogues")))
-    return target
+    return options.of(COptions).resolved_target()
 
 
 def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Program, str]:
@@ -103,9 +105,9 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
         >>> program, source = generate(graph); print(source)
     """
     options = options or CompileOptions()
+    opts = options.of(COptions)
     program = lower(graph, options)
-    profile, flush = bool(options.get("profile", False)), _flush(options)
-    return program, render_c(program, profile, _vector_math(options), flush)
+    return program, render_c(program, opts.profile, _vector_math(opts), opts.flush)
 
 
 def lower(graph: Graph, options: CompileOptions) -> L.Program:
@@ -115,12 +117,13 @@ def lower(graph: Graph, options: CompileOptions) -> L.Program:
     return program
 
 
-def _vector_math(options: CompileOptions) -> bool:
-    return bool(options.get("vector_math", has_vector_math()))
+def _vector_math(opts: COptions) -> bool:
+    return has_vector_math() if opts.vector_math is None else opts.vector_math
 
 
-def _flush(options: CompileOptions) -> bool:
-    return bool(options.get("flush_denormals", False))
+def _flags(opts: COptions) -> tuple[str, ...]:
+    """The compiler flags: the ``cflags`` option, else ``$SHAPEGRAD_CFLAGS`` or the defaults."""
+    return tuple(cflags()) if opts.cflags is None else opts.cflags
 
 
 # Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement on
@@ -134,65 +137,85 @@ def _flush(options: CompileOptions) -> bool:
 # -O1 saves 10-25% of compile time and costs 6-30% of every step, so no unit gets it.
 
 
-@dataclass
-class Built:
-    """A loaded library: cffi handle, path, key, the source compiled (for debug dumps) and
-    seconds per phase (``render``, ``cc``: compile and link or cache lookup, ``load``)."""
+def render_units(program: L.Program, opts: COptions) -> list[CUnit]:
+    """``program`` rendered as the translation units the library is built from."""
+    return render_c_units(
+        program,
+        opts.profile,
+        _vector_math(opts),
+        render.UNIT_LINES if opts.unit_lines is None else opts.unit_lines,
+        render.SPLIT_MIN_LINES if opts.split_min_lines is None else opts.split_min_lines,
+        opts.flush,
+    )
 
-    lib: Any
+
+@dataclass(frozen=True)
+class Library:
+    """A compiled library in the cache: its path (to ``dlopen``), key and source."""
+
     path: str
     key: str
     source: str
-    seconds: dict[str, float]
+    spec: BuildSpec | LinkSpec
 
 
-def build(program: L.Program, options: CompileOptions) -> Built:
-    """Render, compile (or fetch from the cache) and load ``program``."""
-    t0 = time.perf_counter()
-    profile, vector_math = bool(options.get("profile", False)), _vector_math(options)
-    rendered = render_c_units(
-        program,
-        profile,
-        vector_math,
-        int(options.get("unit_lines", render.UNIT_LINES)),
-        int(options.get("split_min_lines", render.SPLIT_MIN_LINES)),
-        _flush(options),
-    )
-    t1 = time.perf_counter()
-    blas = uses_blas(program)
+def compile_units(
+    rendered: Sequence[tuple[str, str]], program: L.Program, opts: COptions
+) -> Library:
+    """Compile the ``(name, source)`` units of ``program`` (or find the library in the
+    cache); nothing is loaded.
+
+    Raises:
+        BackendUnavailable: no C compiler.
+        CompileError / CacheError: see ``toolchain.build_library``.
+    """
+    vector_math = _vector_math(opts)
     try:
-        spec = make_spec(rendered[0].source, blas, vector_math)
+        spec = make_spec(rendered[0][1], uses_blas(program), vector_math)
+        spec = BuildSpec(spec.source, spec.cc, _flags(opts), spec.link)
         if len(rendered) == 1:
             path, _cached = library_for(spec)
-            key, source = spec.key, full_source(spec)
-        else:
-            link = LinkSpec(
-                tuple(UnitSpec(u.name, u.source, spec.flags) for u in rendered),
-                spec.cc,
-                spec.link,
-                (*spec.flags, "-fPIC", "-shared"),
-            )
-            path, _cached = units.library_for(link)
-            key, source = link.key, link.sources()
-        t2 = time.perf_counter()
-        try:
-            lib = load_library(path, key)
-        except OSError:  # corrupt but checksum-matching: rebuild once
-            if len(rendered) == 1:
-                path = build_library(spec)
-            else:
-                units.remove_library(link.key)
-                path, _cached = units.library_for(link)
-            lib = load_library(path, key)
+            return Library(path, spec.key, full_source(spec), spec)
+        link = LinkSpec(
+            tuple(UnitSpec(name, source, spec.flags) for name, source in rendered),
+            spec.cc,
+            spec.link,
+            (*spec.flags, "-fPIC", "-shared"),
+        )
+        path, _cached = units.library_for(link)
+        return Library(path, link.key, link.sources(), link)
     except CompilerNotFound as exc:
         raise BackendUnavailable(str(exc)) from exc
-    seconds = {"render": t1 - t0, "cc": t2 - t1, "load": time.perf_counter() - t2}
-    return Built(lib, path, key, source, seconds)
+
+
+def load(library: Library) -> Any:
+    """``dlopen`` a compiled library (rebuilt once when the cached file is corrupt but
+    matches its checksum)."""
+    try:
+        return load_library(library.path, library.key)
+    except OSError:
+        if isinstance(library.spec, BuildSpec):
+            path = build_library(library.spec)
+        else:
+            units.remove_library(library.key)
+            path, _cached = units.library_for(library.spec)
+        return load_library(path, library.key)
+
+
+def _cache_path(path: str) -> str:
+    """The cache entry behind a path handed out for ``dlopen`` (``toolchain.load_path``
+    hands a second loader a link in a ``.load-*`` scratch folder beside the entry)."""
+    folder = os.path.dirname(path)
+    if os.path.basename(folder).startswith(".load-"):
+        return os.path.join(os.path.dirname(folder), os.path.basename(path))
+    return path
 
 
 def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
     """What the C backend adds to a traced graph's key: everything besides the graph that
-    decides the program, its source and its library (without running the compiler)."""
+    decides the program, its source and its library (without running the compiler; the
+    graph key already holds the options' canonical text)."""
+    opts = options.of(COptions)
     cc = compiler()
     blas = ""
     with contextlib.suppress(ImportError):
@@ -201,9 +224,9 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
         canonical_text(c_target(options)),  # not repr: it shows frozensets unordered
         cc,
         compiler_version(cc),
-        " ".join(cflags()),
+        " ".join(_flags(opts)),
         cpu_identity(),
-        str(_vector_math(options)),
+        str(_vector_math(opts)),
         blas,
         repr(render.UNIT_LINES),
         repr(render.SPLIT_MIN_LINES),
@@ -223,24 +246,72 @@ class CBackend:
         return True, ""
 
     def compile(self, graph: Graph, options: CompileOptions) -> CExecutable:
+        return self.compile_generated(graph, self.generate(graph, options), options)
+
+    def generate(self, graph: Graph, options: CompileOptions) -> Generated:
+        """Lower and render ``graph`` into its translation units (no compiler runs)."""
         t0 = time.perf_counter()
         program = lower(graph, options)
-        lowered = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        rendered = render_units(program, options.of(COptions))
+        seconds = {"lower": t1 - t0, "render": time.perf_counter() - t1}
+        source = "".join(f"/* ===== unit {u.name} ===== */\n{u.source}" for u in rendered)
+        return Generated(
+            program,
+            rendered[0].source if len(rendered) == 1 else source,
+            "c",
+            tuple((u.name, u.source) for u in rendered),
+            seconds,
+        )
+
+    def compile_generated(
+        self, graph: Graph, generated: Generated, options: CompileOptions
+    ) -> CExecutable:
+        """Build (or fetch), load and wrap what :meth:`generate` made of ``graph``."""
+        program = generated.program
+        assert isinstance(program, L.Program)
         collectives.check_program(program)  # every process runs the same exchanges
-        built = build(program, options)
+        t0 = time.perf_counter()
+        library = compile_units(generated.units, program, options.of(COptions))
+        t1 = time.perf_counter()
+        lib = load(library)
+        t2 = time.perf_counter()
         if options.debug_dir:
-            dump_program(options.debug_dir, options.name, program, built.source, ".c")
-        collectives.bind(built.lib, ffi(), program)
-        info = RuntimeInfo.of(program, built.key)
+            dump_program(options.debug_dir, options.name, program, library.source, ".c")
+        collectives.bind(lib, ffi(), program)
+        info = self._store_manifest(graph, program, library, options)
+        exe = CExecutable(graph, info, lib, library.path, program)
+        exe.phase_seconds = {**generated.seconds, "cc": t1 - t0, "load": t2 - t1}
+        return exe
+
+    def build(self, graph: Graph, options: CompileOptions) -> str:
+        """Lower, render and compile ``graph`` into the cache without loading it; returns
+        the library's path in the cache. A later ``compile`` finds the library there, and
+        with ``options.cache_key`` set (``Lowered.build``) a new process finds its manifest
+        too (no lowering)."""
+        return self.build_generated(graph, self.generate(graph, options), options)
+
+    def build_generated(self, graph: Graph, generated: Generated, options: CompileOptions) -> str:
+        """:meth:`build` for what :meth:`generate` made of ``graph``."""
+        program = generated.program
+        assert isinstance(program, L.Program)
+        library = compile_units(generated.units, program, options.of(COptions))
+        self._store_manifest(graph, program, library, options)
+        return _cache_path(library.path)
+
+    def _store_manifest(
+        self, graph: Graph, program: L.Program, library: Library, options: CompileOptions
+    ) -> RuntimeInfo:
+        """What calls need to know of ``program``; stored as the manifest of
+        ``options.cache_key`` when there is one."""
+        info = RuntimeInfo.of(program, library.key)
         if options.cache_key is not None and not program.communicators:
             # Collectives are never stored: binding them needs the communicator objects,
             # and every process must check its exchanges with the others (check_program).
             mkey = self._manifest_key(options.cache_key, options)
             if mkey is not None:
                 manifest.write(mkey, info, graph)
-        exe = CExecutable(graph, info, built.lib, built.path, program)
-        exe.phase_seconds = {"lower": lowered, **built.seconds}
-        return exe
+        return info
 
     def load_keyed(self, key: str, traced: Graph, options: CompileOptions) -> CExecutable | None:
         """The executable a manifest stored under ``key`` describes, without lowering; None
@@ -274,4 +345,4 @@ class CBackend:
             return None
 
 
-register_backend("c", CBackend)
+register_backend("c", CBackend, options=COptions)

@@ -6,9 +6,10 @@ loop stages as the C backend; a GPU schedule is a Target setting) ->
 into the disk cache -> ``dlopen`` -> :class:`CudaExecutable` on a device's
 stream, with parameters and optimizer state resident on the GPU.
 
-Backend options (``CompileOptions.extra``): ``device`` (GPU number, default 0),
-``target`` (a :class:`~shapegrad.compiler.target.Target` replacing
-:data:`CUDA_TARGET`), ``arch`` (e.g. ``"sm_90"``; default: the device's).
+Backend options (:class:`~shapegrad.backends.cuda.options.CudaOptions`): ``device``
+(GPU number, default 0), ``target`` (a :class:`~shapegrad.compiler.target.Target`
+replacing :data:`CUDA_TARGET`), ``arch`` (e.g. ``"sm_90"``; default
+``$SHAPEGRAD_CUDA_ARCH``, else the device's).
 
 Needs pycuda, an NVIDIA driver with a GPU, and nvcc (the CUDA toolkit); cuBLAS comes
 from the ``nvidia-cublas`` wheel (``pip install 'shapegrad[cuda]'``). Without them,
@@ -20,13 +21,19 @@ produced and compile-checked anywhere nvcc exists (:func:`generate`,
 
 from __future__ import annotations
 
-import os
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from shapegrad.backends.base import BackendUnavailable, CompileOptions, register_backend
+from shapegrad.backends.base import (
+    BackendUnavailable,
+    CompileOptions,
+    Generated,
+    register_backend,
+)
 from shapegrad.backends.c import collectives
 from shapegrad.backends.c.toolchain import BuildSpec, full_source
+from shapegrad.backends.cuda.options import CudaOptions
 from shapegrad.backends.cuda.render import launches_per_step, render_cuda, uses_cublas
 from shapegrad.backends.cuda.toolchain import (
     DEFAULT_ARCH,
@@ -37,7 +44,7 @@ from shapegrad.backends.cuda.toolchain import (
 )
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
-from shapegrad.compiler.target import CUDA_TARGET, Target
+from shapegrad.compiler.target import Target
 from shapegrad.ir import Graph
 
 if TYPE_CHECKING:
@@ -47,10 +54,7 @@ __all__ = ["BuiltProgram", "CudaBackend", "build_program", "generate"]
 
 
 def cuda_target(options: CompileOptions) -> Target:
-    target = options.get("target", CUDA_TARGET)
-    if not isinstance(target, Target):
-        raise TypeError(f"backend option 'target' must be a Target, got {type(target).__name__}")
-    return target
+    return options.of(CudaOptions).resolved_target()
 
 
 def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Program, str]:
@@ -83,24 +87,40 @@ class CudaBackend:
 
     def compile(self, graph: Graph, options: CompileOptions) -> CudaExecutable:
         from shapegrad.backends.cuda.driver import device_context
-        from shapegrad.backends.cuda.executable import CudaExecutable
-        from shapegrad.backends.cuda.launcher import ffi, load_launcher
 
-        device = device_context(int(options.get("device", 0)))
-        built = build_program(graph, options, default_arch=device.info.arch)
-        collectives.check_program(built.program)  # every process runs the same exchanges
-        lib = load_launcher(built.path, built.spec.key)
-        collectives.bind(lib, ffi(), built.program)
-        return CudaExecutable(graph, built.program, lib, built.path, device, built.launches)
+        opts = options.of(CudaOptions)
+        device = device_context(opts.device)
+        arch = opts.resolved_arch(device.info.arch) or DEFAULT_ARCH
+        generated = self.generate(graph, options)
+        built = build_generated(generated, options, arch)
+        return load_built(graph, built, device)
+
+    def generate(self, graph: Graph, options: CompileOptions) -> Generated:
+        """Lower and render ``graph`` (no compiler runs, no GPU needed)."""
+        t0 = time.perf_counter()
+        program, source = generate(graph, options)
+        return Generated(program, source, "cuda", (), {"lower+render": time.perf_counter() - t0})
+
+    def compile_generated(
+        self, graph: Graph, generated: Generated, options: CompileOptions
+    ) -> CudaExecutable:
+        """Build (or fetch) and load what :meth:`generate` made of ``graph``."""
+        from shapegrad.backends.cuda.driver import device_context
+
+        opts = options.of(CudaOptions)
+        device = device_context(opts.device)
+        arch = opts.resolved_arch(device.info.arch) or DEFAULT_ARCH
+        return load_built(graph, build_generated(generated, options, arch), device)
 
     def build(self, graph: Graph, options: CompileOptions) -> str:
         """Generate, nvcc-compile and cache the launcher library without loading it.
 
         Needs nvcc (and cuBLAS for a program with products) but no GPU, driver or pycuda,
         so launchers can be prebuilt (CI, a login node); the architecture is the ``arch``
-        option, else ``$SHAPEGRAD_CUDA_ARCH``, else ``sm_90``.
+        option, else ``$SHAPEGRAD_CUDA_ARCH``, else ``sm_90`` (part of the cache key: a GPU
+        of another architecture builds its own).
         """
-        return build_program(graph, options, default_arch=DEFAULT_ARCH).path
+        return build_program(graph, options, DEFAULT_ARCH).path
 
 
 @dataclass(frozen=True)
@@ -110,15 +130,23 @@ class BuiltProgram:
     program: L.Program
     spec: BuildSpec
     path: str
-    launches: int  # kernels + cuBLAS calls per step (counted in the generated source)
+    launches: int  # kernels + cuBLAS calls per step (a layer body counted per layer)
 
 
 def build_program(graph: Graph, options: CompileOptions, default_arch: str) -> BuiltProgram:
     """Lower, render and build ``graph``'s launcher (a verified cached one when present)."""
-    arch = str(options.get("arch", os.environ.get("SHAPEGRAD_CUDA_ARCH") or default_arch))
     program, source = generate(graph, options)
+    generated = Generated(program, source, "cuda")
+    arch = options.of(CudaOptions).resolved_arch(None) or default_arch
+    return build_generated(generated, options, arch)
+
+
+def build_generated(generated: Generated, options: CompileOptions, arch: str) -> BuiltProgram:
+    """nvcc-build the launcher of a generated program into the cache (or find it there)."""
+    program = generated.program
+    assert isinstance(program, L.Program)
     try:
-        spec = make_spec(source, arch, uses_cublas(program))
+        spec = make_spec(generated.source, arch, uses_cublas(program))
         path = build_launcher(spec)
     except NvccNotFound as exc:
         raise BackendUnavailable(str(exc)) from exc
@@ -127,4 +155,15 @@ def build_program(graph: Graph, options: CompileOptions, default_arch: str) -> B
     return BuiltProgram(program, spec, path, launches_per_step(program))
 
 
-register_backend("cuda", CudaBackend)
+def load_built(graph: Graph, built: BuiltProgram, device: Any) -> CudaExecutable:
+    """``dlopen`` a built launcher, hand it MPI when it exchanges, wrap it for ``device``."""
+    from shapegrad.backends.cuda.executable import CudaExecutable
+    from shapegrad.backends.cuda.launcher import ffi, load_launcher
+
+    collectives.check_program(built.program)  # every process runs the same exchanges
+    lib = load_launcher(built.path, built.spec.key)
+    collectives.bind(lib, ffi(), built.program)
+    return CudaExecutable(graph, built.program, lib, built.path, device, built.launches)
+
+
+register_backend("cuda", CudaBackend, options=CudaOptions)

@@ -10,17 +10,23 @@ tuples/lists/dicts/ParamList/TList of them. Python scalars become scalar
 graph inputs (``int`` -> int32, ``bool`` -> bool, ``float`` -> the float dtype
 of the array arguments when they all share one, else float32), so changing a
 learning rate does not retrace. Pass ``np.float64(x)`` to force a dtype, or
-list the argument in ``static_argnums`` to bake it in.
+list the argument in ``static_argnums`` to bake it in (static arguments are keyed by
+value: a list or array mutated between calls retraces; an unhashable object that is
+not a container or array is rejected).
+
+Backend options are checked when ``sg.compile`` is called (``backends/options.py``).
+The stages can be taken one at a time (``stages.py``): ``Compiled.trace(*args)`` ->
+:class:`Traced`, ``.lower()`` -> :class:`Lowered`, ``.compile()`` -> the executable,
+``.build()`` -> the native artifact's path. The per-call fast path is ``fastpath.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import hashlib
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,18 +36,16 @@ from shapegrad._names import safe_name
 from shapegrad.backends.base import (
     Array,
     CompileOptions,
-    Executable,
-    KeyedBackend,
     get_backend,
     known_backends,
+    options_type,
     validate_inputs,
 )
 from shapegrad.compiler.budget import CompileStats
-from shapegrad.compiler.debug import GraphDumper, debug_root
-from shapegrad.compiler.graphkey import graph_key as graph_key_of
-from shapegrad.compiler.passes import PassStat, count_nodes, optimize
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
+from shapegrad.jit.fastpath import FastEntry, fast_entry, fast_key, ready_array
+from shapegrad.jit.stages import Lowered, Traced
 from shapegrad.ops.eager import EAGER
 from shapegrad.ops.graph import GraphOps
 from shapegrad.ops.protocol import AVal
@@ -49,29 +53,66 @@ from shapegrad.tensor import Tensor, TraceError
 
 
 class _Static:
-    """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf."""
+    """Wraps a ``static_argnums`` argument so the tree treats it as one opaque static leaf.
 
-    __slots__ = ("value",)
+    It is keyed by a snapshot of its *value* taken when the call is made (:func:`_snapshot`),
+    so a list or array that the caller mutates between calls retraces rather than reusing
+    the program traced with its old contents.
+    """
+
+    __slots__ = ("_key", "value")
     __sg_static__ = True  # opaque to tree.flatten even when it holds tensors (baked in)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, where: str) -> None:
         self.value = value
-
-    def _key(self) -> Any:
-        try:
-            hash(self.value)
-            return (type(self.value), self.value)
-        except TypeError:
-            return ("id", id(self.value))
+        self._key = (type(value), _snapshot(value, where))
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash(self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Static) and self._key() == other._key()
+        return isinstance(other, _Static) and self._key == other._key
 
     def __repr__(self) -> str:
         return f"static({self.value!r})"
+
+
+def _snapshot(value: Any, where: str) -> Any:
+    """A hashable copy of a static argument's value: equal snapshots, equal values.
+
+    Containers (list, tuple, dict, set) are copied item by item, arrays and eager tensors
+    by dtype, shape and a SHA-256 of their bytes; any other value must be hashable (its
+    hash and ``==`` are its identity, as for ``jax.jit``'s static arguments).
+
+    Raises:
+        TypeError: an unhashable value that is none of the above (naming ``where``).
+    """
+    if isinstance(value, np.ndarray | np.generic):
+        data = np.ascontiguousarray(value)
+        digest = hashlib.sha256(data.tobytes()).hexdigest()
+        return ("array", data.dtype.str, data.shape, digest)
+    if isinstance(value, Tensor):
+        if value.is_traced:
+            return ("traced", id(value))
+        return ("tensor", value.dtype.name, _snapshot(value.numpy(), where))
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_snapshot(v, where) for v in value))
+    if isinstance(value, dict):
+        return (type(value), tuple((k, _snapshot(v, where)) for k, v in value.items()))
+    if isinstance(value, set | frozenset):
+        return (type(value), frozenset(_snapshot(v, where) for v in value))
+    if isinstance(value, bytearray):
+        return (bytearray, bytes(value))
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(
+            f"{where} is a {type(value).__name__}, which is not hashable: a compiled function "
+            "cannot tell whether it changed since it was traced into the program. Pass a "
+            "hashable value (e.g. a frozen dataclass, a tuple) or a list/dict/tuple/set/array, "
+            "which are compared by value"
+        ) from None
+    return value
 
 
 def _is_scalar(value: Any) -> bool:
@@ -190,167 +231,6 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
             _leaf_paths(child, f"{prefix}.{key}", out)
 
 
-# --- the per-call fast path ----------------------------------------------------------------
-#
-# A call whose arguments have exactly the structure, leaf types, shapes, dtypes and
-# contiguity of an earlier call reuses that call's Lowered without re-flattening into
-# TreeDefs, re-deriving signatures or re-validating: the fast key below is built in one
-# cheap pass and *is* the validation (anything it does not describe exactly - static
-# values it cannot hash, subclasses, traced tensors - takes the full path).
-
-_SCALARS = (float, int, bool)
-
-
-def _fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
-    """Append ``obj``'s leaves (raw arrays / scalars) and key parts; False when not keyable."""
-    kind = type(obj)
-    if kind is np.ndarray:
-        leaves.append(obj)
-        parts.append((obj.shape, obj.dtype, obj.flags.c_contiguous))
-        return True
-    if kind is Tensor:
-        payload = obj._payload
-        if type(payload) is not np.ndarray:
-            return False  # traced (inline it) or an unusual payload: the full path decides
-        leaves.append(payload)
-        # The aval's dtype name too: cheaper to hash than the AVal, and exact.
-        parts.append((payload.shape, payload.dtype, payload.flags.c_contiguous, obj.dtype.name))
-        return True
-    if kind is list and tree.is_data_list(obj):
-        return False  # a list of numbers is one array leaf (tree.flatten): the full path
-    if kind is tuple or kind is list or isinstance(obj, tuple | list):  # ParamList too
-        parts.append((kind, len(obj)))
-        for child in obj:  # noqa: SIM110 - a loop, not all(genexpr): per-call hot path
-            if not _fast_key(child, leaves, parts):
-                return False
-        return True
-    if isinstance(obj, dict):
-        parts.append((kind, tuple(obj)))
-        for k in obj:  # noqa: SIM110 - as above
-            if not _fast_key(obj[k], leaves, parts):
-                return False
-        return True
-    if kind in _SCALARS or isinstance(obj, np.generic):
-        leaves.append(obj)
-        parts.append(kind)  # the value is an input, its type fixes the dtype
-        return True
-    if obj is None or kind is str:
-        parts.append((kind, obj))
-        return True
-    node = tree.node_for(kind)  # a registered container: sg.nn.Module, a dataclass, ...
-    if node is None:
-        return False
-    children, keys, aux = node.flatten(obj)
-    try:
-        parts.append((kind, tuple(keys), aux, hash(aux)))
-    except TypeError:
-        return False  # unhashable static data: the full path compares it
-    for child in children:  # noqa: SIM110 - as above
-        if not _fast_key(child, leaves, parts):
-            return False
-    return True
-
-
-@dataclass
-class _FastEntry:
-    """What a fast-key hit needs: the Lowered, leaf conversions and prebuilt output avals."""
-
-    lowered: Lowered
-    convert: list[tuple[int, np.dtype[Any]]]  # leaves that are not ready-to-use arrays
-    out_avals: list[AVal]
-    run: Callable[[Sequence[Array]], list[Array]]
-    rebuild: Callable[[list[Any]], Any]  # tree.unflatten specialised to the output tree
-
-
-def _fast_entry(lowered: Lowered, leaves: list[Any]) -> _FastEntry:
-    inputs = lowered.executable.graph.inputs
-    convert = []
-    for k, (leaf, node) in enumerate(zip(leaves, inputs, strict=True)):
-        want = node.aval.dtype.numpy
-        ready = (
-            type(leaf) is np.ndarray and leaf.dtype == want and leaf.flags.c_contiguous
-        )  # fixed by the fast key: true for every later call with this key
-        if not ready:
-            convert.append((k, want))
-    out_avals = [AVal(tuple(n.shape), n.aval.dtype) for n in lowered.executable.graph.outputs]
-    run = lowered.executable.run_validated  # the key validated: skip the executable's check
-    return _FastEntry(lowered, convert, out_avals, run, tree.unflattener(lowered.out_treedef))
-
-
-def _ready_array(leaf: Any, dtype: np.dtype[Any]) -> Array:
-    array = to_numpy(leaf, dtype, what="compiled call")
-    # Not np.ascontiguousarray: it turns 0-d scalars into shape [1].
-    return array if array.flags.c_contiguous else array.copy(order="C")
-
-
-class Lowered:
-    """Everything one signature compiled to: graphs before/after the passes, stats, executable.
-
-    Attributes:
-        traced: the graph as traced (before optimization).
-        graph: the optimized graph the backend compiled; ``print(lowered.graph)``. When the
-            executable came from the backend's keyed cache (``from_cache``), the passes did
-            not run: they run on first access of ``graph`` or ``stats``.
-        stats: one :class:`PassStat` per pass application.
-        executable: what runs; ``executable.graph`` has the inputs/outputs of ``graph``.
-        recorded_nodes: nodes the trace created (including dead ones).
-        trace_seconds / optimize_seconds / backend_seconds: where compile time went
-            (``backend_seconds`` is the cache lookup and load for a cached executable).
-        from_cache: whether the executable came from the keyed cache (no optimization,
-            lowering or rendering happened in this process).
-    """
-
-    def __init__(
-        self,
-        traced: Graph,
-        graph: Graph | None,
-        stats: list[PassStat] | None,
-        executable: Executable,
-        recorded_nodes: int,
-        trace_seconds: float,
-        optimize_seconds: float,
-        backend_seconds: float,
-        out_treedef: tree.TreeDef,
-        from_cache: bool = False,
-    ) -> None:
-        self.traced = traced
-        self._graph = graph
-        self._stats = stats
-        self.executable = executable
-        self.recorded_nodes = recorded_nodes
-        self.trace_seconds = trace_seconds
-        self.optimize_seconds = optimize_seconds
-        self.backend_seconds = backend_seconds
-        self.out_treedef = out_treedef
-        self.from_cache = from_cache
-
-    def _optimize(self) -> None:
-        self._graph, self._stats = optimize(self.traced)
-
-    @property
-    def graph(self) -> Graph:
-        if self._graph is None:
-            self._optimize()
-        assert self._graph is not None
-        return self._graph
-
-    @property
-    def stats(self) -> list[PassStat]:
-        if self._stats is None:
-            self._optimize()
-        assert self._stats is not None
-        return self._stats
-
-    def summary(self) -> str:
-        """Node counts and timings as a few readable lines."""
-        return (
-            f"recorded {self.recorded_nodes} nodes, live {count_nodes(self.traced)} after trace, "
-            f"{count_nodes(self.graph)} after passes; trace {self.trace_seconds * 1e3:.1f} ms, "
-            f"optimize {self.optimize_seconds * 1e3:.1f} ms, backend {self.backend_seconds * 1e3:.1f} ms"
-            + (" (from the keyed cache)" if self.from_cache else "")
-        )
-
-
 class Compiled:
     """A compiled function (see :func:`compile`). Call it like the original."""
 
@@ -370,7 +250,7 @@ class Compiled:
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
-        self._fast: dict[Any, _FastEntry] = {}  # exact argument structure -> ready call
+        self._fast: dict[Any, FastEntry] = {}  # exact argument structure -> ready call
         try:
             self._param_names = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -381,10 +261,10 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raw: list[Any] = []
         parts: list[Any] = []
-        fast_key = None
-        if not self.static_argnums and _fast_key((args, kwargs), raw, parts):
-            fast_key = tuple(parts)
-            entry = self._fast.get(fast_key)
+        exact = None
+        if not self.static_argnums and fast_key((args, kwargs), raw, parts):
+            exact = tuple(parts)
+            entry = self._fast.get(exact)
             if entry is not None:
                 return self._run_fast(entry, raw)
         leaves, td, key = self._signature(args, kwargs)
@@ -394,29 +274,41 @@ class Compiled:
         graph = lowered.executable.graph  # the optimized graph's inputs and outputs
         arrays = [_to_array(leaf, n.aval) for leaf, n in zip(leaves, graph.inputs, strict=True)]
         validate_inputs(graph, arrays)
-        entry = _fast_entry(lowered, raw) if fast_key is not None else None
+        entry = fast_entry(lowered, raw) if exact is not None else None
         results = entry.run(arrays) if entry is not None else lowered.executable(arrays)
         if entry is not None:
-            self._fast[fast_key] = entry  # only after a successful call
+            self._fast[exact] = entry  # only after a successful call
         tensors = [
             Tensor(EAGER, a, AVal(tuple(a.shape), n.aval.dtype))
             for a, n in zip(results, graph.outputs, strict=True)
         ]
         return tree.unflatten(lowered.out_treedef, tensors)
 
-    def _run_fast(self, entry: _FastEntry, leaves: list[Any]) -> Any:
+    def _run_fast(self, entry: FastEntry, leaves: list[Any]) -> Any:
         """Run a call whose fast key matched: the key already validated every leaf."""
         for k, dtype in entry.convert:
-            leaves[k] = _ready_array(leaves[k], dtype)
+            leaves[k] = ready_array(leaves[k], dtype)
         results = entry.run(leaves)
         return entry.rebuild(
             [Tensor(EAGER, a, aval) for a, aval in zip(results, entry.out_avals, strict=True)]
         )
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        """Trace/optimize/compile for these arguments (or fetch from the cache) without running."""
+        """Trace/optimize/compile for these arguments (or fetch from the cache) without running;
+        ``.executable`` is ready."""
         leaves, td, key = self._signature(args, kwargs)
         return self._lower(leaves, td, key, args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Stage one: trace ``fn`` for these arguments (always anew; nothing is cached or
+        compiled). ``.lower()`` then ``.compile()`` continue, as in JAX.
+
+        Example:
+            >>> lowered = sg.compile(step, backend="c").trace(params, x, y).lower()
+            >>> print(lowered.graph); print(lowered.source)
+        """
+        leaves, td, key = self._signature(args, kwargs)
+        return self._trace(leaves, td, key)
 
     def graph(self, *args: Any, **kwargs: Any) -> Graph:
         """The optimized graph for these arguments (``print(fast.graph(params, x, y))``)."""
@@ -438,7 +330,15 @@ class Compiled:
                     f"static_argnums contains {i} but {self.options.name} got {len(args)} positional arguments"
                 )
         statics = {i % len(args) for i in self.static_argnums}
-        return (tuple(_Static(a) if i in statics else a for i, a in enumerate(args)), kwargs)
+        return (
+            tuple(
+                _Static(a, f"sg.compile({self.options.name}): static argument {i}")
+                if i in statics
+                else a
+                for i, a in enumerate(args)
+            ),
+            kwargs,
+        )
 
     def _signature(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -468,46 +368,15 @@ class Compiled:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        backend = get_backend(self.backend)
-        self.trace_count += 1
-        t0 = time.perf_counter()
-        traced, out_td, recorded = self._trace(leaves, td)
-        t1 = time.perf_counter()
-        root = debug_root()
-        # The keyed cache (a fresh process skips the passes, lowering and rendering); a
-        # debug run takes the full path so that every stage is dumped.
-        graph_key = None
-        if isinstance(backend, KeyedBackend):
-            graph_key = graph_key_of(traced, self.backend, self.options.name, self.options.extra)
-            found = (
-                backend.load_keyed(graph_key, traced, self.options)
-                if graph_key and not root
-                else None
-            )
-            if found is not None:
-                lowered = Lowered(
-                    traced, None, None, found, recorded, t1 - t0, 0.0,
-                    time.perf_counter() - t1, out_td, from_cache=True,
-                )  # fmt: skip
-                self._cache[key] = lowered
-                return lowered
-        dumper = GraphDumper(root, self.options.name, key) if root else None
-        if dumper is not None:
-            dumper.dump("traced", traced)
-        graph, stats = optimize(traced, on_pass=dumper.on_pass if dumper else None)
-        t2 = time.perf_counter()
-        options = dataclasses.replace(
-            self.options, debug_dir=dumper.folder if dumper else None, cache_key=graph_key
-        )
-        executable = backend.compile(graph, options)
-        t3 = time.perf_counter()
-        lowered = Lowered(
-            traced, graph, stats, executable, recorded, t1 - t0, t2 - t1, t3 - t2, out_td
-        )
+        get_backend(self.backend)  # unavailable: say so before tracing
+        lowered = self._trace(leaves, td, key).lower()
+        lowered.compile()
         self._cache[key] = lowered
         return lowered
 
-    def _trace(self, leaves: list[Any], td: tree.TreeDef) -> tuple[Graph, tree.TreeDef, int]:
+    def _trace(self, leaves: list[Any], td: tree.TreeDef, key: Any) -> Traced:
+        self.trace_count += 1
+        t0 = time.perf_counter()
         ops = GraphOps()
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
@@ -525,7 +394,9 @@ class Compiled:
         _check_outputs(out_td, self.options.name)
         graph = Graph(list(ops.inputs), [ops.lift_value(leaf) for leaf in out_leaves], ops.table)
         graph.aliases = _find_aliases(graph, td, out_td, self.donate_argnums)
-        return graph, out_td, len(ops.table.table) + len(ops.inputs)
+        recorded = len(ops.table.table) + len(ops.inputs)
+        seconds = time.perf_counter() - t0
+        return Traced(graph, td, out_td, self.backend, self.options, recorded, seconds, key)
 
 
 def _check_not_mutated(
@@ -610,17 +481,25 @@ def compile(
         fn: the function; may return a tensor or a nested tuple/list/dict of tensors
             (``None`` entries are allowed and returned as ``None``).
         backend: ``"numpy"`` (reference), ``"c"``, ``"cuda"`` or ``"ane"``.
-        static_argnums: positional arguments baked into the trace (retrace when they change;
-            must be hashable to be cached by value).
+        static_argnums: positional arguments baked into the trace (retrace when their value
+            changes: lists, tuples, dicts, sets and arrays are compared by value, anything
+            else must be hashable).
         donate_argnums: positional arguments whose buffers the backend may overwrite with
             their updated values (``graph.aliases``); the returned output with the same
             structure and types is taken as the new value. Donated eager tensors must not
             be used after the call (the NumPy backend never overwrites; the C backend may).
         name: readable name for debug dumps (defaults to ``fn.__name__``).
-        backend_options: backend-specific settings passed as ``CompileOptions.extra``.
+        backend_options: the backend's options (C: ``denormals``, ``cflags``, ``target``,
+            ...; CUDA: ``device``, ``arch``, ``target``; ANE: ``precision``, ``cache_dir``;
+            NumPy: none), checked now against the backend's ``Options`` dataclass
+            (``COptions``, ``CudaOptions``, ``AneOptions``): an unknown name raises
+            ``TypeError`` listing the valid ones, a wrong type ``TypeError``, a value out
+            of range ``ValueError``.
     Returns:
         A :class:`Compiled` callable returning eager tensors in ``fn``'s output structure,
-        with ``.lower(*args)``, ``.graph(*args)``, ``.stats(*args)`` and ``.trace_count``.
+        with ``.lower(*args)``, ``.graph(*args)``, ``.stats(*args)``, ``.trace_count`` and
+        the staged ``.trace(*args)`` -> :class:`Traced` ``.lower()`` -> :class:`Lowered`
+        ``.compile()`` (the executable) / ``.build()`` (the native artifact's path).
     Example:
         >>> fast = sg.compile(sg.value_and_grad(loss))
         >>> value, grads = fast(params, x, y)
@@ -630,13 +509,14 @@ def compile(
     donate = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
     if backend not in known_backends():
         raise ValueError(f"unknown backend {backend!r}; choose one of {known_backends()}")
+    chosen = options_type(backend).from_kwargs(backend_options, backend)  # errors now, not later
 
     def make(f: Callable[..., Any]) -> Compiled:
         label = safe_name(name or str(getattr(f, "__name__", "fn")))
-        options = CompileOptions(name=label, extra=tuple(sorted(backend_options.items())))
+        options = CompileOptions(name=label, backend_options=chosen)
         return Compiled(f, backend, nums, options, donate)
 
     return make if fn is None else make(fn)
 
 
-__all__ = ["Compiled", "Lowered", "compile"]
+__all__ = ["Compiled", "Lowered", "Traced", "compile"]
