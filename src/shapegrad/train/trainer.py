@@ -264,17 +264,28 @@ class ScalarTrainer:
     def set_params(self, params: Any) -> None:
         """Replace the parameters; structure, shapes and dtypes must match the current ones.
 
-        The trainer keeps its own ``requires_grad`` flags and optimizer state.
+        Matched by structure, not by position alone: dict entries by key (in any order),
+        modules by field, sequences by position (ParamList names must agree). The trainer
+        keeps its own ``requires_grad`` flags and optimizer state.
+
+        Raises:
+            TypeError / ValueError naming the path of the first mismatch (a dict given for
+            a list, a missing key, a different shape or dtype).
         """
-        leaves, _ = tree.flatten(params)
-        current, _ = tree.flatten(self._strategy.params())
-        if len(leaves) != len(current):
-            raise ValueError(f"set_params: got {len(leaves)} tensors, expected {len(current)}")
+        current = self._strategy.params()
+        try:
+            leaves = tree.align(params, current, "params")
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"set_params: {error}") from None
+        paths = tree.leaf_paths(current)
+        old_leaves, _ = tree.flatten(current)
         fresh = []
-        for k, (new, old) in enumerate(zip(leaves, current, strict=True)):
+        for k, (new, old) in enumerate(zip(leaves, old_leaves, strict=True)):
             value = new if isinstance(new, Tensor) else tensor(np.asarray(new))
             if value.shape != old.shape or value.dtype != old.dtype:
-                raise ValueError(f"set_params: parameter {k} is {value.aval}, expected {old.aval}")
+                raise ValueError(
+                    f"set_params: parameter {k} ({paths[k]!r}) is {value.aval}, expected {old.aval}"
+                )
             fresh.append(value)
         self._strategy.set_params(tree.unflatten(self._strategy.plan.treedef, fresh))
 
