@@ -13,6 +13,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from shapegrad.random import check_seed
+
 LastBatch = Literal["drop", "pad", "keep"]
 Batch = tuple[npt.NDArray[Any], ...]
 
@@ -75,7 +77,7 @@ class Batches:
             )
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = check_seed(seed, "Batches")
         self.last: LastBatch = last
         self.epoch = start_epoch
         self.rank, self.size = _shard(shard)

@@ -46,6 +46,7 @@ from shapegrad._specs import Role, infer_role
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
 from shapegrad.nn import init as _init
 from shapegrad.ops.eager import tensor
+from shapegrad.random import check_seed
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 from shapegrad.typing import TList
@@ -200,7 +201,7 @@ class Module:
         """Build every parameter from the annotations; each tensor gets its own seed.
 
         Args:
-            seed: the whole tree is reproducible from it.
+            seed: an int in [0, 2**32); the whole tree is reproducible from it.
             dtype: dtype of floating-point fields.
             dims / **dim_kwargs: sizes of the named dims (``d=64``) and lengths of list
                 fields (``blocks=4`` or the dim named by ``field(length=...)``).
@@ -209,6 +210,7 @@ class Module:
         Example:
             >>> net = Net.init(seed=0, v=65, d=32, layers=2)
         """
+        seed = check_seed(seed, f"{cls.__name__}.init")
         sizes = _Sizes({**(dims or {}), **dim_kwargs}, cls.__name__)
         counter = iter(range(1 << 30))
         built: Self = _build(cls, sizes, seed, as_dtype(dtype), counter)
