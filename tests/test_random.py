@@ -166,3 +166,11 @@ def test_random_key_takes_any_non_negative_int_without_collisions() -> None:
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(ValueError, match=r"sg\.random\.key: seed must be a non-negative int"):
             sg.random.key(bad)  # type: ignore[arg-type]
+
+
+def test_data_helpers_refuse_nan_noise_and_a_negative_start_epoch() -> None:
+    for make in (sg.data.make_moons, sg.data.make_circles, sg.data.make_spirals):
+        with pytest.raises(ValueError, match="noise is a standard deviation and must be finite"):
+            make(10, noise=float("nan"))
+    with pytest.raises(ValueError, match="start_epoch must be an int >= 0, got -1"):
+        sg.data.Batches(np.arange(4.0), batch_size=2, start_epoch=-1)

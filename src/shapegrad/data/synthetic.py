@@ -20,8 +20,10 @@ Labels = npt.NDArray[np.int32]
 def _check(name: str, n: int, noise: float) -> None:
     if n < 2:
         raise ValueError(f"{name}: need n >= 2 samples, got {n}")
-    if noise < 0:
-        raise ValueError(f"{name}: noise is a standard deviation and must be >= 0, got {noise}")
+    if not 0 <= noise < float("inf"):  # NaN fails too: it made every point NaN
+        raise ValueError(
+            f"{name}: noise is a standard deviation and must be finite and >= 0, got {noise}"
+        )
 
 
 def _split_counts(n: int, classes: int) -> list[int]:
