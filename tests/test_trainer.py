@@ -489,3 +489,26 @@ def test_last_lr_reports_the_rate_each_step_used(mode: str) -> None:
     assert trainer.last_lr == pytest.approx(0.25)
     trainer.step_many(np.stack([x, x]), np.stack([y, y]))
     assert trainer.last_lr == pytest.approx(sched.value(8), rel=1e-6)  # steps 7 and 8 ran
+
+
+def test_recipe_resume_refuses_other_settings_and_restores_the_same(tmp_path: Any) -> None:
+    from shapegrad.train.recipe import RecipeMismatch, resume
+
+    x, y = moons(32)
+    saved = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.AdamW(0.01))
+    for _ in range(3):
+        saved.step(x, y)
+    path = saved.save_checkpoint(tmp_path / "run.npz", {"recipe": {"batch_size": 32, "seed": 0}})
+    fresh = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.AdamW(0.01))
+    with pytest.raises(RecipeMismatch, match=r"batch_size 32 \(this run: 16\)"):
+        resume(fresh, path, {"batch_size": 16, "seed": 0})
+    assert fresh.global_step == 0  # nothing restored
+    done = resume(fresh, path, {"batch_size": 32, "seed": 0})
+    assert done.step == 3 and done.differences == [] and done.fresh_optimizer is None
+    assert fresh.step(x, y) == pytest.approx(saved.step(x, y), rel=1e-6)  # Adam moments too
+    other = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.Adam(0.01))
+    forced = resume(other, path, {"batch_size": 16, "seed": 0}, override=True)
+    assert forced.fresh_optimizer == "AdamW" and forced.differences
+    for a, b in zip(other.get_params(), ScalarTrainer(hinge_loss, mlp_params()).get_params(), strict=True):
+        assert not np.array_equal(a.numpy(), b.numpy())  # the saved parameters, not fresh ones
+    assert int(other.optimizer_state()["step"]) == 0 and other.global_step == 3

@@ -34,6 +34,7 @@ from shapegrad.random import SEED_BOUND, check_seed
 from shapegrad.tensor import Tensor
 from shapegrad.train import optim, schedules
 from shapegrad.train.fit import StepInfo
+from shapegrad.train.recipe import resume
 from shapegrad.train.trainer import ScalarTrainer
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
@@ -325,10 +326,6 @@ def run_recipe(recipe: Recipe, per_epoch: int, seed: int, about: dict[str, str])
     }
 
 
-class RecipeMismatch(io.CheckpointError):
-    """``--resume`` of a checkpoint written with another recipe (without ``--resume-override``)."""
-
-
 _RECIPE_LABELS = {
     "batch_size": "--batch-size",
     "seed": "--seed",
@@ -337,17 +334,6 @@ _RECIPE_LABELS = {
     "schedule": "--schedule",
     "schedule_steps": "schedule length in steps (--epochs x batches per epoch)",
 }
-
-
-def recipe_differences(saved: Any, now: dict[str, Any]) -> list[str]:
-    """``["--batch-size 50 (this run: 64)", ...]``: where the checkpoint's recipe differs."""
-    if not isinstance(saved, dict):
-        return ["it records no recipe (not written by `shapegrad demo --save`)"]
-    return [
-        f"{_RECIPE_LABELS.get(key, key)} {saved.get(key, 'unrecorded')} (this run: {value})"
-        for key, value in now.items()
-        if saved.get(key) != value
-    ]
 
 
 def _resume(
@@ -360,31 +346,23 @@ def _resume(
             False (another optimizer, learning rate or batch size would make the resumed
             run differ from the saved one, and another batch size miscounts its epochs).
     """
-    first = io.load_checkpoint(path, trainer.get_params())  # parameters and metadata only
-    notes = first.metadata.get("user", {})
-    differences = recipe_differences(notes.get("recipe"), recipe)
-    if differences and not override:
-        raise RecipeMismatch(
-            f"{path} was written with another recipe: {'; '.join(differences)}. Run with the "
-            "checkpoint's settings, or pass --resume-override to resume it anyway"
-        )
-    if differences:
-        print(f"shapegrad: resuming despite: {'; '.join(differences)}", file=sys.stderr)
-    if notes.get("optimizer") == type(trainer.optimizer).__name__:
-        trainer.load_checkpoint(path)  # optimizer state, loss scale and keys too (validated)
-    else:  # --resume-override with another optimizer: its state would not fit
-        trainer.set_params(first.params)
-        trainer.global_step = first.step
+    resumed = resume(
+        trainer, path, recipe, override=override, labels=_RECIPE_LABELS,
+        how_to_override="pass --resume-override to resume it anyway",
+    )  # fmt: skip
+    if resumed.differences:
+        print(f"shapegrad: resuming despite: {'; '.join(resumed.differences)}", file=sys.stderr)
+    if resumed.fresh_optimizer is not None:
         print(
-            f"shapegrad: the checkpoint's optimizer is {notes.get('optimizer', 'unrecorded')}: "
+            f"shapegrad: the checkpoint's optimizer is {resumed.fresh_optimizer}: "
             f"{type(trainer.optimizer).__name__} starts from a fresh state",
             file=sys.stderr,
         )
-    print(f"resumed from {path} at step {first.step}")
-    saved_per_epoch = notes.get("steps_per_epoch")  # epochs as the saved run counted them
+    print(f"resumed from {path} at step {resumed.step}")
+    saved_per_epoch = resumed.notes.get("steps_per_epoch")  # as the saved run counted epochs
     if not (isinstance(saved_per_epoch, int) and saved_per_epoch > 0):
         saved_per_epoch = per_epoch
-    return first.step // max(saved_per_epoch, 1)
+    return resumed.step // saved_per_epoch
 
 
 def _saver(
