@@ -52,7 +52,7 @@ def real(
     if isinstance(value, bool | np.bool_) or not isinstance(
         value, int | float | np.integer | np.floating
     ):
-        raise TypeError(f"{owner}: {name} must be a real number, got {type(value).__name__}")
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
     number = float(value)
     inside = math.isfinite(number)
     if inside and low is not None:
