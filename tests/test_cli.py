@@ -195,7 +195,7 @@ def test_bad_values_are_refused_by_the_parser(
     assert message in err and "Traceback" not in err
 
 
-def test_impossible_output_paths_fail_before_training(
+def test_impossible_paths_and_sizes_fail_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a_file = tmp_path / "file"
@@ -205,6 +205,7 @@ def test_impossible_output_paths_fail_before_training(
         (["--dump-ir", str(a_file / "ir")], f"--dump-ir {a_file / 'ir'}: cannot create the directory"),
         (["--save", str(tmp_path)], f"--save {tmp_path}: is a directory; give a file name"),
         (["--save", str(a_file / "run.npz")], f"--save {a_file / 'run.npz'}: cannot create its folder"),
+        (["--batch-size", "999999999"], "--batch-size 999999999 exceeds the 1000 training examples"),
     ]
     for flags, message in cases:
         assert cli.main(["demo", "moons", *flags, *QUICK]) == 2

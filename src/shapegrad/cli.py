@@ -63,6 +63,10 @@ DIGITS = Recipe(
 )
 
 
+class BadInput(ValueError):
+    """A flag value that only the data can refute (printed as one line, exit status 2)."""
+
+
 @dataclass
 class Run:
     """What a finished training run leaves for reporting."""
@@ -272,6 +276,10 @@ def train(
     ``--resume-override``. With ``--save`` a checkpoint is written after every epoch
     (atomically, with the recipe), so a crash loses at most one epoch.
     """
+    if recipe.batch_size > batches.n:  # a padded batch that size would only repeat rows
+        raise BadInput(
+            f"--batch-size {recipe.batch_size} exceeds the {batches.n} training examples"
+        )
     backend = resolve_backend(args.backend, args.mode)
     per_epoch = len(batches)
     this_run = run_recipe(recipe, per_epoch, args.seed, about or {})
@@ -586,6 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("(eager mode compiles nothing, so nothing will be dumped)")
     try:
         return DEMOS[args.name](args)
+    except BadInput as error:
+        print(f"shapegrad: {error}", file=sys.stderr)
+        return 2
     except ImportError as error:  # an optional dependency, e.g. scikit-learn for digits
         print(f"shapegrad: {error}", file=sys.stderr)
         return 2
