@@ -377,3 +377,12 @@ def test_a_static_field_hiding_tensors_in_a_container_is_an_error() -> None:
     with pytest.raises(TypeError, match=r"Hidden.extra holds a tensor .*\(at extra\[1\]\)"):
         Hidden(w=np.ones((2, 2), np.float32), extra=(1.0, sg.ones(2)))
     assert Hidden(w=np.ones((2, 2), np.float32), extra=(1, "relu")).extra == (1, "relu")
+
+
+def test_a_paramlist_field_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    net = _with_list()
+    path = sg.save_checkpoint(tmp_path / "net.npz", net)
+    assert {"params/body.w", "params/body.b", "params/scale"} <= set(np.load(path).files)
+    loaded = sg.load_checkpoint(path, WithList(scale=np.zeros(3, np.float32), body=Affine([np.zeros((3, 3), np.float32), np.zeros(3, np.float32)]))).params
+    assert isinstance(loaded.body, Affine) and loaded.body.names == ("w", "b")
+    np.testing.assert_array_equal(loaded.body.w.numpy(), net.body.w.numpy())
