@@ -98,3 +98,15 @@ def test_trainer_refuses_a_non_optimizer_and_a_bad_per_step_lr() -> None:
     np.testing.assert_array_equal(trainer.get_params()[0].numpy(), 1.0)  # nothing was applied
     trainer.step(x, lr=0.5)
     np.testing.assert_allclose(trainer.get_params()[0].numpy(), 0.5)  # p - 0.5 * x
+
+
+def test_loss_scale_policy_settings_are_checked() -> None:
+    from shapegrad.train.mixed_precision import LossScalePolicy
+
+    with pytest.raises(ValueError, match="LossScalePolicy: window must be an int >= 1, got 0"):
+        LossScalePolicy(window=0)
+    with pytest.raises(ValueError, match=r"min_scale must be a finite number in \(0, inf\)"):
+        LossScalePolicy(min_scale=NAN)
+    with pytest.raises(ValueError, match=r"max_scale must be >= min_scale \(1.0\) or inf, got nan"):
+        LossScalePolicy(max_scale=NAN)
+    assert LossScalePolicy(3, 1.0, INF).max_scale == INF

@@ -287,9 +287,7 @@ class Module:
                 shown = f"[{len(value)} x {f.module.__name__ if f.module else '?'}]"
             elif f.kind == "module":
                 shown = type(value).__name__ + "(...)"
-            elif f.kind == "params":
-                shown = repr(value)
-            else:
+            else:  # a static setting, or a ParamList field (its repr names every element)
                 shown = repr(value)
             parts.append(f"{f.name}={shown}")
         return f"{type(self).__name__}({', '.join(parts)})"

@@ -86,9 +86,9 @@ class ScalarTrainer:
         example_inputs: one batch (``backend="ane"`` only): the constructor then traces,
             lowers, converts and saves the Core ML program; otherwise the first call does.
         device_optimizer: ``backend="ane"`` only: lower the optimizer update into the program.
-        seed: the base of the per-step random keys (losses with a ``key`` parameter only),
-            an int in ``[0, 2**32)``;
-            saved in checkpoints, so a resumed run draws the same keys.
+        seed: an int in ``[0, 2**32)``, the base of the per-step random keys (losses with
+            a ``key`` parameter only); saved in checkpoints, so a resumed run draws the
+            same keys.
         ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
             executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
