@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -166,3 +167,144 @@ def test_recipe_flags_override_defaults() -> None:
     recipe = cli.recipe_from(args, cli.MOONS)
     assert recipe.lr == 0.5 and recipe.optimizer == "sgd"
     assert recipe.epochs == cli.MOONS.epochs and recipe.batch_size == cli.MOONS.batch_size
+
+
+# --- bad input: one clear line, nonzero exit, no traceback (issue 24, item 14) ----------------
+
+QUICK = ["--mode", "eager", "--epochs", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lr", "inf"], "argument --lr: must be a finite number > 0, got inf"),
+        (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+        (["--lr", "fast"], "argument --lr: must be a number > 0, got 'fast'"),
+        (["--seed", "-1"], "argument --seed: must be an int in [0, 2**32), got '-1'"),
+        (["--seed", str(2**64)], "argument --seed: must be an int in [0, 2**32)"),
+        (["--epochs", "two"], "argument --epochs: must be an int >= 1, got 'two'"),
+    ],
+)
+def test_bad_values_are_refused_by_the_parser(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "moons", *flags, *QUICK])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_impossible_paths_and_sizes_fail_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        (["--dump-ir", str(a_file)], f"--dump-ir {a_file}: exists and is not a directory"),
+        (["--dump-ir", str(a_file / "ir")], f"--dump-ir {a_file / 'ir'}: cannot create the directory"),
+        (["--save", str(tmp_path)], f"--save {tmp_path}: is a directory; give a file name"),
+        (["--save", str(a_file / "run.npz")], f"--save {a_file / 'run.npz'}: cannot create its folder"),
+        (["--batch-size", "999999999"], "--batch-size 999999999 exceeds the 1000 training examples"),
+    ]
+    for flags, message in cases:
+        assert cli.main(["demo", "moons", *flags, *QUICK]) == 2
+        out, err = capsys.readouterr()
+        assert err.strip() == f"shapegrad: {message}" or err.startswith(f"shapegrad: {message}")
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert "training accuracy" not in out  # refused before training
+
+
+def test_the_cli_subprocess_prints_one_line_for_bad_seed_and_dump_ir(tmp_path: Path) -> None:
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "shapegrad.cli"]
+    env = {**os.environ, "NO_COLOR": "1"}
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for flags in (["--seed", "-1"], ["--dump-ir", str(a_file)], ["--lr", "inf"]):
+        done = subprocess.run(
+            [*command, "demo", "moons", *flags, *QUICK], capture_output=True, text=True, env=env,
+            timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        errors = [line for line in done.stderr.splitlines() if not line.startswith(("usage:", " "))]
+        assert len(errors) == 1, done.stderr
+
+
+# --- --resume checks the recipe (issue 24, item 9) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adamw_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("resume") / "adamw.npz"
+    code = cli.main(["demo", "moons", "--optimizer", "adamw", "--save", str(path), *QUICK])
+    assert code == 0
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags, difference",
+    [
+        (["--optimizer", "adam"], "--optimizer adamw (this run: adam)"),
+        (["--optimizer", "adamw", "--batch-size", "25"], "--batch-size 50 (this run: 25)"),
+        (["--optimizer", "adamw", "--seed", "3"], "--seed 0 (this run: 3)"),
+        (["--optimizer", "adamw", "--lr", "0.5"], "--lr 0.02 (this run: 0.5)"),
+    ],
+)
+def test_resume_refuses_another_recipe(
+    adamw_checkpoint: Path, flags: list[str], difference: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = adamw_checkpoint.read_bytes()
+    code = cli.main(["demo", "moons", *flags, "--resume", str(adamw_checkpoint), *QUICK])
+    assert code == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"shapegrad: {adamw_checkpoint} was written with another recipe")
+    assert difference in err and "--resume-override" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "resumed from" not in out and "training accuracy" not in out
+    assert adamw_checkpoint.read_bytes() == before
+
+
+def test_resume_with_the_same_recipe_continues_and_override_is_explicit(
+    adamw_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    same = ["demo", "moons", "--optimizer", "adamw", "--resume", str(adamw_checkpoint), *QUICK]
+    assert cli.main(same) == 0
+    out, err = capsys.readouterr()
+    assert "resumed from" in out and "already has all 1 epochs" in out and err == ""
+    # override: another optimizer resumes the parameters with a fresh optimizer state
+    copy = tmp_path / "copy.npz"
+    copy.write_bytes(adamw_checkpoint.read_bytes())
+    flags = ["--optimizer", "adam", "--epochs", "2", "--resume-override", "--save", str(copy)]
+    assert cli.main(["demo", "moons", *flags, "--resume", str(copy), "--mode", "eager", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "resuming despite: --optimizer adamw (this run: adam)" in err
+    assert "Adam starts from a fresh state" in err and "at step 20" in out
+    stored = np.load(copy)
+    assert stored["optimizer/step"] == 20  # the 20 steps of epoch 2 with a fresh Adam
+    assert int(json_metadata(copy)["step"]) == 40
+
+
+def test_resume_refuses_a_checkpoint_without_a_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bare.npz"
+    trainer = sg_trainer_for_moons()
+    trainer.save_checkpoint(path)
+    code = cli.main(["demo", "moons", "--resume", str(path), *QUICK])
+    assert code == 1
+    assert "it records no recipe" in capsys.readouterr().err
+
+
+def json_metadata(path: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads(str(np.load(path)["__metadata__"])))
+
+
+def sg_trainer_for_moons() -> Any:
+    from shapegrad import models
+    from shapegrad.train import ScalarTrainer, optim
+
+    params = models.MoonsMLP.init(models.kaiming, seed=0, h=16)
+    return ScalarTrainer(models.moons_loss, params, optimizer=optim.Adam(lr=0.02))

@@ -256,3 +256,133 @@ def test_a_tensor_in_a_static_field_is_an_error_not_a_constant() -> None:
     with pytest.raises(TypeError, match=r"Biased.b holds a tensor but is annotated"):
         Biased(w=np.ones((2, 2), np.float32), b=np.ones(2, np.float32))
     assert Biased(w=np.ones((2, 2), np.float32)).b is None
+
+
+# --- a ParamList / BlockStack inside a Module is part of the model (issue 24, item 10) --------
+
+
+class Affine(sg.ParamList[Float[Tensor, "d d"], Float[Tensor, "d"]]):
+    names = ("w", "b")
+
+
+class WithList(Module):
+    scale: Float[Tensor, " d"]
+    body: Affine
+
+
+def _affine_loss(net: WithList, x: Any, y: Any) -> Tensor:
+    r = (x @ net.body.w.T + net.body.b) * net.scale - y
+    return (r * r).mean()
+
+
+def _numpy_affine_grads(
+    w: np.ndarray, b: np.ndarray, s: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """d/d(s, w, b) of mean(((x w^T + b) * s - y)^2), by hand."""
+    z = x @ w.T + b
+    dr = 2.0 * (z * s - y) / y.size
+    dz = dr * s
+    return (dr * z).sum(0), dz.T @ x, dz.sum(0)
+
+
+def _with_list() -> WithList:
+    rng = np.random.default_rng(3)
+    body = Affine([rng.normal(size=(3, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)])
+    return WithList(scale=rng.normal(size=3).astype(np.float32), body=body)
+
+
+def test_a_paramlist_field_is_counted_flagged_and_named() -> None:
+    net = _with_list()
+    assert net.num_params() == 3 + 9 + 3  # the ParamList used to be left out (3)
+    assert net.requires_grad == (True, True, True)
+    assert list(net.named()) == ["scale", "body.w", "body.b"]
+    assert len(tree.flatten(net)[0]) == 3
+    frozen = net.replace(body=net.body.freeze("w"))
+    assert frozen.requires_grad == (True, False, True) and frozen.num_params() == 6
+    assert frozen.num_params(trainable_only=False) == 15
+    assert "body: Affine" in net.summary() and "15 trainable parameters" in net.summary()
+
+
+def test_sg_grad_of_a_paramlist_field_is_its_gradient_not_its_value() -> None:
+    net = _with_list()
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32)
+    grads = sg.grad(_affine_loss)(net, sg.tensor(x), sg.tensor(y))
+    want_s, want_w, want_b = _numpy_affine_grads(
+        net.body.w.numpy(), net.body.b.numpy(), net.scale.numpy(), x, y
+    )
+    assert isinstance(grads.body, Affine)
+    np.testing.assert_allclose(grads.body.w.numpy(), want_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads.body.b.numpy(), want_b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads.scale.numpy(), want_s, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled-numpy", "compiled-c"])
+def test_scalar_trainer_updates_a_paramlist_inside_a_module(mode: str) -> None:
+    if mode == "compiled-c" and C_SKIP is not None:
+        pytest.skip(C_SKIP)
+    kwargs: dict[str, Any] = (
+        {"mode": "eager"} if mode == "eager" else {"mode": "compiled", "backend": mode.split("-")[1]}
+    )
+    net = _with_list()
+    lr = 0.1
+    trainer = sg.ScalarTrainer(_affine_loss, net, optimizer=sg.optim.SGD(lr=lr), **kwargs)
+    rng = np.random.default_rng(5)
+    w, b, s = net.body.w.numpy().copy(), net.body.b.numpy().copy(), net.scale.numpy().copy()
+    for _ in range(3):
+        x, y = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(4, 3)).astype(np.float32)
+        trainer.step(x, y)
+        gs, gw, gb = _numpy_affine_grads(w, b, s, x, y)
+        s, w, b = s - lr * gs, w - lr * gw, b - lr * gb
+    trained = trainer.get_params()
+    assert isinstance(trained, WithList) and isinstance(trained.body, Affine)
+    assert not np.allclose(trained.body.w.numpy(), net.body.w.numpy())
+    np.testing.assert_allclose(trained.body.w.numpy(), w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(trained.body.b.numpy(), b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(trained.scale.numpy(), s, rtol=1e-4, atol=1e-5)
+
+
+def test_init_builds_a_blockstack_field_with_roles_or_per_element_initializers() -> None:
+    class Stacked(Module):
+        embed: Float[Tensor, "v d"]
+        stack: sg.nn.BlockStack
+        tuned: sg.nn.BlockStack = field(init=sg.nn.transformer.block_init(0.02))
+
+    net = Stacked.init(seed=0, v=5, d=4, layers=2, f=8)
+    count = 5 * 4 + 2 * (2 * (4 + 4 + 12 * 4 + 12 + 16 + 4 + 4 + 4 + 32 + 8 + 32 + 4))
+    assert net.num_params() == count
+    assert net.stack.names == sg.nn.BlockStack.names
+    assert net.stack.w_qkv.shape == (2, 12, 4)
+    # rank >= 2 elements default to the weight role (std 1/sqrt(fan_in)); block_init gives
+    # LayerNorm gains ones and biases zeros, per element
+    np.testing.assert_array_equal(net.tuned.ln1_w.numpy(), 1.0)
+    np.testing.assert_array_equal(net.tuned.b_qkv.numpy(), 0.0)
+    again = Stacked.init(seed=0, v=5, d=4, layers=2, f=8)
+    np.testing.assert_array_equal(again.stack.w_1.numpy(), net.stack.w_1.numpy())
+    all_leaves = [t.numpy().ravel()[:4] for t in tree.flatten(net)[0] if t.numpy().std() > 0]
+    assert len({tuple(v) for v in all_leaves}) == len(all_leaves)  # one seed per tensor
+    with pytest.raises(ValueError, match="2 initializers for 12 elements"):
+
+        class Bad(Module):
+            stack: sg.nn.BlockStack = field(init=[sg.nn.init.zeros, sg.nn.init.ones])
+
+        Bad.init(seed=0, d=4, layers=2, f=8)
+
+
+def test_a_static_field_hiding_tensors_in_a_container_is_an_error() -> None:
+    class Hidden(Module):
+        w: Float[Tensor, "o i"]
+        extra: tuple[Any, ...] = ()
+
+    with pytest.raises(TypeError, match=r"Hidden.extra holds a tensor .*\(at extra\[1\]\)"):
+        Hidden(w=np.ones((2, 2), np.float32), extra=(1.0, sg.ones(2)))
+    assert Hidden(w=np.ones((2, 2), np.float32), extra=(1, "relu")).extra == (1, "relu")
+
+
+def test_a_paramlist_field_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    net = _with_list()
+    path = sg.save_checkpoint(tmp_path / "net.npz", net)
+    assert {"params/body.w", "params/body.b", "params/scale"} <= set(np.load(path).files)
+    loaded = sg.load_checkpoint(path, WithList(scale=np.zeros(3, np.float32), body=Affine([np.zeros((3, 3), np.float32), np.zeros(3, np.float32)]))).params
+    assert isinstance(loaded.body, Affine) and loaded.body.names == ("w", "b")
+    np.testing.assert_array_equal(loaded.body.w.numpy(), net.body.w.numpy())

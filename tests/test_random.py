@@ -11,6 +11,7 @@ import pytest
 import references as R
 import shapegrad as sg
 from modes import _c_unavailable
+from shapegrad.models import MoonsMLP
 
 needs_c = pytest.mark.skipif(_c_unavailable() is not None, reason=_c_unavailable() or "")
 
@@ -107,3 +108,69 @@ def test_bad_keys_and_arguments() -> None:
         sg.random.key(-1)
     with pytest.raises(ValueError, match="num must be >= 1"):
         sg.random.split(sg.random.key(0), 0)
+
+
+# --- seeds outside the documented range are refused, not aliased (issue 24, item 7) -----------
+
+SEED_ENTRIES = {
+    "sg.rand": lambda s: sg.rand((4,), seed=s),
+    "sg.randn": lambda s: sg.randn((4,), seed=s),
+    "sg.dropout": lambda s: sg.dropout(sg.ones(8), 0.5, s),
+    "sg.nn.init": lambda s: sg.nn.init.normal(1.0)((3,), seed=s),
+    "Module.init": lambda s: sg.nn.Linear.init(seed=s, d_in=2, d_out=2),
+    "ParamList.init": lambda s: MoonsMLP.init(sg.nn.init.kaiming, seed=s, h=2),
+    "make_moons": lambda s: sg.data.make_moons(8, seed=s),
+    "make_circles": lambda s: sg.data.make_circles(8, seed=s),
+    "make_spirals": lambda s: sg.data.make_spirals(8, seed=s),
+    "stratified_split": lambda s: sg.data.stratified_split(np.array([0, 0, 1, 1]), 0.5, s),
+    "Batches": lambda s: sg.data.Batches(np.arange(4.0), batch_size=2, seed=s),
+    "ScalarTrainer": lambda s: sg.ScalarTrainer(lambda p, x: (p[0] * x).sum(), [sg.ones(2)], seed=s),
+}
+
+
+def test_sg_rand_seeds_used_to_alias_modulo_2_to_the_32() -> None:
+    # what the bound prevents: the RANDOM primitive keeps 32 bits of its seed
+    with pytest.raises(ValueError, match=r"rand: seed must be an int in \[0, 2\*\*32\), got 18446744073709551616"):
+        sg.rand((4,), seed=2**64)
+    with pytest.raises(ValueError, match=r"got -5"):
+        sg.rand((4,), seed=-5)
+    last = sg.rand((4,), seed=2**32 - 1).numpy()  # the top of the range works and differs
+    assert not np.array_equal(last, sg.rand((4,), seed=0).numpy())
+
+
+def test_init_seeds_beyond_32_bits_would_alias_the_next_elements_seed() -> None:
+    # why NumPy seeds are bounded too: SeedSequence pads with zero words, so the entropy
+    # (2**32, 0) is (0, 1): Module.init(seed=2**32)'s first tensor = seed 0's second one
+    a = np.random.default_rng((2**32, 0)).random(3)
+    np.testing.assert_array_equal(a, np.random.default_rng((0, 1)).random(3))
+    with pytest.raises(ValueError, match=r"Linear.init: seed must be an int in \[0, 2\*\*32\)"):
+        sg.nn.Linear.init(seed=2**32, d_in=2, d_out=2)
+
+
+@pytest.mark.parametrize("entry", list(SEED_ENTRIES))
+@pytest.mark.parametrize("seed", [-1, -5, 2**32, 2**64, 1.0, True, "0"])
+def test_every_seed_entry_refuses_out_of_range_seeds(entry: str, seed: object) -> None:
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\), got"):
+        SEED_ENTRIES[entry](seed)
+
+
+@pytest.mark.parametrize("entry", list(SEED_ENTRIES))
+def test_every_seed_entry_accepts_the_ends_of_the_range(entry: str) -> None:
+    for seed in (0, 2**32 - 1, np.int64(7)):
+        SEED_ENTRIES[entry](seed)
+
+
+def test_random_key_takes_any_non_negative_int_without_collisions() -> None:
+    keys = {tuple(sg.random.key(s).tolist()) for s in (0, 2**32, 2**64, 2**64 + 1, 2**100)}
+    assert len(keys) == 5
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=r"sg\.random\.key: seed must be a non-negative int"):
+            sg.random.key(bad)  # type: ignore[arg-type]
+
+
+def test_data_helpers_refuse_nan_noise_and_a_negative_start_epoch() -> None:
+    for make in (sg.data.make_moons, sg.data.make_circles, sg.data.make_spirals):
+        with pytest.raises(ValueError, match="noise is a standard deviation and must be finite"):
+            make(10, noise=float("nan"))
+    with pytest.raises(ValueError, match="start_epoch must be an int >= 0, got -1"):
+        sg.data.Batches(np.arange(4.0), batch_size=2, start_epoch=-1)

@@ -220,6 +220,41 @@ def test_set_params_validates_and_replaces() -> None:
         trainer.set_params([np.zeros((3, 2), np.float32), *list(other)[1:]])
 
 
+def _dict_loss(p: dict[str, Tensor], x: Any) -> Tensor:
+    return ((x @ p["w1"].T) @ p["w2"].T).sum()
+
+
+def test_set_params_matches_dict_entries_by_key_not_position() -> None:
+    a, b = np.ones((2, 3), np.float32), np.full((3, 2), 2.0, np.float32)
+    trainer = ScalarTrainer(_dict_loss, {"w1": sg.zeros((2, 3)), "w2": sg.zeros((3, 2))})
+    trainer.set_params({"w2": b, "w1": a})  # another order: matched by key
+    got = trainer.get_params()
+    assert list(got) == ["w1", "w2"]
+    np.testing.assert_array_equal(got["w1"].numpy(), a)
+    np.testing.assert_array_equal(got["w2"].numpy(), b)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert trainer.forward(x) == pytest.approx(float(((x @ a.T) @ b.T).sum()))
+    with pytest.raises(TypeError, match=r"expected a dict with keys \['w1', 'w2'\], got a list"):
+        trainer.set_params([a, b])
+    with pytest.raises(ValueError, match=r"missing \['w2'\], unexpected \['w3'\]"):
+        trainer.set_params({"w1": a, "w3": b})
+    with pytest.raises(ValueError, match=r"parameter 0 \('w1'\) is float32\[3, 2\]"):
+        trainer.set_params({"w1": b, "w2": a})
+    np.testing.assert_array_equal(trainer.get_params()["w1"].numpy(), a)  # failures change nothing
+
+
+def test_set_params_refuses_a_container_of_another_kind_or_names() -> None:
+    trainer = ScalarTrainer(hinge_loss, mlp_params())
+    other = mlp_params(seed=9)
+    with pytest.raises(TypeError, match=r"expected a MoonsMLP of 6 entries, got a dict"):
+        trainer.set_params(dict(zip(other.names, other, strict=True)))
+    renamed = MLP(list(other), names=("a", "b", "c", "d", "e", "f"))
+    with pytest.raises(ValueError, match=r"parameter names \['a'"):
+        trainer.set_params(renamed)
+    with pytest.raises(TypeError, match=r"params\[0\]: expected a tensor, got a list"):
+        trainer.set_params([[other[0], other[0]], *list(other)[1:]])
+
+
 def test_reset_optimizer_state() -> None:
     x, y = moons(32)
     trainer = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.Adam(0.01))
@@ -454,3 +489,26 @@ def test_last_lr_reports_the_rate_each_step_used(mode: str) -> None:
     assert trainer.last_lr == pytest.approx(0.25)
     trainer.step_many(np.stack([x, x]), np.stack([y, y]))
     assert trainer.last_lr == pytest.approx(sched.value(8), rel=1e-6)  # steps 7 and 8 ran
+
+
+def test_recipe_resume_refuses_other_settings_and_restores_the_same(tmp_path: Any) -> None:
+    from shapegrad.train.recipe import RecipeMismatch, resume
+
+    x, y = moons(32)
+    saved = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.AdamW(0.01))
+    for _ in range(3):
+        saved.step(x, y)
+    path = saved.save_checkpoint(tmp_path / "run.npz", {"recipe": {"batch_size": 32, "seed": 0}})
+    fresh = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.AdamW(0.01))
+    with pytest.raises(RecipeMismatch, match=r"batch_size 32 \(this run: 16\)"):
+        resume(fresh, path, {"batch_size": 16, "seed": 0})
+    assert fresh.global_step == 0  # nothing restored
+    done = resume(fresh, path, {"batch_size": 32, "seed": 0})
+    assert done.step == 3 and done.differences == [] and done.fresh_optimizer is None
+    assert fresh.step(x, y) == pytest.approx(saved.step(x, y), rel=1e-6)  # Adam moments too
+    other = ScalarTrainer(hinge_loss, mlp_params(), optimizer=optim.Adam(0.01))
+    forced = resume(other, path, {"batch_size": 16, "seed": 0}, override=True)
+    assert forced.fresh_optimizer == "AdamW" and forced.differences
+    for a, b in zip(other.get_params(), ScalarTrainer(hinge_loss, mlp_params()).get_params(), strict=True):
+        assert not np.array_equal(a.numpy(), b.numpy())  # the saved parameters, not fresh ones
+    assert int(other.optimizer_state()["step"]) == 0 and other.global_step == 3

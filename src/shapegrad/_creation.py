@@ -109,13 +109,16 @@ def eye(n: int, m: int | None = None, k: int = 0, dtype: DTypeLike = float32) ->
 
 
 def rand(shape: ShapeLike, seed: int = 0, dtype: DTypeLike = float32) -> Tensor:
-    """Uniform samples in ``[0, 1)`` from the counter-based RANDOM primitive (reproducible).
+    """Uniform samples in ``[0, 1)`` from the counter-based RANDOM primitive (reproducible;
+    ``seed`` is an int in ``[0, 2**32)``).
 
     Example:
         >>> bool((sg.rand((3,), seed=1) == sg.rand((3,), seed=1)).all())
         True
     """
-    return prims.random_uniform(_shape("rand", shape), seed, as_dtype(dtype))
+    from shapegrad.random import check_seed  # the RANDOM primitive keeps 32 bits of it
+
+    return prims.random_uniform(_shape("rand", shape), check_seed(seed, "rand"), as_dtype(dtype))
 
 
 def _box_muller(u: Tensor, n: int) -> Tensor:
@@ -134,7 +137,10 @@ def randn(shape: ShapeLike, seed: int = 0, dtype: DTypeLike = float32) -> Tensor
         >>> sg.randn((2, 3), seed=0).shape
         (2, 3)
     """
+    from shapegrad.random import check_seed
+
     dims = _shape("randn", shape)
+    seed = check_seed(seed, "randn")
     n = 1
     for d in dims:
         n *= d
@@ -176,5 +182,8 @@ def dropout(x: Tensor, p: float, seed: int | Tensor, training: bool = True) -> T
         u = random.uniform(seed, x.shape, float64)
         keep = prims.binary(Prim.LE, p, u)
     else:
+        from shapegrad.random import check_seed
+
+        seed = check_seed(seed, "dropout")
         keep = prims.binary(Prim.LE, p, prims.random_uniform(x.shape, seed, x.dtype, like=x))
     return prims.where(keep, x * (1.0 / (1.0 - p)), 0.0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 import time
@@ -29,9 +30,11 @@ import numpy.typing as npt
 from shapegrad import data, io, models, plot
 from shapegrad.backends import BackendUnavailable, backend_status, get_backend, known_backends
 from shapegrad.ops.eager import no_grad, tensor
+from shapegrad.random import SEED_BOUND, check_seed
 from shapegrad.tensor import Tensor
 from shapegrad.train import optim, schedules
 from shapegrad.train.fit import StepInfo
+from shapegrad.train.recipe import resume
 from shapegrad.train.trainer import ScalarTrainer
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
@@ -58,6 +61,10 @@ MOONS = Recipe(
 DIGITS = Recipe(
     epochs=30, batch_size=64, lr=0.003, optimizer="adam", schedule="cosine", warmup_steps=20
 )
+
+
+class BadInput(ValueError):
+    """A flag value that only the data can refute (printed as one line, exit status 2)."""
 
 
 @dataclass
@@ -99,7 +106,10 @@ def build_parser(explain_backends: bool = True) -> argparse.ArgumentParser:
     demo.add_argument("--optimizer", choices=OPTIMIZERS, help="update rule")
     demo.add_argument("--schedule", choices=SCHEDULES, help="learning-rate schedule")
     demo.add_argument(
-        "--seed", type=int, default=0, help="seed of data, initialisation and shuffling"
+        "--seed",
+        type=_seed,
+        default=0,
+        help="seed of data, initialisation and shuffling, an int in [0, 2**32)",
     )
     demo.add_argument(
         "--save",
@@ -107,7 +117,19 @@ def build_parser(explain_backends: bool = True) -> argparse.ArgumentParser:
         help="write a checkpoint here after every epoch (atomically: an interrupted run keeps "
         "the last one)",
     )
-    demo.add_argument("--resume", metavar="FILE", help="start from this checkpoint")
+    demo.add_argument(
+        "--resume",
+        metavar="FILE",
+        help="start from this checkpoint, written by --save with the same recipe: optimizer, "
+        "learning rate, schedule (a non-constant one spans --epochs, so changing --epochs "
+        "changes it), batch size, seed, model and data; any difference is refused",
+    )
+    demo.add_argument(
+        "--resume-override",
+        action="store_true",
+        help="resume even when the checkpoint's recipe differs from this run's (the "
+        "differences are printed; another optimizer starts from fresh optimizer state)",
+    )
     demo.add_argument(
         "--plot-png", metavar="FILE", help="also save the plots as a PNG (needs matplotlib)"
     )
@@ -128,17 +150,33 @@ def build_parser(explain_backends: bool = True) -> argparse.ArgumentParser:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return check_seed(int(text), "seed")
+    except ValueError:
+        bound = SEED_BOUND.bit_length() - 1
+        raise argparse.ArgumentTypeError(
+            f"must be an int in [0, 2**{bound}), got {text!r}"
+        ) from None
 
 
 def recipe_from(args: argparse.Namespace, default: Recipe) -> Recipe:
@@ -227,16 +265,24 @@ def train(
     loss: Callable[..., Tensor],
     params: Any,
     batches: data.Batches,
+    about: dict[str, str] | None = None,
 ) -> Run:
     """Train ``loss`` from ``params`` over ``batches`` as ``args`` and ``recipe`` say.
 
     With ``--resume`` the run continues from the checkpoint up to ``recipe.epochs``
     epochs in all (same schedule, same shuffling), so an interrupted run resumed
-    gives the same result as an uninterrupted one. With ``--save`` a checkpoint
-    is written after every epoch (atomically), so a crash loses at most one epoch.
+    gives the same result as an uninterrupted one; a checkpoint of another recipe
+    (:func:`run_recipe`; ``about`` names the demo, model and data) is refused unless
+    ``--resume-override``. With ``--save`` a checkpoint is written after every epoch
+    (atomically, with the recipe), so a crash loses at most one epoch.
     """
+    if recipe.batch_size > batches.n:  # a padded batch that size would only repeat rows
+        raise BadInput(
+            f"--batch-size {recipe.batch_size} exceeds the {batches.n} training examples"
+        )
     backend = resolve_backend(args.backend, args.mode)
     per_epoch = len(batches)
+    this_run = run_recipe(recipe, per_epoch, args.seed, about or {})
     trainer = ScalarTrainer(
         loss,
         params,
@@ -246,9 +292,14 @@ def train(
         schedule=make_schedule(recipe, recipe.epochs * per_epoch),
         data_parallel=args.data_parallel,
     )
-    done = _resume(trainer, args.resume, per_epoch) if args.resume else 0
+    done = (
+        _resume(trainer, args.resume, per_epoch, this_run, args.resume_override)
+        if args.resume
+        else 0
+    )
     batches.epoch = done  # continue the shuffling sequence where the saved run stopped
-    callbacks = [_saver(args.save, per_epoch)] if args.save else []
+    notes = {"recipe": this_run, "steps_per_epoch": per_epoch}
+    callbacks = [_saver(args.save, per_epoch, notes)] if args.save else []
     start = time.perf_counter()
     losses: list[float] = []
     lrs: list[float] = []
@@ -265,22 +316,72 @@ def train(
     return Run(trainer, losses, lrs, time.perf_counter() - start, len(losses))
 
 
-def _resume(trainer: ScalarTrainer, path: str, per_epoch: int) -> int:
-    """Load ``path`` into ``trainer``; returns the number of completed epochs."""
-    checkpoint = io.load_checkpoint(path, trainer.get_params(), trainer.optimizer_state())
-    trainer.set_params(checkpoint.params)
-    trainer.set_optimizer_state(checkpoint.optimizer_state)
-    trainer.global_step = checkpoint.step
-    print(f"resumed from {path} at step {checkpoint.step}")
-    return checkpoint.step // max(per_epoch, 1)
+def run_recipe(recipe: Recipe, per_epoch: int, seed: int, about: dict[str, str]) -> dict[str, Any]:
+    """What determines a run's numbers, as recorded in its checkpoints and compared on
+    ``--resume``: the demo, model and data (``about``), optimizer, learning rate, schedule
+    (with the steps it spans unless constant), batch size and seed. ``--mode`` and
+    ``--backend`` are not part of it (the same math on another interpreter)."""
+    spans = None if recipe.schedule == "constant" else recipe.epochs * per_epoch
+    return {
+        **about,
+        "optimizer": recipe.optimizer,
+        "lr": recipe.lr,
+        "schedule": recipe.schedule,
+        "schedule_steps": spans,
+        "warmup_steps": recipe.warmup_steps if recipe.schedule == "cosine" else None,
+        "batch_size": recipe.batch_size,
+        "seed": seed,
+    }
 
 
-def _saver(path: str, per_epoch: int) -> Callable[[ScalarTrainer, StepInfo], None]:
-    """A ``fit`` callback writing a checkpoint to ``path`` at the end of every epoch."""
+_RECIPE_LABELS = {
+    "batch_size": "--batch-size",
+    "seed": "--seed",
+    "optimizer": "--optimizer",
+    "lr": "--lr",
+    "schedule": "--schedule",
+    "schedule_steps": "schedule length in steps (--epochs x batches per epoch)",
+}
+
+
+def _resume(
+    trainer: ScalarTrainer, path: str, per_epoch: int, recipe: dict[str, Any], override: bool
+) -> int:
+    """Load ``path`` into ``trainer`` after checking its recipe; returns the completed epochs.
+
+    Raises:
+        RecipeMismatch: the checkpoint was written with another recipe and ``override`` is
+            False (another optimizer, learning rate or batch size would make the resumed
+            run differ from the saved one, and another batch size miscounts its epochs).
+    """
+    resumed = resume(
+        trainer, path, recipe, override=override, labels=_RECIPE_LABELS,
+        how_to_override="pass --resume-override to resume it anyway",
+    )  # fmt: skip
+    if resumed.differences:
+        print(f"shapegrad: resuming despite: {'; '.join(resumed.differences)}", file=sys.stderr)
+    if resumed.fresh_optimizer is not None:
+        print(
+            f"shapegrad: the checkpoint's optimizer is {resumed.fresh_optimizer}: "
+            f"{type(trainer.optimizer).__name__} starts from a fresh state",
+            file=sys.stderr,
+        )
+    print(f"resumed from {path} at step {resumed.step}")
+    saved_per_epoch = resumed.notes.get("steps_per_epoch")  # as the saved run counted epochs
+    if not (isinstance(saved_per_epoch, int) and saved_per_epoch > 0):
+        saved_per_epoch = per_epoch
+    return resumed.step // saved_per_epoch
+
+
+def _saver(
+    path: str, per_epoch: int, notes: dict[str, Any]
+) -> Callable[[ScalarTrainer, StepInfo], None]:
+    """A ``fit`` callback writing a checkpoint (with ``notes``: the recipe) to ``path`` at the
+    end of every epoch."""
 
     def save(trainer: ScalarTrainer, info: StepInfo) -> None:
         if info.step % per_epoch == 0:
-            trainer.save_checkpoint(path)  # data parallel: rank 0 writes, the others wait
+            trainer.save_checkpoint(path, notes)  # data parallel: rank 0 writes, others wait
 
     return save
 
@@ -313,7 +414,8 @@ def demo_moons(args: argparse.Namespace) -> int:
         x, signs, batch_size=recipe.batch_size, seed=args.seed, last="pad", shard=_shard(args)
     )
     print(f"moons: {len(x)} points, MLP 2-16-16-1, hinge loss")
-    run = train(args, recipe, models.moons_loss, params, batches)
+    about = {"demo": "moons", "model": "MoonsMLP h=16", "data": "make_moons n=1000 noise=0.1"}
+    run = train(args, recipe, models.moons_loss, params, batches, about)
     print(_describe("trained", recipe, args, run.trainer))
     trained = run.trainer.get_params()
 
@@ -357,7 +459,8 @@ def demo_digits(args: argparse.Namespace) -> int:
     print(
         f"digits: {len(split.x_train)} training / {len(split.x_test)} test images, MLP 64-64-64-10"
     )
-    run = train(args, recipe, models.digits_loss, params, batches)
+    about = {"demo": "digits", "model": "DigitsMLP h=64", "data": "load_digits test=0.2"}
+    run = train(args, recipe, models.digits_loss, params, batches, about)
     print(_describe("trained", recipe, args, run.trainer))
     trained = run.trainer.get_params()
     with no_grad():
@@ -423,6 +526,44 @@ def _png(path: str, run: Run, *boundary: Any) -> None:
 
 # --- entry point ---------------------------------------------------------------------------
 
+
+def _output_problem(flag: str, path: str | None) -> str | None:
+    """Why the file ``path`` given to ``flag`` cannot be written (None: it can, or no path).
+
+    Checked before training so that a typo does not cost a whole run: the path must not be
+    a directory, and its folder must exist (or be creatable) and be writable.
+    """
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path}: is a directory; give a file name"
+    if target.exists() and not target.is_file():
+        return f"{flag} {path}: not a regular file"
+    folder = target.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"{flag} {path}: cannot create its folder {folder}: {error.strerror or error}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{flag} {path}: the folder {folder} is not writable"
+    return None
+
+
+def _make_dump_dir(path: str) -> str | None:
+    """Create the ``--dump-ir`` folder; the reason it cannot be, or None."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"--dump-ir {path}: exists and is not a directory"
+    except OSError as error:
+        return f"--dump-ir {path}: cannot create the directory: {error.strerror or error}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--dump-ir {path}: the directory is not writable"
+    return None
+
+
 DEMOS: dict[str, Callable[[argparse.Namespace], int]] = {"moons": demo_moons, "digits": demo_digits}
 
 
@@ -437,17 +578,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             print("shapegrad: --plot-png needs matplotlib: pip install matplotlib", file=sys.stderr)
             return 2
+    problem = _output_problem("--save", args.save) or _output_problem("--plot-png", args.plot_png)
+    if problem is None and args.dump_ir:
+        problem = _make_dump_dir(args.dump_ir)
+    if problem is not None:  # say so now, not after a whole training run
+        print(f"shapegrad: {problem}", file=sys.stderr)
+        return 2
     if args.data_parallel and _shard(args).rank != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the process's life) rank 0 reports
     if args.dump_ir:
         # the compiler reads this when it compiles, which happens after this point
-        Path(args.dump_ir).mkdir(parents=True, exist_ok=True)
         os.environ["SHAPEGRAD_DEBUG"] = str(Path(args.dump_ir).resolve())
         print(f"dumping every IR stage and the generated code to {args.dump_ir}")
         if args.mode == "eager":
             print("(eager mode compiles nothing, so nothing will be dumped)")
     try:
         return DEMOS[args.name](args)
+    except BadInput as error:
+        print(f"shapegrad: {error}", file=sys.stderr)
+        return 2
     except ImportError as error:  # an optional dependency, e.g. scikit-learn for digits
         print(f"shapegrad: {error}", file=sys.stderr)
         return 2

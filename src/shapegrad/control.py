@@ -633,6 +633,10 @@ def checkpoint(fn: Callable[..., Any], policy: Policy = "recompute") -> Callable
         >>> block = sg.checkpoint(lambda h, w: sg.gelu(h @ w))
         >>> loss = block(x, w).sum()      # backward recomputes gelu(h @ w)'s internals
     """
+    if policy not in _POLICIES:  # checked here, not at the first call deep in a trace
+        raise ValueError(f"sg.checkpoint: policy must be one of {_POLICIES}, got {policy!r}")
+    if not callable(fn):
+        raise TypeError(f"sg.checkpoint: expected a function, got {type(fn).__name__}")
 
     @functools.wraps(fn)
     def wrapped(*args: Any) -> Any:

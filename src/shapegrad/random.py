@@ -43,7 +43,25 @@ from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
-__all__ = ["bernoulli", "fold_in", "is_key", "key", "normal", "split", "uniform"]
+__all__ = [
+    "SEED_BOUND",
+    "bernoulli",
+    "check_seed",
+    "fold_in",
+    "is_key",
+    "key",
+    "normal",
+    "split",
+    "uniform",
+]
+
+# Integer seeds are in [0, SEED_BOUND) everywhere (sg.rand/randn/dropout, Module.init and
+# ParamList.init, data helpers, Batches, the CLI): the RANDOM primitive keeps 32 bits of
+# its seed, and NumPy's SeedSequence, fed ``(seed, index)``, pads words with zeros, so
+# seeds beyond 32 bits silently alias others (2**32 equals 0 for sg.rand; Module.init's
+# (2**32, 0) equals (0, 1)). Only ``sg.random.key`` takes any non-negative int: it folds
+# every 24-bit chunk in, so no two seeds collide.
+SEED_BOUND = 1 << 32
 
 _M = float(1 << 24)
 _HALF = float(1 << 12)
@@ -102,9 +120,7 @@ def key(seed: int) -> Tensor:
         >>> sg.random.key(0).shape
         (2,)
     """
-    if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"sg.random.key: seed must be a non-negative int, got {seed!r}")
-    seed = int(seed)
+    seed = check_seed(seed, "sg.random.key", bound=None)
     words = []
     while True:  # fold every 24-bit chunk of the seed in, so no two seeds collide by truncation
         words.append(seed & 0xFFFFFF)
@@ -115,6 +131,21 @@ def key(seed: int) -> Tensor:
     for w in words[1:]:
         k = fold_in(k, w)
     return fold_in(k, 0)
+
+
+def check_seed(seed: object, where: str, bound: int | None = SEED_BOUND) -> int:
+    """``seed`` as an int after checking it is an int in ``[0, bound)`` (no bound: ``>= 0``).
+
+    Raises:
+        ValueError: not an int (a bool, a float, a string) or outside the range; the
+            message names ``where`` and the valid range (see ``SEED_BOUND``).
+    """
+    valid = "a non-negative int" if bound is None else f"an int in [0, 2**{bound.bit_length() - 1})"
+    if not isinstance(seed, int | np.integer) or isinstance(seed, bool):
+        raise ValueError(f"{where}: seed must be {valid}, got {seed!r}")
+    if seed < 0 or (bound is not None and seed >= bound):
+        raise ValueError(f"{where}: seed must be {valid}, got {seed!r}")
+    return int(seed)
 
 
 def fold_in(k: Tensor, data: int | Tensor) -> Tensor:

@@ -36,11 +36,13 @@ from shapegrad.tensor import Tensor
 
 __all__ = [
     "TreeDef",
+    "align",
     "flatten",
     "is_leaf",
     "leaf_flags",
     "leaf_paths",
     "register",
+    "tensor_inside",
     "tree_map",
     "unflatten",
     "unflattener",
@@ -253,6 +255,12 @@ def _flatten(obj: Any, leaves: list[Any]) -> TreeDef:
     return TreeDef("static", static=obj)
 
 
+def tensor_inside(obj: Any) -> str | None:
+    """A path (``[0]``, ``.w``) to a tensor or array inside ``obj`` (``""`` for ``obj``
+    itself), or None: how a static value is told apart from one that hides parameters."""
+    return _find_tensor(obj)
+
+
 def _find_tensor(obj: Any, depth: int = 0) -> str | None:
     """A path (``.w``, ``.layers[0]``) to a tensor/array inside an opaque object, or None."""
     if depth > 4 or isinstance(obj, type) or getattr(type(obj), "__sg_static__", False):
@@ -407,3 +415,86 @@ def _leaf_flags(obj: Any, out: list[bool]) -> None:
         if node is not None:
             for child in node.flatten(obj)[0]:
                 _leaf_flags(child, out)
+
+
+# --- matching a value against a known structure -----------------------------------------------
+
+
+def align(value: Any, like: Any, root: str = "value") -> list[Any]:
+    """The leaves of ``value`` in the flatten order of ``like``, matched by structure.
+
+    Dict entries match by key (whatever their order), registered nodes (modules,
+    dataclasses) by type and field names, sequences by position (a ParamList's names,
+    when both sides have them, must agree). Used where a user hands back a structure
+    the library already holds (``trainer.set_params``): matching leaves by position
+    alone silently swapped ``{"w2": b, "w1": a}`` into a ``{"w1", "w2"}`` model.
+
+    Raises:
+        TypeError: a container of another kind than expected (a dict for a list...).
+        ValueError: a different length, different keys or names; the message names the
+            path (``value['w1']``, ``value.blocks[0]``) and what was expected.
+    """
+    _, treedef = flatten(like, root)
+    out: list[Any] = []
+    _align(value, treedef, like, root, out)
+    return out
+
+
+def _kind_name(x: Any) -> str:
+    return type(x).__name__.split("[")[0]
+
+
+def _align(value: Any, td: TreeDef, like: Any, path: str, out: list[Any]) -> None:
+    if td.kind == "static":
+        return
+    if td.kind == "leaf":
+        if isinstance(value, dict) or (
+            isinstance(value, tuple | list) and not is_data_list(value)
+        ) or (not is_leaf(value) and _node_for(type(value)) is not None):
+            raise TypeError(f"{path}: expected a tensor, got a {_kind_name(value)}")
+        out.append(value)
+        return
+    if td.kind == "dict":
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"{path}: expected a dict with keys {list(td.keys)}, got a {_kind_name(value)}"
+            )
+        missing = [k for k in td.keys if k not in value]
+        unexpected = [k for k in value if k not in td.keys]
+        if missing or unexpected:
+            raise ValueError(
+                f"{path}: keys {list(value)} do not match the expected {list(td.keys)} "
+                f"(missing {missing}, unexpected {unexpected})"
+            )
+        for key, child in zip(td.keys, td.children, strict=True):
+            _align(value[key], child, like[key], f"{path}[{key!r}]", out)
+        return
+    if td.kind == "seq":
+        if not isinstance(value, tuple | list) or is_data_list(value):
+            raise TypeError(
+                f"{path}: expected a {_kind_name(like)} of {len(td.children)} entries, "
+                f"got a {_kind_name(value)}"
+            )
+        if len(value) != len(td.children):
+            raise ValueError(
+                f"{path}: got {len(value)} entries, expected {len(td.children)} "
+                f"(a {_kind_name(like)})"
+            )
+        mine, theirs = getattr(value, "_sg_names", None), getattr(like, "_sg_names", None)
+        if mine is not None and theirs is not None and tuple(mine) != tuple(theirs):
+            raise ValueError(f"{path}: parameter names {list(mine)}, expected {list(theirs)}")
+        for i, (item, child) in enumerate(zip(value, td.children, strict=True)):
+            _align(item, child, like[i], f"{path}[{i}]", out)
+        return
+    node = _node_for(type(value))
+    if type(value) is not td.node_type or node is None:
+        raise TypeError(
+            f"{path}: expected a {getattr(td.node_type, '__name__', td.node_type)}, "
+            f"got a {_kind_name(value)}"
+        )
+    values, names, _ = node.flatten(value)
+    like_values, _, _ = _REGISTRY[td.node_type].flatten(like)
+    if tuple(names) != td.keys:  # e.g. a list field of another length
+        raise ValueError(f"{path}: fields {list(names)}, expected {list(td.keys)}")
+    for name, item, child, template in zip(td.keys, values, td.children, like_values, strict=True):
+        _align(item, child, template, f"{path}.{name}", out)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from shapegrad.random import check_seed
+
 LastBatch = Literal["drop", "pad", "keep"]
 Batch = tuple[npt.NDArray[Any], ...]
 
@@ -75,9 +77,15 @@ class Batches:
             )
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = check_seed(seed, "Batches")
         self.last: LastBatch = last
-        self.epoch = start_epoch
+        if (
+            isinstance(start_epoch, bool)
+            or not isinstance(start_epoch, int | np.integer)
+            or start_epoch < 0
+        ):
+            raise ValueError(f"Batches: start_epoch must be an int >= 0, got {start_epoch!r}")
+        self.epoch = int(start_epoch)
         self.rank, self.size = _shard(shard)
         if batch_size % self.size:
             raise ValueError(

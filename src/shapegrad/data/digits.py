@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad.data.synthetic import Labels
+from shapegrad.random import check_seed
 
 Features = npt.NDArray[np.float32]
 
@@ -57,7 +58,7 @@ def stratified_split(
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, "stratified_split"))
     train: list[npt.NDArray[np.int64]] = []
     test: list[npt.NDArray[np.int64]] = []
     for label in np.unique(y):
@@ -73,7 +74,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0, images: bool = False)
 
     Args:
         test_fraction: share of each digit class held out for testing.
-        seed: seed of the split; equal seeds give equal splits.
+        seed: seed of the split, an int in [0, 2**32); equal seeds give equal splits.
         images: return ``x`` as ``(n, 1, 8, 8)`` images (NCHW, for conv nets)
             instead of ``(n, 64)`` vectors.
     Returns:
@@ -85,6 +86,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0, images: bool = False)
         >>> split.x_train.shape, split.x_test.shape
         ((1438, 64), (359, 64))
     """
+    check_seed(seed, "load_digits")  # before the (slow) load
     data, target = _load_raw()
     x = (data / 16.0).astype(np.float32)  # pixels are integers 0..16
     if images:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from shapegrad.random import check_seed
+
 Points = npt.NDArray[np.float32]
 Labels = npt.NDArray[np.int32]
 
@@ -18,8 +20,10 @@ Labels = npt.NDArray[np.int32]
 def _check(name: str, n: int, noise: float) -> None:
     if n < 2:
         raise ValueError(f"{name}: need n >= 2 samples, got {n}")
-    if noise < 0:
-        raise ValueError(f"{name}: noise is a standard deviation and must be >= 0, got {noise}")
+    if not 0 <= noise < float("inf"):  # NaN fails too: it made every point NaN
+        raise ValueError(
+            f"{name}: noise is a standard deviation and must be finite and >= 0, got {noise}"
+        )
 
 
 def _split_counts(n: int, classes: int) -> list[int]:
@@ -49,7 +53,7 @@ def make_moons(n: int = 1000, noise: float = 0.1, seed: int = 0) -> tuple[Points
     Args:
         n: total number of points (split as evenly as possible).
         noise: standard deviation of the Gaussian noise on each coordinate.
-        seed: random seed; equal seeds give equal data.
+        seed: random seed, an int in [0, 2**32); equal seeds give equal data.
     Returns:
         ``(x, y)`` with ``x`` float32 ``(n, 2)`` and ``y`` int32 ``(n,)`` in {0, 1}.
     Example:
@@ -58,7 +62,7 @@ def make_moons(n: int = 1000, noise: float = 0.1, seed: int = 0) -> tuple[Points
         ((200, 2), [0, 1])
     """
     _check("make_moons", n, noise)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, "make_moons"))
     n_upper, n_lower = _split_counts(n, 2)
     t_upper = np.linspace(0.0, np.pi, n_upper)
     t_lower = np.linspace(0.0, np.pi, n_lower)
@@ -87,7 +91,7 @@ def make_circles(
     _check("make_circles", n, noise)
     if not 0.0 < factor < 1.0:
         raise ValueError(f"make_circles: factor must be in (0, 1), got {factor}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, "make_circles"))
     parts = []
     for count, radius in zip(_split_counts(n, 2), (1.0, factor), strict=True):
         # endpoint=False: 0 and 2*pi are the same point, don't place it twice
@@ -119,7 +123,7 @@ def make_spirals(
     _check("make_spirals", n, noise)
     if classes < 2:
         raise ValueError(f"make_spirals: need at least 2 classes, got {classes}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed, "make_spirals"))
     parts = []
     for k, count in enumerate(_split_counts(n, classes)):
         # start slightly off the origin so the arms are distinguishable at their roots

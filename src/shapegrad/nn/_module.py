@@ -14,8 +14,12 @@
 A field annotated with a tensor annotation is a parameter (or, with
 ``field(role="state")``, non-trainable state such as batch-norm running
 statistics); a field annotated with a Module subclass is a sub-module; a
-``list[SubModule]`` field is a list of sub-modules; any other annotation is a
-static setting (``eps: float = 1e-5``) that is part of the structure, not a leaf.
+``list[SubModule]`` field is a list of sub-modules; a field annotated with a
+subscripted :class:`~shapegrad.ParamList` / ``TList`` subclass (``BlockStack``) holds
+that tensor list as parameters (its ``requires_grad`` flags kept); any other
+annotation is a static setting (``eps: float = 1e-5``) that is part of the
+structure, not a leaf (a static field holding tensors is an error: they would
+be silently frozen).
 
 A module is a pytree node (``sg.grad`` returns gradients as the same module
 type, ``sg.compile`` takes it as traced inputs, optimizers and checkpoints name
@@ -37,15 +41,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self, cast
 
-import numpy as np
-
-from shapegrad import _specs
+from shapegrad import _specs, tree
 from shapegrad._specs import Role, infer_role
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
 from shapegrad.nn import init as _init
 from shapegrad.ops.eager import tensor
+from shapegrad.random import check_seed
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
+from shapegrad.typing import TList
 
 __all__ = ["Module", "field", "infer_role", "role_initializer"]
 
@@ -94,11 +98,12 @@ def field(
 @dataclass(frozen=True)
 class _FieldInfo:
     name: str
-    kind: Literal["tensor", "module", "modules", "static"]
+    kind: Literal["tensor", "module", "modules", "params", "static"]
     annotation: Any
     options: _FieldOptions
     spec: _specs.TensorSpec | None = None
     module: type[Module] | None = None
+    params: type[TList[Any]] | None = None  # kind "params": the ParamList/TList class
 
 
 def role_initializer(role: Role) -> Any:
@@ -196,7 +201,7 @@ class Module:
         """Build every parameter from the annotations; each tensor gets its own seed.
 
         Args:
-            seed: the whole tree is reproducible from it.
+            seed: an int in [0, 2**32); the whole tree is reproducible from it.
             dtype: dtype of floating-point fields.
             dims / **dim_kwargs: sizes of the named dims (``d=64``) and lengths of list
                 fields (``blocks=4`` or the dim named by ``field(length=...)``).
@@ -205,6 +210,7 @@ class Module:
         Example:
             >>> net = Net.init(seed=0, v=65, d=32, layers=2)
         """
+        seed = check_seed(seed, f"{cls.__name__}.init")
         sizes = _Sizes({**(dims or {}), **dim_kwargs}, cls.__name__)
         counter = iter(range(1 << 30))
         built: Self = _build(cls, sizes, seed, as_dtype(dtype), counter)
@@ -215,8 +221,6 @@ class Module:
 
     def named(self) -> dict[str, Tensor]:
         """``{path: tensor}`` for every leaf (``blocks.0.w``)."""
-        from shapegrad import tree
-
         leaves, _ = tree.flatten(self)
         return dict(zip(tree.leaf_paths(self), leaves, strict=True))
 
@@ -237,6 +241,9 @@ class Module:
             elif f.kind == "modules":
                 for m in value:
                     flags.extend(m.requires_grad)
+            elif f.kind == "params":
+                own = tree.leaf_flags(value)
+                flags.extend(own if f.options.trainable is None else (f.options.trainable,) * len(own))
         return tuple(flags)
 
     def num_params(self, trainable_only: bool = True) -> int:
@@ -280,7 +287,7 @@ class Module:
                 shown = f"[{len(value)} x {f.module.__name__ if f.module else '?'}]"
             elif f.kind == "module":
                 shown = type(value).__name__ + "(...)"
-            else:
+            else:  # a static setting, or a ParamList field (its repr names every element)
                 shown = repr(value)
             parts.append(f"{f.name}={shown}")
         return f"{type(self).__name__}({', '.join(parts)})"
@@ -339,6 +346,8 @@ def _classify(cls: type, name: str, annotation: Any, options: _FieldOptions) -> 
         return _FieldInfo(name, "tensor", annotation, options, spec=_specs.parse_annotation(annotation))
     if isinstance(annotation, type) and issubclass(annotation, Module):
         return _FieldInfo(name, "module", annotation, options, module=annotation)
+    if isinstance(annotation, type) and issubclass(annotation, TList):
+        return _FieldInfo(name, "params", annotation, options, params=annotation)
     if typing.get_origin(annotation) is list:
         (arg,) = typing.get_args(annotation) or (None,)
         if isinstance(arg, type) and issubclass(arg, Module):
@@ -369,10 +378,20 @@ def _check_field(owner: Module, f: _FieldInfo, value: Any) -> Any:
         if items is None or not all(isinstance(m, f.module or Module) for m in items):
             raise TypeError(f"{where}: expected a list of {f.module.__name__ if f.module else 'Module'}")
         return items
-    if isinstance(value, Tensor | np.ndarray):  # it would be baked in as a constant
+    if f.kind == "params":
+        assert f.params is not None
+        if isinstance(value, f.params):
+            return value
+        if isinstance(value, list | tuple) and not isinstance(value, TList):
+            return f.params(value)  # validated against the annotations
+        raise TypeError(f"{where}: expected a {f.params.__name__}, got {type(value).__name__}")
+    inside = tree.tensor_inside(value)
+    if inside is not None:  # it would be baked in as a constant, never trained
+        found = f" (at {f.name}{inside})" if inside else ""
         raise TypeError(
             f"{where} holds a tensor but is annotated {f.annotation!r}, so it would be a "
-            "static setting, not a parameter; annotate it as a tensor (Float[Tensor, 'd'])"
+            f"static setting, not a parameter{found}; annotate it as a tensor "
+            "(Float[Tensor, 'd']), a sub-module or a ParamList subclass"
         )
     return value
 
@@ -445,6 +464,9 @@ def _build(cls: type[Module], sizes: _Sizes, seed: int, dtype: Any, counter: Ite
             assert f.module is not None
             child_scope = sizes.scope(f.options.dims, scope)
             values[f.name] = _build(f.module, sizes, seed, dtype, counter, child_scope, f"{path}{f.name}.")
+        elif f.kind == "params":
+            assert f.params is not None
+            values[f.name] = _build_params(f, sizes, scope, seed, dtype, counter, where)
         elif f.kind == "modules":
             assert f.module is not None
             length = f.options.length if f.options.length is not None else f.name
@@ -463,8 +485,46 @@ def _build(cls: type[Module], sizes: _Sizes, seed: int, dtype: Any, counter: Ite
     return cls(**values)
 
 
+def _build_params(
+    f: _FieldInfo, sizes: _Sizes, scope: dict[str, Any], seed: int, dtype: Any,
+    counter: Iterator[int], where: str,
+) -> Any:
+    """A ParamList/TList field built element by element as tensor fields are: role
+    defaults by element name (``ln1_g`` is a gain), one seed per element; ``field(init=)``
+    may give one initializer for all or one per element (``field(init=block_init())``)."""
+    assert f.params is not None
+    specs = f.params.__sg_specs__
+    if specs is None:
+        raise TypeError(f"{where}: {f.params.__name__} has no annotations to build from; "
+                        "subscript it (ParamList[Float[Tensor, 'd'], ...])")
+    names: tuple[str, ...] = getattr(f.params, "_sg_class_names", None) or tuple(
+        f"p{i}" for i in range(len(specs))
+    )
+    given = f.options.init
+    if isinstance(given, list | tuple) and len(given) != len(specs):
+        raise ValueError(f"{where}: field(init=...) has {len(given)} initializers for "
+                         f"{len(specs)} elements of {f.params.__name__}")
+    tensors = []
+    for k, (spec, name) in enumerate(zip(specs, names, strict=True)):
+        sizes.used.update(n for n in spec.dim_names() if n in scope)
+        shape = _specs.build_shape(spec, scope, f"{where} ({name})")
+        element_dtype = _specs.pick_dtype(spec, dtype, where)
+        role = f.options.role or infer_role(name, shape)
+        initializer = (given[k] if isinstance(given, list | tuple) else given) or (
+            role_initializer(role) if element_dtype.is_float else _init.zeros
+        )
+        tensors.append(tensor(initializer(shape, seed=(seed, next(counter)), dtype=element_dtype)))
+    return f.params(tensors)
+
+
 def _short(value: Any) -> str:
     return f"{value.dtype.name}{fmt(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+
+
+def _tree_named(value: Any) -> dict[str, Tensor]:
+    """``{name: tensor}`` of a ParamList/TList field (positions for a TList)."""
+    leaves, _ = tree.flatten(value)
+    return dict(zip(tree.leaf_paths(value), leaves, strict=True))
 
 
 def _summary_lines(module: Module, indent: str, lines: list[tuple[str, str, str]]) -> None:
@@ -480,6 +540,14 @@ def _summary_lines(module: Module, indent: str, lines: list[tuple[str, str, str]
         elif f.kind == "module":
             lines.append((f"{branch}{f.name}: {type(value).__name__}", "", f"{value.num_params():,}"))
             _summary_lines(value, deeper, lines)
+        elif f.kind == "params":
+            trainable = tree.leaf_flags(value)
+            count = sum(t.size for t, keep in zip(value, trainable, strict=True) if keep)
+            lines.append((f"{branch}{f.name}: {type(value).__name__.split('[')[0]}", "", f"{count:,}"))
+            named = list(_tree_named(value).items())
+            for i, (name, t) in enumerate(named):
+                twig = "└─ " if i == len(named) - 1 else "├─ "
+                lines.append((f"{deeper}{twig}{name}", _short(t), f"{t.size:,}"))
         elif f.kind == "modules":
             total = sum(m.num_params() for m in value)
             lines.append((f"{branch}{f.name}: list[{f.module.__name__ if f.module else '?'}] x{len(value)}", "", f"{total:,}"))

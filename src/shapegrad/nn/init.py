@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from shapegrad.dtypes import DType, DTypeError, DTypeLike, as_dtype, float32
 from shapegrad.ops.eager import tensor
+from shapegrad.random import check_seed
 from shapegrad.shapes import Shape
 from shapegrad.tensor import Tensor
 
@@ -68,10 +69,11 @@ Nonlinearity = Literal["linear", "relu", "leaky_relu", "tanh", "sigmoid"]
 
 def generator(seed: Seed) -> np.random.Generator:
     """The NumPy generator for ``seed`` (an int or a tuple of non-negative ints)."""
-    entropy = [seed] if isinstance(seed, int) else list(seed)
-    if any(not isinstance(s, int) or s < 0 for s in entropy):
-        raise ValueError(f"seed must be a non-negative int or a tuple of them, got {seed!r}")
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+    # each word in [0, 2**32): NumPy pads the entropy with zero words, so (2**32, 0)
+    # and (0, 1) (a seed beyond 32 bits and the next element's seed) would collide
+    entropy = list(seed) if isinstance(seed, tuple | list) else [seed]
+    words = [check_seed(s, "sg.nn.init") for s in entropy]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
 
 
 def fans(shape: Shape) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from shapegrad.functional import where
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
+from shapegrad.train import _checks
 from shapegrad.train.optim import is_finite_all
 
 ScalerState = dict[str, Tensor]
@@ -73,6 +74,15 @@ class LossScalePolicy:
     window: int = 2000
     min_scale: float = MIN_SCALE
     max_scale: float = math.inf
+
+    def __post_init__(self) -> None:
+        _checks.whole("LossScalePolicy", "window", self.window, 1)
+        _checks.real("LossScalePolicy", "min_scale", self.min_scale, 0.0, low_open=True)
+        if not self.max_scale >= self.min_scale:  # inf is allowed (unbounded), NaN is not
+            raise ValueError(
+                f"LossScalePolicy: max_scale must be >= min_scale ({self.min_scale}) or inf, "
+                f"got {self.max_scale}"
+            )
 
     def next_state(self, finite: Tensor, state: ScalerState) -> ScalerState:
         """The scale/counters after a step whose gradients were ``finite`` (bool 0-d tensor).

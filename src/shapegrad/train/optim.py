@@ -32,6 +32,7 @@ from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
+from shapegrad.train import _checks
 
 OptState = dict[str, Any]
 LRLike = float | Tensor
@@ -107,8 +108,7 @@ def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float) -> list[Tensor
         >>> clip_by_global_norm([sg.tensor([3.0, 4.0])], 1.0)[0].numpy()
         array([0.6, 0.8], dtype=float32)
     """
-    if not max_norm > 0:
-        raise ValueError(f"clip_by_global_norm: max_norm must be > 0, got {max_norm}")
+    _checks.real("clip_by_global_norm", "max_norm", max_norm, 0.0, low_open=True)
     if not grads:
         return []
     norm = global_norm(grads)
@@ -137,12 +137,8 @@ class Optimizer:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        if isinstance(self.lr, bool) or not isinstance(
-            self.lr, int | float | Tensor | np.floating | np.integer
-        ):
-            raise TypeError(
-                f"sg.optim.{type(self).__name__}: lr must be a number, got {type(self.lr).__name__}"
-            )
+        # lr >= 0 and finite (a traced 0-d tensor is checked by the trainer's step instead)
+        _checks.real(f"sg.optim.{type(self).__name__}", "lr", self.lr, 0.0)
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -255,10 +251,11 @@ class SGD(Optimizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.nesterov and self.momentum <= 0:
+        owner = "sg.optim.SGD"
+        _checks.real(owner, "momentum", self.momentum, 0.0)
+        _checks.real(owner, "weight_decay", self.weight_decay, 0.0)
+        if _checks.flag(owner, "nesterov", self.nesterov) and self.momentum <= 0:
             raise ValueError("SGD: nesterov=True needs momentum > 0")
-        if self.momentum < 0 or self.weight_decay < 0:
-            raise ValueError("SGD: momentum and weight_decay must be >= 0")
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -291,12 +288,11 @@ class Adam(Optimizer):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        owner = f"sg.optim.{type(self).__name__}"
         for name in ("beta1", "beta2"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{type(self).__name__}: {name} must be in [0, 1), got {value}")
-        if self.eps < 0 or self.weight_decay < 0:
-            raise ValueError(f"{type(self).__name__}: eps and weight_decay must be >= 0")
+            _checks.real(owner, name, getattr(self, name), 0.0, 1.0, high_open=True)
+        _checks.real(owner, "eps", self.eps, 0.0)
+        _checks.real(owner, "weight_decay", self.weight_decay, 0.0)
 
     @property
     def slots(self) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from shapegrad.functional import cos, maximum, minimum, where
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
+from shapegrad.train import _checks
 
 
 class Schedule(Protocol):
@@ -60,6 +61,9 @@ class Constant(_Base):
 
     lr: float
 
+    def __post_init__(self) -> None:
+        _checks.real("Constant", "lr", self.lr, 0.0)
+
     def __call__(self, step: Tensor, dtype: DTypeLike = float32) -> Tensor:
         s = _float_step(step, dtype)
         return s * 0.0 + self.lr
@@ -74,8 +78,9 @@ class LinearDecay(_Base):
     final_lr: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.total_steps <= 0:
-            raise ValueError(f"LinearDecay: total_steps must be > 0, got {self.total_steps}")
+        _checks.real("LinearDecay", "lr", self.lr, 0.0)
+        _checks.real("LinearDecay", "final_lr", self.final_lr, 0.0)
+        _checks.whole("LinearDecay", "total_steps", self.total_steps, 1)
 
     def __call__(self, step: Tensor, dtype: DTypeLike = float32) -> Tensor:
         fraction = minimum(_float_step(step, dtype) / float(self.total_steps), 1.0)
@@ -93,6 +98,10 @@ class CosineWithWarmup(_Base):
     final_lr: float = 0.0
 
     def __post_init__(self) -> None:
+        _checks.real("CosineWithWarmup", "lr", self.lr, 0.0)
+        _checks.real("CosineWithWarmup", "final_lr", self.final_lr, 0.0)
+        _checks.whole("CosineWithWarmup", "total_steps", self.total_steps, 1)
+        _checks.whole("CosineWithWarmup", "warmup_steps", self.warmup_steps, 0)
         if not 0 <= self.warmup_steps < self.total_steps:
             raise ValueError(
                 f"CosineWithWarmup: need 0 <= warmup_steps < total_steps, got "
@@ -119,8 +128,9 @@ class StepDecay(_Base):
     gamma: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.step_size <= 0:
-            raise ValueError(f"StepDecay: step_size must be > 0, got {self.step_size}")
+        _checks.real("StepDecay", "lr", self.lr, 0.0)
+        _checks.real("StepDecay", "gamma", self.gamma, 0.0, low_open=True)
+        _checks.whole("StepDecay", "step_size", self.step_size, 1)
 
     def __call__(self, step: Tensor, dtype: DTypeLike = float32) -> Tensor:
         if not isinstance(step, Tensor):

@@ -35,6 +35,7 @@ from shapegrad.dtypes import DType, as_dtype, bfloat16, float16, float32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
+from shapegrad.train import _checks
 from shapegrad.train import mixed_precision as mp
 from shapegrad.train.fit import History, StepInfo, run_fit
 from shapegrad.train.optim import SGD, Adam, AdamW, Optimizer, OptState
@@ -86,8 +87,9 @@ class ScalarTrainer:
         example_inputs: one batch (``backend="ane"`` only): the constructor then traces,
             lowers, converts and saves the Core ML program; otherwise the first call does.
         device_optimizer: ``backend="ane"`` only: lower the optimizer update into the program.
-        seed: the base of the per-step random keys (losses with a ``key`` parameter only);
-            saved in checkpoints, so a resumed run draws the same keys.
+        seed: an int in ``[0, 2**32)``, the base of the per-step random keys (losses with
+            a ``key`` parameter only); saved in checkpoints, so a resumed run draws the
+            same keys.
         ane_runner: ``backend="ane"`` only, a test hook: ``runner(mil_program)`` returns the
             executor of the lowered program (``feeds -> outputs``), e.g. the MIL NumPy
             evaluator of the test suite; default: Core ML, which needs macOS 13+.
@@ -152,8 +154,15 @@ class ScalarTrainer:
     ) -> None:
         if mode not in ("eager", "compiled"):
             raise ValueError(f"ScalarTrainer: mode must be 'eager' or 'compiled', got {mode!r}")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"ScalarTrainer: clip_norm must be > 0, got {clip_norm}")
+        if clip_norm is not None:
+            _checks.real("ScalarTrainer", "clip_norm", clip_norm, 0.0, low_open=True)
+        _checks.real("ScalarTrainer", "loss_scale", loss_scale, 1.0)
+        _checks.whole("ScalarTrainer", "loss_scale_window", loss_scale_window, 1)
+        if optimizer is not None and not isinstance(optimizer, Optimizer):
+            raise TypeError(
+                "ScalarTrainer: optimizer must be a shapegrad.optim optimizer "
+                f"(sg.optim.Adam(lr=1e-3)), got {type(optimizer).__name__}"
+            )
         leaves, treedef = tree.flatten(params)
         leaves = [x if isinstance(x, Tensor) else tensor(np.asarray(x)) for x in leaves]
         flags = _flags(params, requires_grad)
@@ -172,6 +181,7 @@ class ScalarTrainer:
         self.mode: Mode = mode
         self.optimizer = optimizer if optimizer is not None else SGD(lr=0.01)
         scaling = mp.LossScalePolicy(loss_scale_window)
+        seed = random.check_seed(seed, "ScalarTrainer")  # even when no loss key uses it
         base_key = tuple(random.key(seed).tolist()) if loss_takes_key(loss_fn) else None
         plan = StepPlan(
             loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling, base_key,
@@ -265,17 +275,28 @@ class ScalarTrainer:
     def set_params(self, params: Any) -> None:
         """Replace the parameters; structure, shapes and dtypes must match the current ones.
 
-        The trainer keeps its own ``requires_grad`` flags and optimizer state.
+        Matched by structure, not by position alone: dict entries by key (in any order),
+        modules by field, sequences by position (ParamList names must agree). The trainer
+        keeps its own ``requires_grad`` flags and optimizer state.
+
+        Raises:
+            TypeError / ValueError naming the path of the first mismatch (a dict given for
+            a list, a missing key, a different shape or dtype).
         """
-        leaves, _ = tree.flatten(params)
-        current, _ = tree.flatten(self._strategy.params())
-        if len(leaves) != len(current):
-            raise ValueError(f"set_params: got {len(leaves)} tensors, expected {len(current)}")
+        current = self._strategy.params()
+        try:
+            leaves = tree.align(params, current, "params")
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"set_params: {error}") from None
+        paths = tree.leaf_paths(current)
+        old_leaves, _ = tree.flatten(current)
         fresh = []
-        for k, (new, old) in enumerate(zip(leaves, current, strict=True)):
+        for k, (new, old) in enumerate(zip(leaves, old_leaves, strict=True)):
             value = new if isinstance(new, Tensor) else tensor(np.asarray(new))
             if value.shape != old.shape or value.dtype != old.dtype:
-                raise ValueError(f"set_params: parameter {k} is {value.aval}, expected {old.aval}")
+                raise ValueError(
+                    f"set_params: parameter {k} ({paths[k]!r}) is {value.aval}, expected {old.aval}"
+                )
             fresh.append(value)
         self._strategy.set_params(tree.unflatten(self._strategy.plan.treedef, fresh))
 
@@ -414,6 +435,8 @@ class ScalarTrainer:
             *inputs: the loss function's arguments after ``params`` (arrays or tensors).
             lr: learning rate for this step; default: the schedule, else the optimizer's lr.
         """
+        if lr is not None:
+            _checks.real("ScalarTrainer.step", "lr", lr, 0.0)
         if self.comm is None:  # one process: no batch agreement, no watchdog
             return self._strategy.step(self.optimizer, _checked_inputs(inputs), lr)
         self._check_batch(_checked_inputs(inputs))
@@ -451,6 +474,8 @@ class ScalarTrainer:
         With a backend that keeps state (C) the K steps run in ONE native call (the loop
         is in C); otherwise this is exactly K calls of :meth:`step`.
         """
+        if lr is not None:
+            _checks.real("ScalarTrainer.step_many", "lr", lr, 0.0)
         if not stacked or any(np.ndim(x) == 0 for x in _checked_inputs(stacked)):
             raise ValueError("step_many: give each input stacked along a first axis of size K")
         counts = [int(np.shape(x)[0]) for x in stacked]
