@@ -4,7 +4,8 @@ Pipeline: ``compiler.pipeline.lower_program`` with :data:`C_TARGET` (the loop
 stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
 ``dlopen`` -> :class:`CExecutable`. ``SHAPEGRAD_DEBUG=<dir>`` (via
 ``CompileOptions.debug_dir``) receives the program after every loop stage
-(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt`` and ``<name>.c``.
+(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt``, the threading plan
+(``<name>.schedule.txt``, ``schedule.plan_region``) and ``<name>.c``.
 
 Backend options (``CompileOptions.extra``): ``target`` (a
 :class:`~shapegrad.compiler.target.Target` replacing :data:`C_TARGET`),
@@ -15,7 +16,8 @@ default: where libmvec exists), ``profile``
 (bool, default False: run each call with denormal floats flushed to zero on every thread,
 restoring the caller's floating-point mode after; see ``render_c``), ``unit_lines`` and
 ``split_min_lines`` (ints: how the C is split into translation units, see
-``render.render_c_units``; defaults ``render.UNIT_LINES`` / ``render.SPLIT_MIN_LINES``).
+``render.render_c_units``; defaults ``CTuning.unit_lines`` / ``CTuning.split_min_lines``
+of the target).
 
 Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user):
 
@@ -67,10 +69,11 @@ from shapegrad.backends.c.toolchain import (
 )
 from shapegrad.backends.c.units import LinkSpec, UnitSpec
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.graphkey import Unkeyable, canonical_text
 from shapegrad.compiler.passes import optimize
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
-from shapegrad.compiler.target import C_TARGET, Target
+from shapegrad.compiler.target import C_TARGET, CTuning, Target
 from shapegrad.ir import Graph
 
 __all__ = [
@@ -105,7 +108,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     options = options or CompileOptions()
     program = lower(graph, options)
     profile, flush = bool(options.get("profile", False)), _flush(options)
-    return program, render_c(program, profile, _vector_math(options), flush)
+    tuning = render.c_tuning(c_target(options))
+    return program, render_c(program, profile, _vector_math(options), flush, tuning)
 
 
 def lower(graph: Graph, options: CompileOptions) -> L.Program:
@@ -121,6 +125,14 @@ def _vector_math(options: CompileOptions) -> bool:
 
 def _flush(options: CompileOptions) -> bool:
     return bool(options.get("flush_denormals", False))
+
+
+def _unit_sizes(options: CompileOptions, tuning: CTuning) -> tuple[int, int]:
+    """(unit_lines, split_min_lines): the options', else the target tuning's."""
+    return (
+        int(options.get("unit_lines", tuning.unit_lines)),
+        int(options.get("split_min_lines", tuning.split_min_lines)),
+    )
 
 
 # Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement on
@@ -150,13 +162,14 @@ def build(program: L.Program, options: CompileOptions) -> Built:
     """Render, compile (or fetch from the cache) and load ``program``."""
     t0 = time.perf_counter()
     profile, vector_math = bool(options.get("profile", False)), _vector_math(options)
+    tuning = render.c_tuning(c_target(options))
     rendered = render_c_units(
         program,
         profile,
         vector_math,
-        int(options.get("unit_lines", render.UNIT_LINES)),
-        int(options.get("split_min_lines", render.SPLIT_MIN_LINES)),
+        *_unit_sizes(options, tuning),
         _flush(options),
+        tuning,
     )
     t1 = time.perf_counter()
     blas = uses_blas(program)
@@ -205,9 +218,7 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
         cpu_identity(),
         str(_vector_math(options)),
         blas,
-        repr(render.UNIT_LINES),
-        repr(render.SPLIT_MIN_LINES),
-    )
+    )  # the unit sizes are part of the target's tuning, keyed above
 
 
 class CBackend:
@@ -230,6 +241,11 @@ class CBackend:
         built = build(program, options)
         if options.debug_dir:
             dump_program(options.debug_dir, options.name, program, built.source, ".c")
+            tuning = render.c_tuning(c_target(options))
+            plan = render.schedule_text(
+                program, tuning, bool(options.get("profile", False)), *_unit_sizes(options, tuning)
+            )
+            write_dump(options.debug_dir, options.name + ".schedule.txt", plan)
         collectives.bind(built.lib, ffi(), program)
         info = RuntimeInfo.of(program, built.key)
         if options.cache_key is not None and not program.communicators:
