@@ -95,6 +95,17 @@ class CTuning(Tuning):
     # Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
     # ``teamsplit.split_kind``).
     column_split: bool = True
+    # A batch of at least this many large products is split into whole products per
+    # thread (``teamsplit.split_kind``); smaller batches are split into blocks of rows.
+    # Set with the rule, not measured separately.
+    batch_split_min: int = 8
+    # Rows (or columns) of ``c`` a product needs before it is cut into blocks. Set with
+    # the rule, not measured separately.
+    block_split_min: int = 16
+    # A work-shared loop is cut into at least this many dynamic chunks (``chunk_work``
+    # caps the chunk from above), so a descheduled thread's share can move to another.
+    # Set with ``chunk_work``, not measured separately.
+    min_chunks: int = 8
     # A translation unit holds about this many generated lines (consecutive kernels, never
     # split), as ONE function: gcc's per-function overhead made one function per kernel
     # cost 12-20% more compiler CPU than one per unit (GPT step 3.0-3.2 vs 2.7-2.9 s;

@@ -143,11 +143,11 @@ class Tracker:
 
 
 def chunk_size(loop: L.Loop, tuning: CTuning) -> int:
-    """Iterations per dynamic chunk of ``loop`` (at least 1, at most an eighth of it):
-    about ``tuning.chunk_work`` scalar ops each."""
+    """Iterations per dynamic chunk of ``loop`` (at least 1, at most a
+    ``tuning.min_chunks``-th of it): about ``tuning.chunk_work`` scalar ops each."""
     per_iteration = max(1, sum(estimate_work(s) for s in loop.body))
     chunk = math.ceil(tuning.chunk_work / per_iteration)
-    return max(1, min(chunk, loop.trips // 8))
+    return max(1, min(chunk, loop.trips // tuning.min_chunks))
 
 
 def shareable(s: L.Stmt, tuning: CTuning) -> bool:

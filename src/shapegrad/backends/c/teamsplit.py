@@ -259,20 +259,22 @@ class TeamRenderer(CStyleRenderer):
 
 def split_kind(s: L.Contract, tuning: CTuning) -> str | None:
     """How a product is split across the team: ``"sum"`` (a large sum of few outputs: over
-    the summed axis), ``"batch"`` (whole products of a batch of at least 8), ``"rows"`` or
-    ``"cols"`` (blocks of ``c``; columns when ``op(a)`` is smaller than ``op(b)``, so the
-    operand every block packs again is the small one), or None (too small: one call)."""
+    the summed axis), ``"batch"`` (whole products of a batch of at least
+    ``tuning.batch_split_min``), ``"rows"`` or ``"cols"`` (blocks of ``c``, each at least
+    ``tuning.block_split_min`` long; columns when ``op(a)`` is smaller than ``op(b)``, so
+    the operand every block packs again is the small one), or None (too small: one call)."""
     if s.m * s.n * s.k * s.batch * s.sum_batch < tuning.contract_split_macs:
         return None
     if s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= tuning.sum_split_max_out:
         return "sum"
-    if s.batch >= 8:
+    if s.batch >= tuning.batch_split_min:
         return "batch"
+    rows = s.m >= tuning.block_split_min
     if s.batch > 1:
-        return None if s.m < 16 else "rows"
-    if tuning.column_split and s.m < s.n and s.n >= 16:
+        return "rows" if rows else None
+    if tuning.column_split and s.m < s.n and s.n >= tuning.block_split_min:
         return "cols"
-    return "rows" if s.m >= 16 else None
+    return "rows" if rows else None
 
 
 def _partial_transposed(s: L.Contract) -> bool:
