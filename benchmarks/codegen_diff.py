@@ -8,7 +8,8 @@ Each tree renders (in a fresh process, ``PYTHONPATH=<tree>/src``, no C compiler 
 SGD steps of ``benchmarks/train_step.py`` (moons10, mlp, w1024, cnn) and a 2-block
 char-level GPT step (d_model 128, 4 heads, context 64, batch 32; unrolled and as a
 ``sg.scan`` layer loop), plus variants with ``flush_denormals`` and ``profile``, as one
-unit (``generate``) and, for the GPT, as translation units (``render_c_units``). Prints
+unit (``generate``), as the translation units the backend compiles (``render_c_units``)
+and as CUDA source (``backends.cuda.generate``; no GPU needed). Prints
 per case whether the sources are identical, else the changed-line counts, and writes the
 sources and unified diffs under ``--out``.
 """
@@ -98,9 +99,14 @@ def render_case(case: str) -> dict[str, str]:
     options = CompileOptions(name=case, extra=extra)
     program, source = cback.generate(graph, options)
     out = {"one unit": source}
-    if case.startswith("gpt"):
-        for unit in render_c_units(program, False, True):
+    units = render_c_units(program, options.get("profile", False), True)
+    if len(units) > 1:  # what the backend compiles (see render_c_units)
+        for unit in units:
             out[f"unit {unit.name}"] = unit.source
+    if not case.endswith(("_ftz", "_profile", "_scan")):  # the CUDA renderer shares cstyle.py
+        from shapegrad.backends import cuda
+
+        out["cuda"] = cuda.generate(graph, CompileOptions(name=case))[1]
     return out
 
 
