@@ -1,7 +1,7 @@
 """Index-set splitting: run a loop as segments on which its range tests are constant.
 
 Pads and the col2im sums of a convolution's input gradient test ``lo <= v + c < hi``
-per element. A renderer can instead run ``v`` over the segments between the tests'
+per element. The loop can instead run ``v`` over the segments between the tests'
 break points, with each test replaced by its (constant) value on the segment: the body
 then has no per-element branches and no conditional loads, so it vectorizes. Values are
 unchanged: a select with a constant condition is exactly the branch it picks.
@@ -16,12 +16,9 @@ resolving an inner quotient (a strided slice's gradient: zeros interleaved throu
 reshapes and pads) is what exposes plain range tests on the outer variables.
 Iterations keep their order, so results are identical.
 
-:func:`split_index_sets` is the loop stage that applies all of this to a program (after
-the other loop stages, so the ``SHAPEGRAD_DEBUG`` dumps show the loops that run):
-unrolled iterations and div-split copies become :class:`~shapegrad.compiler.loops.Block`
-statements, segments loops over ``[start, stop)``. It leaves whole the loops a backend
-runs across threads (the team's work-shared loop of the C renderer), since those are
-split over threads instead; see :func:`team_statement`.
+These are the primitives; the ``split_index_sets`` loop stage (``compiler/splitting.py``)
+applies them to a program, so the ``SHAPEGRAD_DEBUG`` dumps show the loops that run.
+The limits are fields of the target's :class:`~shapegrad.compiler.target.Tuning`.
 """
 
 from __future__ import annotations
@@ -34,9 +31,7 @@ from dataclasses import replace
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.target import Tuning
 
-# The limits (segments per loop, unroll length, presplit growth, window rows) are fields of
-# the target's :class:`~shapegrad.compiler.target.Tuning`, next to their reasons.
-_DEFAULT = Tuning()
+_DEFAULT = Tuning()  # the limits when no target's are given (tests, tools)
 
 
 def segments(loop: L.Loop, tuning: Tuning = _DEFAULT) -> list[tuple[int, int]] | None:
@@ -301,7 +296,7 @@ def _presplit(s: L.Stmt, tuning: Tuning) -> tuple[tuple[L.Stmt, ...], bool]:
 
 def window_rows(loop: L.Loop, tuning: Tuning = _DEFAULT) -> L.Reduce | None:
     """The reduction of ``for v: acc = reduce(...); dst[..v..] = f(acc)`` when it is a small
-    window (at most ``tuning.max_unroll`` terms, a pooling window) that a renderer should run
+    window (at most ``tuning.max_unroll`` terms, a pooling window) that a renderer runs
     as a row: ``row[v] = init; for window: for v: row[v] = op(row[v], value)``, then the
     stores. Each output still combines its terms in the same order, and the inner loop
     runs over outputs, so it vectorizes. None when the body is anything else, the row is

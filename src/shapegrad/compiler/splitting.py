@@ -97,7 +97,16 @@ def team_loop(s: L.Stmt, may_split: bool) -> str | None:
 
 def team_statement(s: L.Stmt, tuning: CTuning) -> bool:
     """Whether a top-level statement is large enough for the C renderer to split its loop
-    across the team (``CTuning.omp_min_work`` / ``region_min_work`` scalar ops)."""
+    across the team (``CTuning.omp_min_work`` / ``region_min_work`` scalar ops).
+
+    This is the fork-mode rule (``schedule.fork_parallel``), which the region's rule
+    (``schedule.shareable``) refines: inside the step's one region a kernel that declares
+    a C name (a scalar reduction, a scratch array) or can fail a bounds check runs on one
+    thread, so its large loop stays whole here although nothing splits it across
+    threads. The stage cannot tell those apart: whether a function gets a region at all
+    depends on its other kernels (its translation unit), and a layer body runs its own
+    pipeline without knowing it is one (fork mode). The benchmark steps' C is the same
+    as when the renderer split loops at print time (``benchmarks/codegen_diff.py``)."""
     return estimate_work(s) >= min(tuning.omp_min_work, tuning.region_min_work)
 
 
