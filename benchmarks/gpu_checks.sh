@@ -14,8 +14,8 @@
 #
 # A machine without pycuda/cffi/beartype (our GPU machines: Python 3.12, no network) can
 # take them as wheels: copy ../shared/gpu/wheels/*.whl into .gpu-wheels/ (or point
-# $GPU_WHEELS at a folder), with mpi4py and mpich wheels for the dp step; they are installed
-# into a temporary folder, nothing else changes.
+# $GPU_WHEELS at a folder); they are installed into a temporary folder, nothing else changes.
+# The dp step uses the machine's MPI (mpiexec and an mpi4py built for it; Open MPI there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${1:-gpu-logs}
@@ -30,11 +30,11 @@ if ! $PY -c "import pycuda, cffi, beartype" 2>/dev/null && ls "$WHEELS"/*.whl >/
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl \
         || { echo "could not install the wheels in $WHEELS"; exit 2; }
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-    export PATH=$site/bin:$PATH  # mpiexec from an MPICH wheel, when one is among them
-    export LD_LIBRARY_PATH=$site/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # its libmpi
 fi
 export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$(mktemp -d)}
+# Open MPI refuses to start as root unless told (our GPU machines run commands as root)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 summary=()
 run() {  # run NAME SECONDS COMMAND...: one step, its log, its exit status in the summary

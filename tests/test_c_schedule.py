@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
-from shapegrad.backends.c import generate
+from shapegrad.backends.c import COptions, generate
 from shapegrad.backends.c.toolchain import has_vector_math
 from shapegrad.compiler import loops as L
 
@@ -137,3 +137,95 @@ def test_openmp_spinning_is_bounded_unless_the_user_chose(monkeypatch: pytest.Mo
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     configure_openmp_waiting()
     assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+# --- the team plan as a function of the program, and the tuning record ----------------------
+
+
+def _mlp_step_graph():  # type: ignore[no-untyped-def]
+    def step(w1: sg.Tensor, w2: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, ...]:
+        def loss(w1: sg.Tensor, w2: sg.Tensor) -> sg.Tensor:
+            return ((sg.relu(x @ w1) @ w2) ** 2).mean()
+
+        value, (g1, g2) = sg.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+        return w1 - 0.01 * g1, w2 - 0.01 * g2, value
+
+    args = (_f32(256, 512), _f32(512, 64, seed=1), _f32(128, 256, seed=2))
+    return step, args, _graph(step, *args)
+
+
+def test_team_plan_is_a_pure_function_printed_as_planned() -> None:
+    from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.c import lower
+    from shapegrad.backends.c.render import c_tuning, render_c
+    from shapegrad.backends.c.schedule import plan_region
+
+    _, _, graph = _mlp_step_graph()
+    program = lower(graph, CompileOptions())
+    tuning = c_tuning()
+    plan = plan_region(program, program.kernels, tuning)
+    assert plan == plan_region(program, program.kernels, tuning)  # no hidden state
+    assert plan.groups and any(g.shared for g in plan.groups)
+    source = render_c(program, tuning=tuning)
+    assert source == render_c(program, tuning=tuning)
+    body = source[source.index("static int sg_body(") :]
+    barriers = sum(g.barrier for g in plan.groups) + sum(g.flag >= 0 for g in plan.groups)
+    assert body.count("#pragma omp barrier") == barriers
+    assert body.count("#pragma omp single nowait") == sum(not g.shared for g in plan.groups)
+    assert body.count("(shared) */") == sum(g.shared for g in plan.groups)
+    assert f"num_threads(sg_pick ? {plan.team} : 1)" in body
+    text = plan.format(tuning)
+    assert text.startswith("one region, team sg_threads")
+    assert text.count("  shared") == sum(g.shared for g in plan.groups)
+
+
+def test_threading_constants_come_from_the_target_tuning() -> None:
+    from dataclasses import replace
+
+    from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.c.render import c_tuning
+    from shapegrad.compiler.target import C_TARGET, CTuning, Target
+
+    x = _f32(512, 1024)
+    wide = _graph(lambda x: sg.tanh(x) * 3.0, x)  # one flat loop: chunks of chunk_work stores
+    pattern = r"schedule\(dynamic, (\d+)\) nowait"
+    assert re.findall(pattern, generate(wide)[1]) == [str(1 << 15)]
+    small = C_TARGET.replace(tuning=replace(c_tuning(), chunk_work=1 << 12))
+    assert re.findall(
+        pattern, generate(wide, CompileOptions(backend_options=COptions(target=small)))[1]
+    ) == [str(1 << 12)]
+    got = sg.compile(lambda x: sg.tanh(x) * 3.0, backend="c", target=small)(sg.tensor(x))
+    np.testing.assert_allclose(got.numpy(), np.tanh(x) * 3.0, rtol=1e-5, atol=1e-6)
+    step, args, graph = _mlp_step_graph()
+    never = replace(c_tuning(), region_min_work=1 << 62, omp_min_work=1 << 62)
+    never = replace(never, contract_split_macs=1 << 62)
+    serial_target = C_TARGET.replace(tuning=never)
+    serial = generate(graph, CompileOptions(backend_options=COptions(target=serial_target)))
+    assert "#pragma omp" not in serial[1].split("static int sg_body(")[1].split("int sg_run(")[0]
+    want = sg.compile(step, backend="numpy")(*map(sg.tensor, args))
+    for target in (C_TARGET, C_TARGET.replace(tuning=never)):
+        outs = sg.compile(step, backend="c", target=target)(*map(sg.tensor, args))
+        for a, b in zip(outs, want, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    assert c_tuning(Target(name="c")) == CTuning()  # a base record gets the C defaults
+
+
+def test_runtime_header_is_packaged_and_inlined_into_every_unit() -> None:
+    import tomllib
+    from importlib import resources
+
+    from shapegrad.backends.c.render import render_c_units
+
+    runtime = resources.files("shapegrad.backends.c").joinpath("runtime.h").read_text()
+    assert "sg_team_pick" in runtime and "#include" in runtime
+    _, _, graph = _mlp_step_graph()
+    from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.c import lower
+
+    program = lower(graph, CompileOptions())
+    units = render_c_units(program, unit_lines=20, split_min_lines=0)
+    assert len(units) > 1 and all(runtime in u.source for u in units)  # text, not a path
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as handle:
+        data = tomllib.load(handle)["tool"]["setuptools"]["package-data"]["shapegrad"]
+    assert "backends/c/runtime.h" in data

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -197,3 +198,64 @@ def test_pooling_window_runs_as_a_row_with_unchanged_values(kind: str) -> None:
     else:  # the reference sums in NumPy's order
         np.testing.assert_allclose(got, want, rtol=1e-6)
     assert np.isnan(got[0, 0, 0, 0])
+
+
+# --- index-set splitting as a loop stage (compiler/splitting.py) -----------------------------
+
+
+def _padded_conv_grad():  # type: ignore[no-untyped-def]
+    # the pads run as segments, the pooling gradient's h // 2, h % 2 as 2*h_2 + r copies
+    def loss(x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return sg.max_pool2d(sg.relu(sg.conv2d(x, w, padding=1)), 2).mean()
+
+    return sg.grad(loss, argnums=(0, 1)), (_f32(4, 3, 10, 8), _f32(5, 3, 3, 3, seed=1))
+
+
+def test_split_stage_output_is_what_the_renderer_prints() -> None:
+    from shapegrad.backends.c import lower
+    from shapegrad.backends.c.render import render_c
+    from shapegrad.compiler import loops as L
+
+    grad, args = _padded_conv_grad()
+    program = lower(sg.compile(grad, backend="numpy").graph(*args), CompileOptions())
+    stmts = [s for k in program.kernels for s in L.walk(k.body)]
+    segments = [s for s in stmts if isinstance(s, L.Loop) and (s.start or s.stop is not None)]
+    copies = [s for s in stmts if isinstance(s, L.Block)]
+    assert segments and copies
+    text = program.format()  # what SHAPEGRAD_DEBUG's loops.txt shows
+    assert all(f"copy ({c.note}):" in text for c in copies)
+    source = render_c(program)
+    body = source[source.index("static int sg_body(") :]
+    for s in segments:  # every segment of the IR is one loop of the C, as it is
+        assert f"for (int64_t {s.var.name} = {s.start}; {s.var.name} < {s.end};" in body
+    assert body.count("{ /* ") == len(copies)
+
+
+def test_without_the_split_stage_the_renderer_splits_nothing() -> None:
+    grad, args = _padded_conv_grad()
+    unsplit = C_TARGET.replace(skip_stages=C_TARGET.skip_stages | {"split_index_sets"})
+    graph = sg.compile(grad, backend="numpy").graph(*args)
+    _, source = generate(graph, CompileOptions(backend_options=COptions(target=unsplit)))
+    body = source[source.index("static int sg_body(") :]
+    assert "{ /* " not in body  # no unrolled or div-split copies
+    assert not re.search(r"for \(int64_t \w+ = [1-9]", body)  # no segments
+    want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args))
+    for target in (C_TARGET, unsplit):  # same values with and without the stage
+        got = sg.compile(grad, backend="c", target=target)(*map(sg.tensor, args))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_split_limits_come_from_the_target_tuning() -> None:
+    from shapegrad.backends.c import lower
+    from shapegrad.compiler import loops as L
+
+    grad, args = _padded_conv_grad()
+    graph = sg.compile(grad, backend="numpy").graph(*args)
+    no_unroll = C_TARGET.replace(tuning=replace(C_TARGET.tuning, max_unroll=1))
+    program = lower(graph, CompileOptions(backend_options=COptions(target=no_unroll)))
+    assert not any(isinstance(s, L.Block) for k in program.kernels for s in L.walk(k.body))
+    got = sg.compile(grad, backend="c", target=no_unroll)(*map(sg.tensor, args))
+    want = sg.compile(grad, backend="numpy")(*map(sg.tensor, args))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)

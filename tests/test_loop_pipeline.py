@@ -63,6 +63,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "hoist_bounds_checks",
         "place_state_updates",
         "fuse_elementwise_kernels",
+        "split_index_sets",
         "pack_arena",
         "assign_slots",
     ]
@@ -71,6 +72,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "fuse_elementwise_kernels",
+        "split_index_sets",
     }
 
 
@@ -194,6 +196,9 @@ def test_debug_dump_shows_every_loop_stage(tmp_path: Path, monkeypatch: pytest.M
     ran = [s.name for s in LOOP_PIPELINE if s.name != "fuse_batch_producers"]
     assert [s for s in stages if s != "fuse_batch_producers"] == ran
     assert "dumped.c" in files and "dumped.loops.txt" in files
+    # the threading plan the renderer printed (backends/c/schedule.py)
+    plan = (next(tmp_path.iterdir()) / "dumped.schedule.txt").read_text()
+    assert plan.startswith("sg_body: fork mode: ") and "k0: serial" in plan
 
 
 # --- the visitor -----------------------------------------------------------------------------
@@ -248,6 +253,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
     x = L.Load(float32, "x", L.var(i))
     samples: list[L.Stmt] = [
         L.Loop(i, "parallel", (L.Store("y", L.var(i), x),)),
+        L.Block("i = 2", (L.Store("y", L.const(2), x),)),
         L.Store("y", L.const(0), x, "add", commutative=True),
         L.Reduce("acc", "max", L.Const(float32, -np.inf), (i,), x),
         L.Local("row", float32, 4),
@@ -264,6 +270,8 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
         renderer.stmt(s, 1, parallel_ok=False)
     text = "\n".join(renderer.lines)
     assert "return 1;" in text and "sg_maxf(acc, x[" in text and "sgemm" in text
+    assert "{ /* i = 2 */" in text and "y[2] = x[i];" in text
+    assert "{ /* i = 2 */" in text and "y[2] = x[i];" in text
     assert "sg_mpi_allreduce(x, y, 4," in text and "sg_rank != 1" in text
     assert "sg_layer0(sg_sub, (char *)ar)" in text and len(renderer.functions) == 1
 

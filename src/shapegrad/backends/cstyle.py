@@ -5,9 +5,14 @@ names (per language, a table), constants, index and scalar expressions (op ->
 template tables), and the statements that need no scheduling decision (stores,
 scalar reductions, scratch arrays, data-dependent indices, bounds checks). A
 language renderer subclasses it and supplies what differs: the type table, how a
-loop is scheduled (OpenMP pragmas in C, the grid on a GPU), how a failed bounds
+loop is threaded (OpenMP pragmas in C, the grid on a GPU), how a failed bounds
 check stops the program (the error-flag contract of ``compiler/loops.py``), and
 library products (``Contract``, ``BatchFused``) and collectives (``Collective``).
+
+Loops are printed as the IR has them: unrolling and index-set splitting are the
+``split_index_sets`` loop stage (``compiler/splitting.py``). A renderer whose target
+skips that stage (CUDA, ``split_at_print``) has each loop split by the stage's own
+function as it prints it.
 
 Every statement class of the loop IR has a rule here or in the subclass
 (``loops.stmt_types()``; a test checks it).
@@ -16,21 +21,11 @@ Every statement class of the loop IR has a rule here or in the subclass
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.segments import (
-    div_split,
-    is_presplit,
-    presplit,
-    rebase,
-    segments,
-    specialize,
-    split_var,
-    substitute_var,
-    unrolls,
-    window_rows,
-)
+from shapegrad.compiler.segments import window_rows
+from shapegrad.compiler.splitting import split_loop
+from shapegrad.compiler.target import Tuning
 from shapegrad.dtypes import DType
 
 # C spellings shared by C and CUDA; a subclass may override entries (CUDA: float16 -> __half).
@@ -108,14 +103,19 @@ class CStyleRenderer:
 
     Attributes:
         program: the program being rendered.
+        tuning: the target's size limits (window rows, blocked sums).
         lines: the output so far.
+        split_at_print: split each loop while printing it (for targets that skip the
+            ``split_index_sets`` stage); False: print the loops of the IR as they are.
     """
 
     types = C_TYPES
     indent = "    "
+    split_at_print = True
 
-    def __init__(self, program: L.Program) -> None:
+    def __init__(self, program: L.Program, tuning: Tuning | None = None) -> None:
         self.program = program
+        self.tuning = tuning if tuning is not None else Tuning()
         self.lines: list[str] = []
 
     # -- types, constants, indices ---------------------------------------------------------
@@ -266,6 +266,8 @@ class CStyleRenderer:
         """One statement; ``parallel_ok`` says whether the renderer may still split a loop."""
         if isinstance(s, L.Loop):
             self.loop(s, depth, parallel_ok)
+        elif isinstance(s, L.Block):
+            self.block(s, depth)
         elif isinstance(s, L.Store):
             self.emit(depth, self.store(s))
         elif isinstance(s, L.Reduce):
@@ -290,46 +292,47 @@ class CStyleRenderer:
             raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
 
     def loop(self, s: L.Loop, depth: int, parallel_ok: bool) -> None:
-        """A serial loop; split into segments when its range tests allow (no per-element
-        branches inside: pads, col2im)."""
-        v = s.var.name
-        if unrolls(s):  # one copy per value: tests on several variables become one-variable tests
-            for value in range(s.var.extent):
-                self.emit(depth, f"{{ /* {v} = {value} */")
-                self.stmts(substitute_var(s.body, s.var, value), depth + 1, parallel_ok)
-                self.emit(depth, "}")
+        """A serial loop as the IR has it (a pooling window as a row of accumulators,
+        ``window_rows``); split first when ``split_at_print``."""
+        if self.split_at_print:
+            for part in split_loop(s, self.tuning):
+                self._print(part, depth)
             return
-        if not is_presplit(s.var) and (parts := presplit(s)) is not None:
-            self.stmts(parts, depth, parallel_ok)  # div/mod indexing resolved inside out
-            return
-        if (window := window_rows(s)) is not None:
+        if (window := window_rows(s, self.tuning)) is not None:
             self.window_row(s, window, depth)
             return
-        d = div_split(s)
-        if d is not None:  # v // d and v % d in the indices: run v as d*outer + r, r unrolled
-            outer = L.Var(f"{v}_{d}", s.var.extent // d)
-            self.emit(depth, f"for (int64_t {outer} = 0; {outer} < {outer.extent}; ++{outer}) {{")
-            for r in range(d):
-                self.emit(depth + 1, f"{{ /* {v} = {d}*{outer} + {r} */")
-                self.stmts(split_var(s.body, s.var, outer, d, r), depth + 2, parallel_ok)
-                self.emit(depth + 1, "}")
+        self.emit(depth, self.for_header(s))
+        self.stmts(s.body, depth + 1, parallel_ok)
+        self.emit(depth, "}")
+
+    def _print(self, s: L.Stmt, depth: int) -> None:
+        """A statement of an already split loop: its loops and copies printed, not split."""
+        if isinstance(s, L.Loop):
+            if (window := window_rows(s, self.tuning)) is not None:
+                self.window_row(s, window, depth)
+                return
+            self.emit(depth, self.for_header(s))
+            for x in s.body:
+                self._print(x, depth + 1)
             self.emit(depth, "}")
-            return
-        segs = segments(s)
-        if segs is None:
-            self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
-            self.stmts(s.body, depth + 1, parallel_ok)
+        elif isinstance(s, L.Block):
+            self.emit(depth, f"{{ /* {s.note} */")
+            for x in s.body:
+                self._print(x, depth + 1)
             self.emit(depth, "}")
-            return
-        for lo, hi in segs:
-            body = specialize(s.body, s.var, lo, hi)
-            sub = rebase(body, s.var, lo, hi) if div_split(s) is None else None
-            if sub is not None:  # a v % d left on this segment: split it from its start
-                self.loop(replace(sub, kind=s.kind), depth, parallel_ok)
-                continue
-            self.emit(depth, f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
-            self.stmts(body, depth + 1, parallel_ok)
-            self.emit(depth, "}")
+        else:
+            self.stmt(s, depth, False)
+
+    def for_header(self, s: L.Loop) -> str:
+        """``for (...) {`` over the loop's range."""
+        v = s.var.name
+        return f"for (int64_t {v} = {s.start}; {v} < {s.end}; ++{v}) {{"
+
+    def block(self, s: L.Block, depth: int) -> None:
+        """One copy of an unrolled or div-split loop's body (nothing in it is threaded)."""
+        self.emit(depth, f"{{ /* {s.note} */")
+        self.stmts(s.body, depth + 1, False)
+        self.emit(depth, "}")
 
     def window_row(self, s: L.Loop, r: L.Reduce, depth: int) -> None:
         """``for v: acc = reduce(window); store`` as a row of accumulators (``window_rows``):
@@ -373,7 +376,7 @@ class CStyleRenderer:
         one accumulator saturates (2**28 float32 ones summed one by one give 2**24 per
         vector lane) and its rounding error grows with the count; see :func:`sum_blocks`.
         """
-        split = sum_blocks(s)
+        split = sum_blocks(s, self.tuning)
         if split is not None:
             self.blocked_sum(s, depth, *split)
             return
@@ -438,22 +441,19 @@ class CStyleRenderer:
         )
 
 
-BLOCKED_SUM_MIN = 1 << 14  # shorter float sums keep one accumulator (exact enough, fastest)
-SUM_BLOCK = 1 << 10  # terms per partial: long enough to vectorize, short enough to stay exact
-
-
-def sum_blocks(s: L.Reduce) -> tuple[int, int] | None:
+def sum_blocks(s: L.Reduce, tuning: Tuning) -> tuple[int, int] | None:
     """``(j, chunk)``: how to block a long float sum, or None to keep one accumulator.
 
     A block (``chunk`` iterations of ``vars[j]`` times all inner vars) holds about
-    :data:`SUM_BLOCK` terms, summed in the value's type; the partials go to a double, so
-    the error is that of a ``SUM_BLOCK``-term sum, not an ``n``-term one. ``vars[j]`` is
-    the outermost var whose inner product still fits in one block.
+    ``tuning.sum_block`` terms, summed in the value's type; the partials go to a double,
+    so the error is that of a ``sum_block``-term sum, not an ``n``-term one. ``vars[j]``
+    is the outermost var whose inner product still fits in one block. Sums shorter than
+    ``tuning.blocked_sum_min`` keep one accumulator.
     """
     n = math.prod(v.extent for v in s.vars)
-    if s.op != "add" or not s.value.dtype.is_float or n < BLOCKED_SUM_MIN:
+    if s.op != "add" or not s.value.dtype.is_float or n < tuning.blocked_sum_min:
         return None
-    block = SUM_BLOCK
+    block = tuning.sum_block
     inner = 1
     for j in range(len(s.vars) - 1, -1, -1):
         extent = s.vars[j].extent
@@ -461,18 +461,3 @@ def sum_blocks(s: L.Reduce) -> tuple[int, int] | None:
             return j, max(1, block // inner)
         inner *= extent
     return None
-
-
-def estimate_work(s: L.Stmt) -> int:
-    """Scalar operations of a statement, as renderers count them to decide whether splitting
-    a loop across threads pays: one per element stored, two per element reduced
-    (load + combine), ``2mnk`` per product."""
-    if isinstance(s, L.Loop):
-        return s.var.extent * max(1, sum(estimate_work(x) for x in s.body))
-    if isinstance(s, L.Reduce):
-        return 2 * math.prod(v.extent for v in s.vars)
-    if isinstance(s, L.Contract):
-        return 2 * s.m * s.n * s.k * s.batch * s.sum_batch
-    if isinstance(s, L.CheckBounds):
-        return s.size
-    return 1 if isinstance(s, L.Store) else 0

@@ -120,7 +120,7 @@ def _reshape_groups(
 class ExprBuilder:
     """Expands a node's value at an index: loads for materialized nodes, inline math otherwise.
 
-    With ``flush_exp`` (a target's ``exp_flush_denormal``) ``exp`` is expanded by
+    With ``flush_exp`` (a target's ``exp_underflow_to_zero``) ``exp`` is expanded by
     :func:`exp_flushing_denormals`.
     """
 

@@ -121,7 +121,7 @@ def graph_text(graph: Graph) -> str:
 
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """SHA-256 of every ``.py`` file of the installed shapegrad package (path and bytes).
+    """SHA-256 of every ``.py`` and ``.h`` file of the installed shapegrad package (path and bytes).
 
     Part of every key: the version string does not change while someone edits the
     lowering or a renderer in a checkout, and several checkouts may share one cache
@@ -133,7 +133,7 @@ def code_fingerprint() -> str:
     for folder, dirs, files in sorted(os.walk(root)):
         dirs.sort()
         for name in sorted(files):
-            if name.endswith(".py"):
+            if name.endswith((".py", ".h")):  # .h: packaged C runtime text
                 path = os.path.join(folder, name)
                 h.update(os.path.relpath(path, root).encode() + b"\0")
                 with open(path, "rb") as handle:

@@ -27,9 +27,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.target import Tuning
 
-MAX_GROUP = 6  # kernels per merged loop: beyond this the body's registers spill
-MAX_FORWARDED_NODES = 160  # expression size up to which a private temp is recomputed inline
+# The group size and the size of a forwarded expression are ``Tuning.fuse_max_group`` and
+# ``Tuning.fuse_max_forwarded_nodes`` (``compiler/target.py``).
+_DEFAULT = Tuning()
 
 
 def _nest(kernel: L.Kernel) -> tuple[list[L.Var], tuple[L.Store, ...]] | None:
@@ -132,7 +134,7 @@ def _merge(a: L.Kernel, b: L.Kernel) -> L.Kernel | None:
     return L.Kernel(a.name, body, a.work + b.work, f"{a.root} + {b.root}", inlined)
 
 
-def fuse_elementwise_kernels(program: L.Program) -> L.Program:
+def fuse_elementwise_kernels(program: L.Program, tuning: Tuning = _DEFAULT) -> L.Program:
     """Merge runs of adjacent elementwise kernels over one index space (module docstring).
 
     Example:
@@ -141,7 +143,7 @@ def fuse_elementwise_kernels(program: L.Program) -> L.Program:
     fused: list[L.Kernel] = []
     group = 0
     for kernel in program.kernels:
-        merged = _merge(fused[-1], kernel) if fused and 0 < group < MAX_GROUP else None
+        merged = _merge(fused[-1], kernel) if fused and 0 < group < tuning.fuse_max_group else None
         if merged is not None:
             fused[-1] = merged
             group += 1
@@ -149,11 +151,11 @@ def fuse_elementwise_kernels(program: L.Program) -> L.Program:
             fused.append(kernel)
             group = 1 if _nest(kernel) is not None else 0
     program.kernels = fused
-    forward_private_temps(program)
+    forward_private_temps(program, tuning)
     return program
 
 
-def forward_private_temps(program: L.Program) -> L.Program:
+def forward_private_temps(program: L.Program, tuning: Tuning = _DEFAULT) -> L.Program:
     """Temps stored and read inside one merged loop only become inline expressions."""
     users: dict[str, int] = {}
     for kernel in program.kernels:
@@ -172,7 +174,7 @@ def forward_private_temps(program: L.Program) -> L.Program:
             and s.buffer not in outputs
             and program.buffers[s.buffer].kind == "temp"
         }
-        kept = _forward(stores, private)
+        kept = _forward(stores, private, tuning.fuse_max_forwarded_nodes)
         if len(kept) == len(stores):
             continue
         body: tuple[L.Stmt, ...] = kept
@@ -184,7 +186,7 @@ def forward_private_temps(program: L.Program) -> L.Program:
     return program
 
 
-def _forward(stores: tuple[L.Store, ...], private: set[str]) -> tuple[L.Store, ...]:
+def _forward(stores: tuple[L.Store, ...], private: set[str], max_nodes: int) -> tuple[L.Store, ...]:
     """``stores`` with private temps substituted into later stores (within a size bound)."""
     values: dict[str, L.Expr] = {}
 
@@ -194,7 +196,7 @@ def _forward(stores: tuple[L.Store, ...], private: set[str]) -> tuple[L.Store, .
     kept: list[L.Store] = []
     for s in stores:
         value = L.map_expr(s.value, inline)
-        if s.buffer in private and sum(1 for _ in L.walk_expr(value)) <= MAX_FORWARDED_NODES:
+        if s.buffer in private and sum(1 for _ in L.walk_expr(value)) <= max_nodes:
             values[s.buffer] = value  # every access uses s.index (checked when merging)
             continue
         kept.append(replace(s, value=value))

@@ -208,12 +208,35 @@ class Stmt:
 
 @dataclass(frozen=True)
 class Loop(Stmt):
-    """``for var in [0, var.extent)``; ``kind`` is ``"parallel"`` (iterations independent)
-    or ``"reduction"`` (iterations update the same locations through accumulating stores:
-    in order, unless every such store is ``commutative``)."""
+    """``for var in [start, stop)`` (default ``[0, var.extent)``; a segment of an index-set
+    split runs part of the range, see ``compiler/segments.py``); ``kind`` is
+    ``"parallel"`` (iterations independent) or ``"reduction"`` (iterations update the same
+    locations through accumulating stores: in order, unless every such store is
+    ``commutative``)."""
 
     var: Var
     kind: str
+    body: tuple[Stmt, ...]
+    start: int = 0
+    stop: int | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last value of ``var``."""
+        return self.var.extent if self.stop is None else self.stop
+
+    @property
+    def trips(self) -> int:
+        """Iterations run."""
+        return max(0, self.end - self.start)
+
+
+@dataclass(frozen=True)
+class Block(Stmt):
+    """One copy of a loop body with its variable fixed (``note`` says to what): the
+    iterations of an unrolled loop or of a div-split one (``compiler/segments.py``)."""
+
+    note: str
     body: tuple[Stmt, ...]
 
 
@@ -493,7 +516,10 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
     out: list[str] = []
     for s in body:
         if isinstance(s, Loop):
-            out.append(f"{pad}for {s.var.name} in 0..{s.var.extent} ({s.kind}):")
+            out.append(f"{pad}for {s.var.name} in {s.start}..{s.end} ({s.kind}):")
+            out.extend(_format_stmts(s.body, depth + 1))
+        elif isinstance(s, Block):
+            out.append(f"{pad}copy ({s.note}):")
             out.extend(_format_stmts(s.body, depth + 1))
         elif isinstance(s, Store):
             op = f"{s.accumulate}=" if s.accumulate else "="
@@ -555,7 +581,7 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
 
 def sub_statements(s: Stmt) -> tuple[Stmt, ...]:
     """The statements directly inside ``s`` (in execution order)."""
-    if isinstance(s, Loop):
+    if isinstance(s, Loop | Block):
         return s.body
     if isinstance(s, BatchFused):
         return (*s.producer, s.contract, *s.consumer)
@@ -627,7 +653,7 @@ def map_expr(e: Expr, fn: ExprFn) -> Expr:
 def map_stmt(s: Stmt, expr: ExprFn | None = None, stmt: StmtFn | None = None) -> Stmt:
     """Rebuild ``s`` bottom-up: sub-statements first, then its expressions through ``expr``,
     then ``stmt`` on the rebuilt statement."""
-    if isinstance(s, Loop):
+    if isinstance(s, Loop | Block):
         s = replace(s, body=map_body(s.body, expr, stmt))
     elif isinstance(s, BatchFused):
         producer = tuple(_as_loop(map_stmt(x, expr, stmt)) for x in s.producer)
@@ -725,6 +751,7 @@ def stmt_types() -> tuple[type[Stmt], ...]:
     """Every statement class (a renderer must have a rule for each)."""
     return (
         Loop,
+        Block,
         Store,
         Reduce,
         Local,

@@ -162,7 +162,7 @@ class KernelBuilder:
     # -- helpers ---------------------------------------------------------------------
     def expr_builder(self) -> ExprBuilder:
         """An expression builder for one kernel, with this target's expansion choices."""
-        return ExprBuilder(self.plan, self.names, self.target.exp_flush_denormal)
+        return ExprBuilder(self.plan, self.names, self.target.exp_underflow_to_zero)
 
     def fresh(self, extent: int, prefix: str = "i") -> L.Var:
         self._var_count += 1

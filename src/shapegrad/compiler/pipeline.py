@@ -20,6 +20,9 @@ hoist_bounds_checks       index checks of program inputs run before any kernel, 
 place_state_updates       updated state written in place where safe (``memory.py``)
 fuse_elementwise_kernels  adjacent elementwise kernels over one index space share one
                           loop nest (``loopfuse.py``; optional)
+split_index_sets          short loops unrolled, loops cut into segments on which their
+                          range tests are constant, ``v // d`` indexing div-split; loops
+                          the backend threads stay whole (``splitting.py``; optional)
 pack_arena                temps packed into one arena by liveness (``memory.py``)
 assign_slots              the I/O table: inputs, then outputs, then constants
 ========================  ==========================================================
@@ -48,6 +51,7 @@ from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
+from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.ir import Graph
 
@@ -122,7 +126,12 @@ def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
 
 
 def stage_fuse_elementwise_kernels(unit: LoopUnit) -> LoopUnit:
-    fuse_elementwise_kernels(unit.built())
+    fuse_elementwise_kernels(unit.built(), unit.target.tuning)
+    return unit
+
+
+def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
+    split_index_sets(unit.built(), unit.target)
     return unit
 
 
@@ -144,6 +153,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
+    LoopStage("split_index_sets", stage_split_index_sets, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),
 ]

@@ -1,7 +1,7 @@
 """Index-set splitting: run a loop as segments on which its range tests are constant.
 
 Pads and the col2im sums of a convolution's input gradient test ``lo <= v + c < hi``
-per element. A renderer can instead run ``v`` over the segments between the tests'
+per element. The loop can instead run ``v`` over the segments between the tests'
 break points, with each test replaced by its (constant) value on the segment: the body
 then has no per-element branches and no conditional loads, so it vectorizes. Values are
 unchanged: a select with a constant condition is exactly the branch it picks.
@@ -15,6 +15,10 @@ segment; :func:`presplit` does this from the innermost loop of a nest outwards, 
 resolving an inner quotient (a strided slice's gradient: zeros interleaved through
 reshapes and pads) is what exposes plain range tests on the outer variables.
 Iterations keep their order, so results are identical.
+
+These are the primitives; the ``split_index_sets`` loop stage (``compiler/splitting.py``)
+applies them to a program, so the ``SHAPEGRAD_DEBUG`` dumps show the loops that run.
+The limits are fields of the target's :class:`~shapegrad.compiler.target.Tuning`.
 """
 
 from __future__ import annotations
@@ -25,18 +29,12 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.target import Tuning
 
-# More segments than this are not worth the code size.
-MAX_SEGMENTS = 6
-# A nest cut by :func:`presplit` into more statements than this many times its own is
-# left to the top-down splitting (nested segments multiply: code size and compile time).
-PRESPLIT_GROWTH = 32
-# Loops this short whose variable appears in range tests together with other variables
-# (``3*kh + kw`` of a convolution's patch index) run as one copy per value instead.
-MAX_UNROLL = 8
+_DEFAULT = Tuning()  # the limits when no target's are given (tests, tools)
 
 
-def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
+def segments(loop: L.Loop, tuning: Tuning = _DEFAULT) -> list[tuple[int, int]] | None:
     """``[(lo, hi), ...]`` covering ``[0, extent)`` split at the break points of the range
     tests on ``loop.var`` inside ``loop`` (and, while the count allows, where a
     ``(var + c) // d`` changes value), or None when there are none (or too many)."""
@@ -47,7 +45,7 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
             c = _coef(x, loop.var)
             if c and isinstance(x, L.InRange):  # c*v + k crosses lo and hi at these v
                 points |= {min(max(-((x.index.const - b) // c), 0), n) for b in (x.lo, x.hi)}
-    if len(points) - 1 > MAX_SEGMENTS:
+    if len(points) - 1 > tuning.max_segments:
         return None
     for index in _indices(loop.body):
         for dm in L.divmods_of(index):
@@ -56,7 +54,7 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
             c, d = dm.inner.const, dm.divisor
             first = (c // d + 1) * d  # the first multiple of d above c
             more = {m - c for m in range(first, c + n, d)}
-            if len(points | more) - 1 <= MAX_SEGMENTS:
+            if len(points | more) - 1 <= tuning.max_segments:
                 points |= more
     if len(points) <= 2:
         return None
@@ -64,11 +62,11 @@ def segments(loop: L.Loop) -> list[tuple[int, int]] | None:
     return list(itertools.pairwise(ordered))
 
 
-def unrolls(loop: L.Loop) -> bool:
+def unrolls(loop: L.Loop, tuning: Tuning = _DEFAULT) -> bool:
     """Whether ``loop`` should run as one copy of its body per value (see
     :func:`substitute_var`): it is short and its variable meets another one in a range test,
     which then becomes a test on that other variable alone (split by :func:`segments`)."""
-    if loop.var.extent > MAX_UNROLL or loop.var.extent < 2:
+    if loop.var.extent > tuning.max_unroll or loop.var.extent < 2:
         return False
     for e in L.all_expressions(loop.body):
         for x in L.walk_expr(e):
@@ -128,13 +126,15 @@ def specialize(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> tuple[
     return L.map_body(body, expr, stmt)
 
 
-def rebase(body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int) -> L.Loop | None:
+def rebase(
+    body: tuple[L.Stmt, ...], var: L.Var, lo: int, hi: int, tuning: Tuning = _DEFAULT
+) -> L.Loop | None:
     """The segment ``lo <= var < hi`` of a loop as a loop of its own over a fresh variable
     from 0, when that loop can be run by :func:`div_split` (the segment's start aligned
     with the remaining ``var % d``), else None."""
     fresh = L.Var(f"{var.name}_s{lo}", hi - lo)
     loop = L.Loop(fresh, "parallel", split_var(body, var, fresh, 1, lo))
-    return loop if div_split(loop) is not None else None
+    return loop if div_split(loop, tuning) is not None else None
 
 
 def _truth(e: L.Expr) -> bool | None:
@@ -180,8 +180,8 @@ def _indices(body: tuple[L.Stmt, ...]) -> Iterator[L.Affine]:
                 yield x.counter
 
 
-def div_split(loop: L.Loop) -> int | None:
-    """The factor ``d`` (``2 <= d <= MAX_UNROLL``, dividing the extent) such that writing
+def div_split(loop: L.Loop, tuning: Tuning = _DEFAULT) -> int | None:
+    """The factor ``d`` (``2 <= d <= tuning.max_unroll``, dividing the extent) such that writing
     ``loop.var`` as ``d*outer + r`` removes every floordiv/mod of it from the body's
     indices, or None (no such div/mod, no such ``d``, or a statement that is not plain
     loops, stores and reductions)."""
@@ -199,7 +199,7 @@ def div_split(loop: L.Loop) -> int | None:
     if not factors:
         return None
     d = math.lcm(*factors)
-    if d < 2 or d > MAX_UNROLL or d >= v.extent or v.extent % d:
+    if d < 2 or d > tuning.max_unroll or d >= v.extent or v.extent % d:
         return None
     outer = L.Var(f"{v.name}_{d}", v.extent // d)
     for r in range(d):
@@ -245,15 +245,15 @@ def _coef(e: L.Expr, var: L.Var) -> int:
     return c if atom == var and c > 0 else 0
 
 
-def presplit(loop: L.Loop) -> tuple[L.Stmt, ...] | None:
+def presplit(loop: L.Loop, tuning: Tuning = _DEFAULT) -> tuple[L.Stmt, ...] | None:
     """Index-set splitting of a nest from the inside out, for nests indexed through
     floordiv/mod (a strided convolution's input gradient): each loop over ``v`` whose
     indices divide ``v`` is cut into :func:`segments`, each a loop of its own over a fresh
     ``v_s<lo>`` from 0, with its div/mod resolved (:func:`specialize`). Resolving an inner
     loop's div/mod exposes plain range tests on the outer variables, so the outer loops
     split in turn. Iterations keep their order. None when nothing splits."""
-    out, changed = _presplit(loop)
-    if not changed or _size(out) > PRESPLIT_GROWTH * _size((loop,)):
+    out, changed = _presplit(loop, tuning)
+    if not changed or _size(out) > tuning.presplit_growth * _size((loop,)):
         return None
     return out
 
@@ -268,22 +268,22 @@ def is_presplit(var: L.Var) -> bool:
     return bool(head) and tail.isdigit()
 
 
-def _presplit(s: L.Stmt) -> tuple[tuple[L.Stmt, ...], bool]:
+def _presplit(s: L.Stmt, tuning: Tuning) -> tuple[tuple[L.Stmt, ...], bool]:
     if not isinstance(s, L.Loop):
         return (s,), False
     body: list[L.Stmt] = []
     changed = False
     for x in s.body:
-        parts, c = _presplit(x)
+        parts, c = _presplit(x, tuning)
         body.extend(parts)
         changed |= c
     loop = replace(s, body=tuple(body))
     divides = any(
         L.mentions(dm.inner, s.var) for ix in _indices(loop.body) for dm in L.divmods_of(ix)
     )
-    if not divides or div_split(loop) is not None:
-        return (loop,), changed  # nothing to resolve, or the renderer's d*outer + r does it
-    segs = segments(loop)
+    if not divides or div_split(loop, tuning) is not None:
+        return (loop,), changed  # nothing to resolve, or the d*outer + r split does it
+    segs = segments(loop, tuning)
     if segs is None:
         return (loop,), changed
     out: list[L.Stmt] = []
@@ -294,19 +294,21 @@ def _presplit(s: L.Stmt) -> tuple[tuple[L.Stmt, ...], bool]:
     return tuple(out), True
 
 
-def window_rows(loop: L.Loop) -> L.Reduce | None:
+def window_rows(loop: L.Loop, tuning: Tuning = _DEFAULT) -> L.Reduce | None:
     """The reduction of ``for v: acc = reduce(...); dst[..v..] = f(acc)`` when it is a small
-    window (at most :data:`MAX_UNROLL` terms, a pooling window) that a renderer should run
+    window (at most ``tuning.max_unroll`` terms, a pooling window) that a renderer runs
     as a row: ``row[v] = init; for window: for v: row[v] = op(row[v], value)``, then the
     stores. Each output still combines its terms in the same order, and the inner loop
     runs over outputs, so it vectorizes. None when the body is anything else, the row is
     long, or the window reads what the stores write."""
-    if len(loop.body) != 2 or not 1 < loop.var.extent <= 4096:
+    if len(loop.body) != 2 or not 1 < loop.var.extent <= tuning.window_row_max:
+        return None
+    if loop.start != 0 or loop.stop is not None:  # a segment: rows run over the whole range
         return None
     red, store = loop.body
     if not isinstance(red, L.Reduce) or not isinstance(store, L.Store) or store.accumulate:
         return None
-    if math.prod(v.extent for v in red.vars) > MAX_UNROLL or len(red.vars) == 0:
+    if math.prod(v.extent for v in red.vars) > tuning.max_unroll or len(red.vars) == 0:
         return None
     if any(ld.buffer == store.buffer for ld in L.loads_in((L.Store("_", L.const(0), red.value),))):
         return None

@@ -1,9 +1,11 @@
 """What a backend wants from lowering: the one place where schedule policy lives.
 
-Lowering, fusion and the loop stages read every decision that depends on the
-machine from a :class:`Target`; none of them hold a tuning constant of their own.
-A backend passes its target to ``compiler.pipeline.lower_program``; the C backend's
-values below are measured on the CPUs this project runs on (see each field).
+Lowering, fusion, the loop stages and the renderers read every decision that depends
+on the machine from a :class:`Target`; none of them hold a tuning constant of their own.
+A backend passes its target to ``compiler.pipeline.lower_program`` (and the C backend
+its :class:`CTuning` to the renderer); the C backend's values below are measured on
+the CPUs this project runs on (see each field, and the comment above each number in
+:class:`Tuning` and :class:`CTuning`).
 
 A GPU target would, for example, allow float16 products (tensor cores), turn the
 row form and batch fusion off (they trade parallelism for cache locality) and run
@@ -17,7 +19,116 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Size limits of the loop stages and of the loops every C-like renderer writes.
+
+    The base record every backend has; a backend with constants of its own extends it
+    (:class:`CTuning`). Each value sits next to the reason or measurement that chose it.
+    """
+
+    # Index-set splitting (``compiler/segments.py``): more segments per loop than this are
+    # not worth the code size.
+    max_segments: int = 6
+    # A nest cut by ``segments.presplit`` into more statements than this many times its own
+    # is left to the top-down splitting (nested segments multiply: code size, compile time).
+    presplit_growth: int = 32
+    # Loops this short whose variable meets another one in a range test (``3*kh + kw`` of a
+    # convolution's patch index) run as one copy per value; also the largest factor of a
+    # div-split (``v = d*outer + r``, one body copy per r) and the largest pooling window
+    # accumulated as a row (``segments.window_rows``).
+    max_unroll: int = 8
+    # Longest row of accumulators of ``segments.window_rows`` (a stack array per row).
+    window_row_max: int = 4096
+    # Loop fusion (``compiler/loopfuse.py``): kernels per merged loop; beyond this the
+    # body's registers spill.
+    fuse_max_group: int = 6
+    # Expression size up to which a private temp of a merged loop is recomputed inline.
+    fuse_max_forwarded_nodes: int = 160
+    # Float sums (``cstyle.sum_blocks``): shorter sums keep one accumulator (exact enough,
+    # fastest); longer ones are summed in blocks of ``sum_block`` terms into a double (one
+    # float32 accumulator saturates: 2**28 ones summed one by one give 2**24 per lane).
+    blocked_sum_min: int = 1 << 14
+    # Terms per partial: long enough to vectorize, short enough to stay exact.
+    sum_block: int = 1 << 10
+
+
+@dataclass(frozen=True)
+class CTuning(Tuning):
+    """The C renderer's threading and translation-unit constants (``backends/c``)."""
+
+    # Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this
+    # many scalar ops (≈ 20-40 µs of work) before splitting it pays off (fork mode: layer
+    # bodies and programs with collectives, one ``parallel for`` per large statement).
+    omp_min_work: int = 1 << 18
+    # One OpenMP region per step (``backends/c/schedule.py``); False: one region per large
+    # loop.
+    one_region: bool = True
+    # Inside the step's one region a split loop costs no fork, only the wait for the
+    # slowest thread where a later kernel needs its result, so smaller loops are worth
+    # splitting there.
+    region_min_work: int = 1 << 18
+    # Target work of one dynamically scheduled chunk of a parallel loop, in the scalar ops
+    # of ``cstyle.estimate_work``: small enough that a thread which keeps running takes
+    # most of the chunks when the other one is descheduled, large enough that taking a
+    # chunk (one atomic increment) stays negligible. Measured: see
+    # ``benchmarks/train_step.py`` and the README's threading section.
+    chunk_work: int = 1 << 15
+    # Library products at least this large (multiply-adds) are split into row blocks, one
+    # single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
+    contract_split_macs: int = 1 << 20
+    # A large sum of products whose output has at most this many elements is split over
+    # the summed axis instead (each thread keeps a private partial of the output on its
+    # stack): the products keep all their rows (m=32, not 16, for the CNN's weight
+    # gradient).
+    sum_split_max_out: int = 1 << 14
+    # Blocks per configured thread of a split product or row reduction, taken dynamically
+    # (a thread that keeps running takes a block the other has not started). Measured, 2
+    # threads, MLP 784-512-512-10 step, in-process interleaved: 1 block per thread 1.95 ms,
+    # 2 blocks 2.00 ms (quiet); 11.9 vs 13.7 ms (2 busy processes). Every extra block packs
+    # the other operand again: 128x784x512 on one thread, 1 call 759 us, 2 row blocks 844
+    # us, 4 row blocks 1027 us, 4 column blocks 857 us (CPU time).
+    split_parts: int = 1
+    # Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
+    # ``teamsplit.split_kind``).
+    column_split: bool = True
+    # A batch of at least this many large products is split into whole products per
+    # thread (``teamsplit.split_kind``); smaller batches are split into blocks of rows.
+    # Set with the rule, not measured separately.
+    batch_split_min: int = 8
+    # Rows (or columns) of ``c`` a product needs before it is cut into blocks. Set with
+    # the rule, not measured separately.
+    block_split_min: int = 16
+    # A work-shared loop is cut into at least this many dynamic chunks (``chunk_work``
+    # caps the chunk from above), so a descheduled thread's share can move to another.
+    # Set with ``chunk_work``, not measured separately.
+    min_chunks: int = 8
+    # A translation unit holds about this many generated lines (consecutive kernels, never
+    # split), as ONE function: gcc's per-function overhead made one function per kernel
+    # cost 12-20% more compiler CPU than one per unit (GPT step 3.0-3.2 vs 2.7-2.9 s;
+    # 64-layer MLP 1.8-1.9 vs 1.5 s). Units of 600 or 1200 lines cost the same CPU (GPT
+    # 2.7-2.9 s, MLP 1.5 s); 600 gives 7-8 units, which balance better over the compiler
+    # processes and recompile less after an edit. Per unit, gcc's start-up is ~0.1 s wall
+    # (cc1 + as; the 70-line shared header parses in 0.04 s).
+    unit_lines: int = 600
+    # Programs below this many kernel lines stay one unit. Measured (gcc 12, -O2, compiler
+    # CPU seconds, one unit vs 600-line units + step unit + link, load average 7 so wall
+    # times are not comparable): MLP step depth 8 (~700 lines) 0.18 vs 0.21, depth 16
+    # (~1300) 0.35 vs 0.37, depth 32 (~2000) 0.82 vs 0.76, depth 64 (3900) 1.9 vs 1.5, GPT
+    # (4400) 2.5-2.8 vs 2.7-2.8. On two free cores the split finishes in about half its
+    # CPU time, so it pays from ~1000 lines on; below, the extra units and the link cost
+    # more than they save.
+    split_min_lines: int = 1000
+
+    @classmethod
+    def of(cls, tuning: Tuning) -> CTuning:
+        """``tuning`` as a C record (a base :class:`Tuning` gets the C defaults)."""
+        if isinstance(tuning, CTuning):
+            return tuning
+        return cls(**{f.name: getattr(tuning, f.name) for f in dataclasses.fields(Tuning)})
 
 
 @dataclass(frozen=True)
@@ -51,7 +162,9 @@ class Target:
             or ``"tree"`` (split and combined as a tree).
         scatter: how commutative accumulating stores may run: ``"ordered"`` or ``"atomic"``.
         skip_stages: names of optional loop stages this target does not run.
-        exp_flush_denormal: ``exp`` gives 0 where its result would be denormal (argument
+        tuning: the backend's size limits and thresholds (:class:`Tuning`; the C backend's
+            :class:`CTuning`).
+        exp_underflow_to_zero: ``exp`` gives 0 where its result would be denormal (argument
             below ln of the smallest normal: -87.33 in float32) and never hands such an
             argument to the math library: glibc's vector exp falls back to scalar code for
             a whole vector when one lane is out of range (masked attention scores made the
@@ -75,7 +188,8 @@ class Target:
     reduction: str = "ordered"
     scatter: str = "ordered"
     skip_stages: frozenset[str] = frozenset()
-    exp_flush_denormal: bool = False
+    tuning: Tuning = field(default_factory=Tuning)
+    exp_underflow_to_zero: bool = False
 
     def __post_init__(self) -> None:
         if self.reduction not in ("ordered", "tree"):
@@ -105,7 +219,7 @@ class Target:
 # µs/step vs 1.3-1.5 µs with BLAS everywhere); at batch 256 (4096-65536 MACs) BLAS wins
 # (11.4 µs vs 12.5 µs with a 65536 threshold). Batch fusion keeps a CNN's 29 MB im2col
 # patches out of memory (one 451 KB image slice per thread instead).
-C_TARGET = Target(name="c", exp_flush_denormal=True)
+C_TARGET = Target(name="c", tuning=CTuning(), exp_underflow_to_zero=True)
 
 
 # A GPU wants parallelism over cache locality: no row form (it serialises the output row
@@ -125,5 +239,8 @@ CUDA_TARGET = Target(
     reduction="tree",
     scatter="atomic",
     # fuse_elementwise_kernels runs: a merged nest maps onto the grid whole (one launch);
-    # tests/test_cuda_gpu.py's fused-program tests are its check on a GPU.
+    # tests/test_cuda_gpu.py's fused-program tests are its check on a GPU. Index-set
+    # splitting is done by the CUDA renderer inside each thread's body (the stage's rule
+    # for which loops stay whole is the C team's, not the grid's).
+    skip_stages=frozenset({"split_index_sets"}),
 )

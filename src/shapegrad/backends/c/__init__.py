@@ -4,7 +4,8 @@ Pipeline: ``compiler.pipeline.lower_program`` with :data:`C_TARGET` (the loop
 stages) -> ``render_c`` -> compile into the disk cache (``toolchain``) ->
 ``dlopen`` -> :class:`CExecutable`. ``SHAPEGRAD_DEBUG=<dir>`` (via
 ``CompileOptions.debug_dir``) receives the program after every loop stage
-(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt`` and ``<name>.c``.
+(``<name>.loopNN_<stage>.txt``), the final ``<name>.loops.txt``, the threading plan
+(``<name>.schedule.txt``, ``schedule.plan_region``) and ``<name>.c``.
 
 Backend options: :class:`~shapegrad.backends.c.options.COptions` (``target``,
 ``contract_min``, ``fuse_epilogues``, ``vector_math``, ``denormals``, ``profile``,
@@ -75,10 +76,11 @@ from shapegrad.backends.c.toolchain import (
 )
 from shapegrad.backends.c.units import LinkSpec, UnitSpec
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.graphkey import Unkeyable, canonical_text
 from shapegrad.compiler.passes import optimize
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
-from shapegrad.compiler.target import Target
+from shapegrad.compiler.target import CTuning, Target
 from shapegrad.ir import Graph
 
 __all__ = [
@@ -107,7 +109,8 @@ def generate(graph: Graph, options: CompileOptions | None = None) -> tuple[L.Pro
     options = options or CompileOptions()
     opts = options.of(COptions)
     program = lower(graph, options)
-    return program, render_c(program, opts.profile, _vector_math(opts), opts.flush)
+    tuning = render.c_tuning(c_target(options))
+    return program, render_c(program, opts.profile, _vector_math(opts), opts.flush, tuning)
 
 
 def lower(graph: Graph, options: CompileOptions) -> L.Program:
@@ -126,6 +129,14 @@ def _flags(opts: COptions) -> tuple[str, ...]:
     return tuple(cflags()) if opts.cflags is None else opts.cflags
 
 
+def _unit_sizes(opts: COptions, tuning: CTuning) -> tuple[int, int]:
+    """(unit_lines, split_min_lines): the options', else the target tuning's."""
+    return (
+        tuning.unit_lines if opts.unit_lines is None else opts.unit_lines,
+        tuning.split_min_lines if opts.split_min_lines is None else opts.split_min_lines,
+    )
+
+
 # Per-unit flags: every unit gets the same flags (DEFAULT_CFLAGS, -O2), by measurement on
 # the 2-core box (gcc 12, 1 thread, load average 5-6, so only ratios within one run count):
 # * `gcc -c` of one ~1500-line kernel unit, wall seconds: 64-layer MLP step -O2 0.49-0.62,
@@ -137,15 +148,11 @@ def _flags(opts: COptions) -> tuple[str, ...]:
 # -O1 saves 10-25% of compile time and costs 6-30% of every step, so no unit gets it.
 
 
-def render_units(program: L.Program, opts: COptions) -> list[CUnit]:
+def render_units(program: L.Program, opts: COptions, target: Target) -> list[CUnit]:
     """``program`` rendered as the translation units the library is built from."""
+    tuning = render.c_tuning(target)
     return render_c_units(
-        program,
-        opts.profile,
-        _vector_math(opts),
-        render.UNIT_LINES if opts.unit_lines is None else opts.unit_lines,
-        render.SPLIT_MIN_LINES if opts.split_min_lines is None else opts.split_min_lines,
-        opts.flush,
+        program, opts.profile, _vector_math(opts), *_unit_sizes(opts, tuning), opts.flush, tuning
     )
 
 
@@ -228,9 +235,7 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
         cpu_identity(),
         str(_vector_math(opts)),
         blas,
-        repr(render.UNIT_LINES),
-        repr(render.SPLIT_MIN_LINES),
-    )
+    )  # the unit sizes are part of the target's tuning, keyed above
 
 
 class CBackend:
@@ -253,7 +258,7 @@ class CBackend:
         t0 = time.perf_counter()
         program = lower(graph, options)
         t1 = time.perf_counter()
-        rendered = render_units(program, options.of(COptions))
+        rendered = render_units(program, options.of(COptions), c_target(options))
         seconds = {"lower": t1 - t0, "render": time.perf_counter() - t1}
         source = "".join(f"/* ===== unit {u.name} ===== */\n{u.source}" for u in rendered)
         return Generated(
@@ -278,6 +283,10 @@ class CBackend:
         t2 = time.perf_counter()
         if options.debug_dir:
             dump_program(options.debug_dir, options.name, program, library.source, ".c")
+            opts = options.of(COptions)
+            tuning = render.c_tuning(c_target(options))
+            plan = render.schedule_text(program, tuning, opts.profile, *_unit_sizes(opts, tuning))
+            write_dump(options.debug_dir, options.name + ".schedule.txt", plan)
         collectives.bind(lib, ffi(), program)
         info = self._store_manifest(graph, program, library, options)
         exe = CExecutable(graph, info, lib, library.path, program)

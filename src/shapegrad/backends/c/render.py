@@ -23,124 +23,42 @@ Layout of the generated file:
 * ``const char sg_key[]`` (appended by the toolchain): the cache key, checked after
   ``dlopen``.
 
-Scheduling (this renderer's own policy, not the IR's): a step with anything worth
-splitting is one ``#pragma omp parallel`` region (``schedule.py``): loop nests whose
-estimated work (``cstyle.estimate_work``) is at least ``REGION_MIN_WORK`` become orphaned
-``omp for`` loops with dynamic chunks of about ``schedule.CHUNK_WORK`` scalar ops; large
+Threading (this renderer's own policy, not the IR's) is planned by ``schedule.py``
+(``plan_region``: a pure function of the kernels, dumped by ``SHAPEGRAD_DEBUG`` as
+``<name>.schedule.txt``) and printed here: a step with anything worth splitting is one
+``#pragma omp parallel`` region: loop nests whose estimated work
+(``splitting.estimate_work``) is at least ``CTuning.region_min_work`` become orphaned
+``omp for`` loops with dynamic chunks of about ``CTuning.chunk_work`` scalar ops; large
 library products are split into blocks of rows or columns of the result (or over their
-summed axis), each block one single-threaded BLAS call, taken dynamically; batch-fused
-products give each thread its own scratch slice; serial kernels run under ``omp single``;
-barriers stand only where a later unit touches memory an earlier one writes. Programs
-with layer loops or collectives keep one ``parallel for`` per large loop (``OMP_MIN_WORK``).
+summed axis), each block one single-threaded BLAS call, taken dynamically
+(``teamsplit.py``); batch-fused products give each thread its own scratch slice; serial
+kernels run under ``omp single``; barriers stand only where a later unit touches memory
+an earlier one writes. Programs with layer loops or collectives keep one ``parallel for``
+per large statement (``CTuning.omp_min_work``). Loops arrive split already (unrolled,
+index-set split: the ``split_index_sets`` loop stage); the renderer prints them. The
+static runtime (team size, adaptive team, flush-to-zero) is the packaged ``runtime.h``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
+from typing import Final
 
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
-from shapegrad.backends.c.products import TeamRenderer, split_kind, split_parts
-from shapegrad.backends.c.schedule import Tracker, Unit, chunk_size, fork_only, split_units
-from shapegrad.backends.cstyle import HELPERS, estimate_work
+from shapegrad.backends.c.schedule import Region, Unit, chunk_size, fork_parallel, plan_region
+from shapegrad.backends.c.teamsplit import TeamRenderer, split_parts
+from shapegrad.backends.cstyle import HELPERS
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.splitting import row_of
+from shapegrad.compiler.target import C_TARGET, CTuning, Target
 
-# Fork/join of a 2-thread OpenMP team costs ~2-5 µs here; a kernel needs roughly this many
-# scalar ops (≈ 20-40 µs of work) before splitting it pays off.
-OMP_MIN_WORK = 1 << 18
-# One OpenMP region per step (``CRenderer.body``); False: one region per large loop.
-ONE_REGION = True
-# Inside the step's one region a split loop costs no fork, only the wait for the slowest
-# thread where a later kernel needs its result, so smaller loops are worth splitting there.
-REGION_MIN_WORK = 1 << 18
-_PRELUDE = r"""
-#include <stdint.h>
-#include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-/* internal symbols shared by the translation units of one library (direct calls, no PLT) */
-#define SG_HIDDEN __attribute__((visibility("hidden")))
-/* team size of every parallel loop (sg_set_threads); a clause, not the calling thread's ICV.
-   Defined once, in the step unit; every kernel unit reads the same variable (as it does
-   sg_adaptive and sg_team_epoch). */
-SG_HIDDEN extern int sg_threads;
-SG_HIDDEN extern int sg_adaptive;
-SG_HIDDEN extern unsigned sg_team_epoch;
-/* The step's region runs with the full team or with one thread, whichever is faster
-   (sg_set_threads(n, adaptive=1); 0: always the full team). Two calls in every SG_PROBE
-   (every SG_PROBE / 4 during the first 16 * SG_PROBE calls) run one with each choice, back to back and in alternating order, so both see the same
-   load; sg_ratio is a moving average of their time ratio (one thread / full team, each
-   pair clamped to [1/2, 2] so one stalled call cannot decide). The other calls use one
-   thread only while sg_ratio < 0.95. Under contention the team usually stays faster (the
-   OS gives each thread its share), but where barriers stall more than the second thread
-   gains, steps fall back to one thread. Blocks and partial sums are cut by sg_threads,
-   not by the team a call ran with, so results do not depend on the choice. */
-#define SG_PROBE 64
-static double sg_ratio = 1.0;
-static double sg_probe_first;
-static unsigned sg_calls;
-#include <time.h>
-static inline double sg_clock(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static unsigned sg_seen_epoch;
-static inline int sg_team_pick(void) {
-    if (sg_seen_epoch != sg_team_epoch) { /* sg_set_threads ran: this unit starts afresh */
-        sg_seen_epoch = sg_team_epoch;
-        sg_ratio = 1.0;
-        sg_calls = 0;
-    }
-    if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
-    if (sg_threads <= 1 || !sg_adaptive) return 1;
-    unsigned period = sg_calls < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE; /* faster at first */
-    unsigned c = sg_calls % period, order = (sg_calls / period) & 1u;
-    ++sg_calls;
-    if (c < 2) return (int)(c ^ order); /* a probe pair */
-    return sg_ratio >= 0.95;
-}
-static inline void sg_team_record(int pick, double seconds) {
-    unsigned call = sg_calls - 1;
-    unsigned c = call % (call < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE);
-    if (c == 0) {
-        sg_probe_first = seconds;
-    } else if (c == 1 && sg_probe_first > 0.0 && seconds > 0.0) {
-        double r = pick ? sg_probe_first / seconds : seconds / sg_probe_first;
-        r = r < 0.5 ? 0.5 : (r > 2.0 ? 2.0 : r);
-        sg_ratio += 0.25 * (r - sg_ratio);
-    }
-}
-static inline int sg_thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-/* Flush-to-zero (render_c(flush_denormals=True) defines SG_FLUSH_DENORMALS): every thread
-   that runs the step sets FTZ|DAZ for the call and restores its own mode after. */
-#if defined(SG_FLUSH_DENORMALS) && (defined(__x86_64__) || defined(__i386__))
-#include <xmmintrin.h>
-#define SG_FP_ENTER unsigned int sg_fp_saved = _mm_getcsr(); _mm_setcsr(sg_fp_saved | 0x8040u)
-#define SG_FP_LEAVE _mm_setcsr(sg_fp_saved)
-#elif defined(SG_FLUSH_DENORMALS) && defined(__aarch64__)
-#define SG_FP_ENTER uint64_t sg_fp_saved; __asm__ __volatile__("mrs %0, fpcr" : "=r"(sg_fp_saved)); \
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved | (1ull << 24)))
-#define SG_FP_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved))
-#else
-#define SG_FP_ENTER (void)0
-#define SG_FP_LEAVE (void)0
-#endif
-static inline int sg_team_size(void) {
-#ifdef _OPENMP
-    return omp_get_num_threads();
-#else
-    return 1;
-#endif
-}
-""" + HELPERS.format(q="static inline")
+# The static C text every unit starts with (packaged ``runtime.h``: team size, adaptive
+# team, flush-to-zero, thread helpers), then the scalar helpers shared with CUDA. Inlined,
+# not ``#include``d by path: the text is part of each unit's source and so of its cache key.
+_PRELUDE = resources.files("shapegrad.backends.c").joinpath("runtime.h").read_text(
+    encoding="utf-8"
+) + HELPERS.format(q="static inline")
 
 _BLAS_DECL = r"""
 #define SG_USES_BLAS 1
@@ -191,112 +109,92 @@ void sg_set_threads(int n, int adaptive) {
 
 
 class CRenderer(TeamRenderer):
-    """C with OpenMP scheduling and OpenBLAS products (see the module docstring).
+    """C with OpenMP threading and OpenBLAS products (see the module docstring).
 
-    ``mode`` says how the statement being rendered runs: ``"fork"`` (no enclosing region:
-    a large loop opens its own ``parallel for``; layer bodies and programs with
-    collectives), ``"shared"`` (inside the step's region, split by an orphaned
-    work-sharing construct) or ``"serial"`` (inside the region, on one thread).
+    ``mode`` (fixed per renderer; a region's units get renderers of their own, sharing the
+    output) says how the statements run: ``"fork"`` (no enclosing region: a large loop
+    opens its own ``parallel for``; layer bodies and programs with collectives),
+    ``"shared"`` (inside the step's region, split by an orphaned work-sharing construct)
+    or ``"serial"`` (inside the region, on one thread). ``fail_to`` (serial units of a
+    group that can fail): the group's ``sg_fail`` index and skip label.
     """
 
-    def __init__(self, program: L.Program) -> None:
-        super().__init__(program)
+    split_at_print = False  # the split_index_sets stage split the loops
+
+    def __init__(
+        self,
+        program: L.Program,
+        tuning: CTuning | None = None,
+        flush_denormals: bool = False,
+        mode: str = "fork",
+        fail_to: tuple[int, str] | None = None,
+    ) -> None:
+        super().__init__(program, tuning, flush_denormals, mode)
         # functions of layer-loop bodies, shared by the renderers of one translation unit
         self.functions: list[str] = []
-        self._fail_to: tuple[int, str] | None = None  # (flag index, skip label) in a region
+        self.fail_to: Final = fail_to
 
-    def body(self, kernels: list[L.Kernel], profile: bool, depth: int = 1, first: int = 0) -> None:
-        """The statements of ``sg_body`` after its opening line, ending in ``return``.
+    def _part(self, mode: str, fail_to: tuple[int, str] | None = None) -> CRenderer:
+        """A renderer for one unit of the region, writing into this one's output."""
+        part = CRenderer(self.program, self.ctuning, self.flush_denormals, mode, fail_to)
+        part.lines = self.lines
+        part.functions = self.functions
+        return part
 
-        With at least one statement worth splitting (and no layer loop or collective),
-        the whole step is one ``#pragma omp parallel`` region (``schedule.py``): shared
-        units are orphaned ``omp for`` loops, runs of serial units one ``omp single``,
-        barriers only where a later unit touches what an earlier one writes. A group that
-        can fail records its code in its own ``sg_fail[g]``; after the group a barrier
+    def body(self, plan: Region, profile: bool, depth: int = 1) -> None:
+        """The statements of a function running ``plan`` (``schedule.plan_region``) after
+        its opening line, ending in ``return``.
+
+        In fork mode each kernel is a block of its own. Otherwise the whole function is
+        one ``#pragma omp parallel`` region: shared units are orphaned ``omp for`` loops,
+        runs of serial units one ``omp single``, barriers where the plan puts them. A group
+        that can fail records its code in its own ``sg_fail[g]``; after the group a barrier
         and a test of that flag send every thread to ``sg_end`` together, so the first
         failing check's code is returned and the rest skipped.
         """
-        one = ONE_REGION and not fork_only(self.program)
-        units = split_units(kernels, self.shareable, first) if one else []
-        if not any(u.shared for u in units):
-            for number, k in enumerate(kernels, first):
-                self.kernel(k, number, profile)
+        if not plan.groups:
+            for number, k in enumerate(plan.kernels, plan.first):
+                self.kernel(k, number, profile, plan.parallel[number - plan.first])
             self.emit(depth, "return 0;")
             return
-        groups: list[list[Unit]] = []
-        for u in units:
-            if u.shared or not groups or groups[-1][0].shared:
-                groups.append([u])
-            else:
-                groups[-1].append(u)
-        failing = [g for g in groups if any(u.fails for u in g)]
         e = self.emit
-        if failing:
-            e(depth, f"int sg_fail[{len(failing)}] = {{0}};")
+        if plan.failing:
+            e(depth, f"int sg_fail[{plan.failing}] = {{0}};")
         e(depth, "const int sg_pick = sg_team_pick();")
         e(depth, "const double sg_start = sg_threads > 1 && sg_adaptive == 1 ? sg_clock() : 0.0;")
-        e(depth, f"#pragma omp parallel num_threads(sg_pick ? {self._team_size(kernels)} : 1)")
+        e(depth, f"#pragma omp parallel num_threads(sg_pick ? {plan.team} : 1)")
         e(depth, "{")
         d = depth + 1
         if self.flush_denormals:
             e(d, "SG_FP_ENTER;")
-        pending = Tracker(self.program)
-        for group in groups:
-            reads = set().union(*(u.reads for u in group))
-            writes = set().union(*(u.writes for u in group))
-            if pending.needs_barrier(reads, writes) or profile:
+        for group in plan.groups:
+            if group.barrier:
                 e(d, "#pragma omp barrier")
-                pending.clear()
-            pending.add(reads, writes)
-            if group[0].shared:
-                self._unit(group[0], d, profile)
+            if group.shared:
+                self._part("shared")._unit(group.units[0], d, profile)
                 continue
-            flag = failing.index(group) if group in failing else -1
+            flag = group.flag
             e(d, "#pragma omp single nowait")
             e(d, "{")
-            self._fail_to = (flag, f"sg_skip{flag}") if flag >= 0 else None
-            for u in group:
-                self._unit(u, d + 1, profile)
-            self._fail_to = None
+            serial = self._part("serial", (flag, f"sg_skip{flag}") if flag >= 0 else None)
+            for u in group.units:
+                serial._unit(u, d + 1, profile)
             if flag >= 0:
                 e(d + 1, f"sg_skip{flag}:;")
             e(d, "}")
             if flag >= 0:
                 e(d, "#pragma omp barrier")
                 e(d, f"if (sg_fail[{flag}]) goto sg_end;")
-                pending.clear()
-        if failing:
+        if plan.failing:
             e(d, "sg_end:;")
         if self.flush_denormals:
             e(d, "SG_FP_LEAVE;")
         e(depth, "}")
         e(depth, "if (sg_start != 0.0) sg_team_record(sg_pick, sg_clock() - sg_start);")
-        if failing:
-            e(depth, f"for (int g = 0; g < {len(failing)}; ++g)")
+        if plan.failing:
+            e(depth, f"for (int g = 0; g < {plan.failing}; ++g)")
             e(depth + 1, "if (sg_fail[g]) return sg_fail[g];")
         e(depth, "return 0;")
-        self.mode = "fork"
-
-    def _team_size(self, kernels: list[L.Kernel]) -> str:
-        """The region's team: ``sg_threads``, at most the scratch slices of any batch-fused
-        product (each thread of the team owns one)."""
-        slots = [s.slots for k in kernels for s in L.walk(k.body) if isinstance(s, L.BatchFused)]
-        if not slots:
-            return "sg_threads"
-        return f"(sg_threads < {min(slots)} ? sg_threads : {min(slots)})"
-
-    def shareable(self, s: L.Stmt) -> bool:
-        """Whether the renderer splits top-level statement ``s`` across the team (the same
-        decisions as ``loop`` and ``contract`` make in fork mode)."""
-        if isinstance(s, L.BatchFused):
-            return True
-        if isinstance(s, L.Contract):
-            return split_kind(s) is not None
-        if isinstance(s, L.Loop) and estimate_work(s) >= REGION_MIN_WORK:
-            if s.kind == "parallel" and s.var.extent > 1:
-                return True
-            return s.kind == "reduction" and _row_of(s) is not None
-        return False
 
     def _unit(self, u: Unit, depth: int, profile: bool) -> None:
         k = u.kernel
@@ -310,7 +208,6 @@ class CRenderer(TeamRenderer):
             self.emit(depth + 1, "double sg_t0 = sg_now();")
         for name in sorted(u.reads | u.writes):
             self.emit(depth + 1, self._pointer(name))
-        self.mode = "shared" if u.shared else "serial"
         for s in u.body:
             self.stmt(s, depth + 1, parallel_ok=u.shared)
         if profile:
@@ -322,8 +219,9 @@ class CRenderer(TeamRenderer):
                 self.emit(depth + 1, f"sg_profile[{u.number}] += sg_now() - sg_t0;")
         self.emit(depth, "}")
 
-    def kernel(self, k: L.Kernel, number: int, profile: bool) -> None:
-        self.mode = "fork"
+    def kernel(self, k: L.Kernel, number: int, profile: bool, parallel: tuple[bool, ...]) -> None:
+        """One kernel as a block of its own (fork mode); ``parallel``: per top-level
+        statement, whether it may split across threads (``schedule.fork_parallel``)."""
         self.emit(1, f"/* {k.name}: root {k.root}; work {k.work} */")
         if k.inlined:
             self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
@@ -332,10 +230,8 @@ class CRenderer(TeamRenderer):
             self.emit(2, "double sg_t0 = sg_now();")
         for name in sorted(L.reads(k.body) | L.writes(k.body)):
             self.emit(2, self._pointer(name))
-        # Each loop nest (concat parts, a library call and its epilogue) is judged on its
-        # own estimated work.
-        for s in k.body:
-            self.stmt(s, 2, parallel_ok=estimate_work(s) >= OMP_MIN_WORK)
+        for s, ok in zip(k.body, parallel, strict=True):
+            self.stmt(s, 2, parallel_ok=ok)
         if profile:
             self.emit(2, f"sg_profile[{number}] += sg_now() - sg_t0;")
         self.emit(1, "}")
@@ -351,15 +247,14 @@ class CRenderer(TeamRenderer):
         """A large parallel loop is split across the team; a large reduction over rows
         (a bias gradient) is split over the row instead (``_split_rows``). Nothing inside
         a serial loop forks a team: a region per iteration would fork thousands of times."""
-        if parallel_ok and s.kind == "parallel" and s.var.extent > 1:
-            self.work_sharing(depth, f"dynamic, {chunk_size(s)}")
-            v = s.var.name
-            self.emit(depth, f"for (int64_t {v} = 0; {v} < {s.var.extent}; ++{v}) {{")
+        if parallel_ok and s.kind == "parallel" and s.trips > 1:
+            self.work_sharing(depth, f"dynamic, {chunk_size(s, self.ctuning)}")
+            self.emit(depth, self.for_header(s))
             self.stmts(s.body, depth + 1, False)
             self.emit(depth, "}")
             self.end_work_sharing(depth)
             return
-        if parallel_ok and s.kind == "reduction" and (row := _row_of(s)) is not None:
+        if parallel_ok and s.kind == "reduction" and (row := row_of(s)) is not None:
             self._split_rows(s, row, depth)
             return
         super().loop(s, depth, parallel_ok and s.var.extent <= 1)
@@ -370,7 +265,7 @@ class CRenderer(TeamRenderer):
         runs in the same order as serially, so results are identical."""
         j = row.var
         e = self.emit
-        parts = split_parts()
+        parts = split_parts(self.ctuning)
         self.work_sharing(depth, "dynamic, 1")
         e(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
         e(depth + 1, f"const int64_t j0 = part * {j.extent} / {parts};")
@@ -393,24 +288,23 @@ class CRenderer(TeamRenderer):
         super().stmt(s, depth, parallel_ok)
 
     def fail(self, code: int) -> str:
-        if self._fail_to is None:
+        if self.fail_to is None:
             return f"return {code};"
-        flag, label = self._fail_to
+        flag, label = self.fail_to
         return f"{{ sg_fail[{flag}] = {code}; goto {label}; }}"
 
     def layer_loop(self, s: L.LayerLoop, depth: int) -> None:
-        """The body as its own function (rendered once), called per layer with its I/O
-        table pointing at the layer's slices (see ``loops.LayerLoop``)."""
+        """The body as its own function (rendered once, fork mode), called per layer with
+        its I/O table pointing at the layer's slices (see ``loops.LayerLoop``)."""
         fn = f"sg_layer{len(self.functions)}"
         self.functions.append("")  # reserve the number; nested bodies come first
-        sub = CRenderer(s.body)
+        sub = CRenderer(s.body, self.ctuning, self.flush_denormals)
         sub.functions = self.functions
-        sub.flush_denormals = self.flush_denormals
         sub.lines.append(f"/* layer body {_comment_safe(s.body.name)} */")
         sub.lines.append(f"static int {fn}(void **restrict io, char *restrict arena) {{")
         sub.emit(1, "(void)io; (void)arena;")
         for number, k in enumerate(s.body.kernels):
-            sub.kernel(k, number, False)
+            sub.kernel(k, number, False, fork_parallel(k, self.ctuning))
         sub.emit(1, "return 0;")
         sub.lines.append("}")
         self.functions[int(fn[len("sg_layer") :])] = "\n".join(sub.lines)
@@ -444,26 +338,9 @@ class _BlockLoop(L.Stmt):
     body: tuple[L.Stmt, ...]
 
 
-def _row_of(nest: L.Loop) -> L.Loop | None:
-    """The row loop of ``for r1.. (reduction): for j (parallel): stores``, when every store
-    in it addresses memory by j (and outer, fixed variables) but never by a reduced one,
-    so blocks of j are independent across all r. None otherwise."""
-    reduced = []
-    s: L.Stmt = nest
-    while isinstance(s, L.Loop) and s.kind == "reduction" and len(s.body) == 1:
-        reduced.append(s.var)
-        s = s.body[0]
-    if not (isinstance(s, L.Loop) and s.kind == "parallel" and s.var.extent > 1 and reduced):
-        return None
-    stores = [x for x in L.walk(s.body) if isinstance(x, L.Store)]
-    if not stores or any(isinstance(x, L.Loop | L.Reduce | L.Contract) for x in L.walk(s.body)):
-        return None
-    for store in stores:
-        if store.index.coef(s.var) == 0 or any(store.index.coef(r) for r in reduced):
-            return None
-        if any(isinstance(a, L.DivMod) for a in store.index.atoms()):
-            return None
-    return s
+def c_tuning(target: Target = C_TARGET) -> CTuning:
+    """The C renderer's constants of ``target`` (C defaults where it has a base record)."""
+    return CTuning.of(target.tuning)
 
 
 def uses_blas(program: L.Program) -> bool:
@@ -519,23 +396,6 @@ class CUnit:
     lines: int
 
 
-# A unit holds about this many generated lines (consecutive kernels, never split), as ONE
-# function: gcc's per-function overhead made one function per kernel cost 12-20% more
-# compiler CPU than one per unit (GPT step 3.0-3.2 vs 2.7-2.9 s; 64-layer MLP 1.8-1.9 vs
-# 1.5 s). Units of 600 or 1200 lines cost the same CPU (GPT 2.7-2.9 s, MLP 1.5 s); 600
-# gives 7-8 units, which balance better over the compiler processes and recompile less
-# after an edit. Per unit, gcc's start-up is ~0.1 s wall (cc1 + as; the 70-line shared
-# header parses in 0.04 s).
-UNIT_LINES = 600
-# Programs below this many kernel lines stay one unit. Measured (gcc 12, -O2, compiler CPU
-# seconds, one unit vs 600-line units + step unit + link, load average 7 so wall times are
-# not comparable): MLP step depth 8 (~700 lines) 0.18 vs 0.21, depth 16 (~1300) 0.35 vs
-# 0.37, depth 32 (~2000) 0.82 vs 0.76, depth 64 (3900) 1.9 vs 1.5, GPT (4400) 2.5-2.8 vs
-# 2.7-2.8. On two free cores the split finishes in about half its CPU time, so it pays
-# from ~1000 lines on; below, the extra units and the link cost more than they save.
-SPLIT_MIN_LINES = 1000
-
-
 def _header(
     program: L.Program, profile: bool, vector_math: bool, flush_denormals: bool
 ) -> list[str]:
@@ -561,14 +421,14 @@ def _profile_storage(program: L.Program, profile: bool) -> list[str]:
     return [f"double sg_profile[{max(len(program.kernels), 1)}];"] if profile else []
 
 
-def _kernel_lines(program: L.Program) -> list[int]:
+def _kernel_lines(program: L.Program, tuning: CTuning) -> list[int]:
     """Each kernel's rendered size in lines (its block and its layer functions), to cut the
     program into units; rendered on its own, outside any region."""
-    w = CRenderer(program)
+    w = CRenderer(program, tuning)
     sizes = []
     for number, k in enumerate(program.kernels):
         first_line, first_fn = len(w.lines), len(w.functions)
-        w.kernel(k, number, False)
+        w.kernel(k, number, False, fork_parallel(k, tuning))
         functions = w.functions[first_fn:]
         sizes.append(len(w.lines) - first_line + sum(f.count("\n") + 1 for f in functions))
     return sizes
@@ -576,19 +436,18 @@ def _kernel_lines(program: L.Program) -> list[int]:
 
 def _function(
     program: L.Program,
-    kernels: list[L.Kernel],
-    first: int,
+    plan: Region,
     signature: str,
     profile: bool,
     flush_denormals: bool,
+    tuning: CTuning,
 ) -> list[str]:
-    """``signature`` with ``kernels`` as its body (one OpenMP region when anything is worth
-    splitting, ``CRenderer.body``), preceded by the layer functions it calls."""
-    w = CRenderer(program)
-    w.flush_denormals = flush_denormals
+    """``signature`` with ``plan``'s kernels as its body (one OpenMP region when anything
+    is worth splitting, ``CRenderer.body``), preceded by the layer functions it calls."""
+    w = CRenderer(program, tuning, flush_denormals)
     w.lines.append(signature + " {")
     w.emit(1, "(void)io; (void)arena;")
-    w.body(kernels, profile, first=first)
+    w.body(plan, profile)
     w.lines.append("}")
     # layer bodies (declared first: a body may call a nested body defined after it)
     declared = [
@@ -603,53 +462,45 @@ def render_c(
     profile: bool = False,
     vector_math: bool = False,
     flush_denormals: bool = False,
+    tuning: CTuning | None = None,
 ) -> str:
     """The full C source of ``program`` (its I/O table already numbered) as one unit.
 
     With ``profile`` every kernel adds its wall time to ``double sg_profile[k]``; with
     ``vector_math`` transcendental calls in vectorizable loops use libmvec (link ``-lmvec``);
-    with ``flush_denormals`` the entry points and every thread of their OpenMP teams run
-    with denormal floats flushed to zero (x86 MXCSR FTZ and DAZ, aarch64 FPCR FZ), and
-    restore their previous mode when the call returns.
+    with ``flush_denormals`` (a floating-point mode) the entry points and every thread of
+    their OpenMP teams run with denormal floats flushed to zero (x86 MXCSR FTZ and DAZ,
+    aarch64 FPCR FZ), and restore their previous mode when the call returns. ``tuning``:
+    the target's C constants (default: ``C_TARGET``'s).
 
     Example:
         >>> print(render_c(program))
     """
+    tuning = tuning if tuning is not None else c_tuning()
+    plan = plan_region(program, program.kernels, tuning, profile=profile)
     lines = [*_header(program, profile, vector_math, flush_denormals)]
     lines += [*_profile_storage(program, profile), ""]
     signature = "static int sg_body(void **restrict io, char *restrict arena)"
-    lines += _function(program, list(program.kernels), 0, signature, profile, flush_denormals)
+    lines += _function(program, plan, signature, profile, flush_denormals, tuning)
     lines.append(_STEPS)
     return "\n".join(lines) + "\n"
 
 
-def render_c_units(
+def unit_groups(
     program: L.Program,
-    profile: bool = False,
-    vector_math: bool = False,
-    unit_lines: int = UNIT_LINES,
-    split_min_lines: int = SPLIT_MIN_LINES,
-    flush_denormals: bool = False,
-) -> list[CUnit]:
-    """``program`` as translation units compiled separately (in parallel, each cached by its
-    own content) and linked into one library: the step unit (``sg_body`` calling one
-    function per kernel unit, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus kernel
-    units of about ``unit_lines`` lines each.
-
-    Kernel unit ``g`` holds consecutive kernels as the body of one function
-    ``SG_HIDDEN int sg_kernels<g>(void **io, char *arena)`` (one OpenMP region of its own,
-    see ``CRenderer.body``), returning 0 or the first error code; state shared by the units
-    (``sg_threads``, ``sg_adaptive``, ``sg_team_epoch``, ``sg_profile``) is declared
-    ``extern`` in the common header and defined in the step unit. Programs under
-    ``split_min_lines`` lines, and programs with collectives (their MPI entry points are
-    per-unit statics), stay one unit (:func:`render_c`).
-    """
-    sizes = _kernel_lines(program)
+    tuning: CTuning,
+    unit_lines: int | None = None,
+    split_min_lines: int | None = None,
+) -> tuple[list[list[int]], int]:
+    """(kernel numbers of each kernel unit, total kernel lines): consecutive kernels of
+    about ``unit_lines`` lines per unit; one group when the program stays one unit
+    (under ``split_min_lines`` lines, collectives, or a single kernel)."""
+    unit_lines = tuning.unit_lines if unit_lines is None else unit_lines
+    split_min_lines = tuning.split_min_lines if split_min_lines is None else split_min_lines
+    sizes = _kernel_lines(program, tuning)
     total = sum(sizes)
     if total < split_min_lines or program.communicators or len(sizes) < 2:
-        source = render_c(program, profile, vector_math, flush_denormals)
-        return [CUnit("step", source, total)]
-    header = _header(program, profile, vector_math, flush_denormals)
+        return [list(range(len(sizes)))], total
     groups: list[list[int]] = [[]]
     size = 0
     for n, kernel_lines in enumerate(sizes):
@@ -658,18 +509,87 @@ def render_c_units(
             size = 0
         groups[-1].append(n)
         size += kernel_lines
+    return groups, total
+
+
+def plan_units(
+    program: L.Program,
+    tuning: CTuning,
+    profile: bool = False,
+    unit_lines: int | None = None,
+    split_min_lines: int | None = None,
+) -> list[Region]:
+    """The threading plan of each kernel unit :func:`render_c_units` writes (one plan, the
+    whole program's, when it stays one unit)."""
+    groups, _total = unit_groups(program, tuning, unit_lines, split_min_lines)
+    return [
+        plan_region(program, [program.kernels[n] for n in g], tuning, g[0] if g else 0, profile)
+        for g in groups
+    ]
+
+
+def schedule_text(
+    program: L.Program,
+    tuning: CTuning,
+    profile: bool = False,
+    unit_lines: int | None = None,
+    split_min_lines: int | None = None,
+) -> str:
+    """The threading plans of ``program``'s functions as text (``SHAPEGRAD_DEBUG``'s
+    ``<name>.schedule.txt``), layer bodies included."""
+    plans = plan_units(program, tuning, profile, unit_lines, split_min_lines)
+    out = []
+    for g, plan in enumerate(plans):
+        name = "sg_body" if len(plans) == 1 else f"sg_kernels{g}"
+        out.append(f"{name}: {plan.format(tuning)}")
+    for nested in list(L.nested_programs(program))[1:]:
+        plan = plan_region(nested, nested.kernels, tuning, nested=True)
+        out.append(f"layer body {nested.name}: {plan.format(tuning)}")
+    return "\n".join(out) + "\n"
+
+
+def render_c_units(
+    program: L.Program,
+    profile: bool = False,
+    vector_math: bool = False,
+    unit_lines: int | None = None,
+    split_min_lines: int | None = None,
+    flush_denormals: bool = False,
+    tuning: CTuning | None = None,
+) -> list[CUnit]:
+    """``program`` as translation units compiled separately (in parallel, each cached by its
+    own content) and linked into one library: the step unit (``sg_body`` calling one
+    function per kernel unit, ``sg_run``/``sg_run_steps``/``sg_set_threads``) plus kernel
+    units of about ``unit_lines`` lines each (default ``tuning.unit_lines``).
+
+    Kernel unit ``g`` holds consecutive kernels as the body of one function
+    ``SG_HIDDEN int sg_kernels<g>(void **io, char *arena)`` (one OpenMP region of its own,
+    see ``CRenderer.body``), returning 0 or the first error code; state shared by the units
+    (``sg_threads``, ``sg_adaptive``, ``sg_team_epoch``, ``sg_profile``) is declared
+    ``extern`` in the common header and defined in the step unit. Programs under
+    ``split_min_lines`` lines (default ``tuning.split_min_lines``), and programs with
+    collectives (their MPI entry points are per-unit statics), stay one unit
+    (:func:`render_c`).
+    """
+    tuning = tuning if tuning is not None else c_tuning()
+    groups, total = unit_groups(program, tuning, unit_lines, split_min_lines)
+    if len(groups) == 1:
+        source = render_c(program, profile, vector_math, flush_denormals, tuning)
+        return [CUnit("step", source, total)]
+    header = _header(program, profile, vector_math, flush_denormals)
     units = []
     signature = "(void **restrict io, char *restrict arena)"
     calls = [f"sg_kernels{g}" for g in range(len(groups))]
     for g, numbers in enumerate(groups):
         kernels = [program.kernels[n] for n in numbers]
+        plan = plan_region(program, kernels, tuning, numbers[0], profile)
         fn = _function(
             program,
-            kernels,
-            numbers[0],
+            plan,
             f"SG_HIDDEN int {calls[g]}{signature}",
             profile,
             flush_denormals,
+            tuning,
         )
         lines = [*header, "", *fn]
         units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))

@@ -20,6 +20,12 @@ own flag, so every thread leaves the region at the same point (see ``render.py``
 
 Programs with layer loops or collectives keep one region per large loop (``fork``
 mode): a layer body is a function called per layer, and MPI calls belong to one thread.
+
+:func:`plan_region` is the whole decision as a pure function of the kernels (a
+:class:`Region`: groups, barriers, failure flags, team size, or fork mode with each
+statement's "may split" flag); the renderer prints what it says, and ``SHAPEGRAD_DEBUG``
+dumps it (``<name>.schedule.txt``, :meth:`Region.format`). The thresholds are the
+target's :class:`~shapegrad.compiler.target.CTuning`.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shapegrad.backends.cstyle import estimate_work
+from shapegrad.backends.c.teamsplit import split_kind
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.splitting import estimate_work, row_of
+from shapegrad.compiler.target import CTuning
 
 
 @dataclass(frozen=True)
@@ -134,16 +142,161 @@ class Tracker:
         return spec.offset, spec.offset + spec.size * spec.dtype.numpy.itemsize
 
 
-# Target work of one dynamically scheduled chunk of a parallel loop, in the scalar ops of
-# ``cstyle.estimate_work``: small enough that a thread which keeps running takes most of
-# the chunks when the other one is descheduled, large enough that taking a chunk (one
-# atomic increment) stays negligible. Measured: see ``benchmarks/train_step.py`` and the
-# README's threading section.
-CHUNK_WORK = 1 << 15
-
-
-def chunk_size(loop: L.Loop) -> int:
-    """Iterations per dynamic chunk of ``loop`` (at least 1, at most an eighth of it)."""
+def chunk_size(loop: L.Loop, tuning: CTuning) -> int:
+    """Iterations per dynamic chunk of ``loop`` (at least 1, at most a
+    ``tuning.min_chunks``-th of it): about ``tuning.chunk_work`` scalar ops each."""
     per_iteration = max(1, sum(estimate_work(s) for s in loop.body))
-    chunk = math.ceil(CHUNK_WORK / per_iteration)
-    return max(1, min(chunk, loop.var.extent // 8))
+    chunk = math.ceil(tuning.chunk_work / per_iteration)
+    return max(1, min(chunk, loop.trips // tuning.min_chunks))
+
+
+def shareable(s: L.Stmt, tuning: CTuning) -> bool:
+    """Whether the team splits top-level statement ``s`` inside the step's region (the
+    same splits ``render.CRenderer`` makes in fork mode): a batch-fused product, a product
+    ``teamsplit.split_kind`` splits, or a loop of at least ``tuning.region_min_work``
+    scalar ops that is parallel or a reduction over rows (``splitting.row_of``)."""
+    if isinstance(s, L.BatchFused):
+        return True
+    if isinstance(s, L.Contract):
+        return split_kind(s, tuning) is not None
+    if isinstance(s, L.Loop) and estimate_work(s) >= tuning.region_min_work:
+        if s.kind == "parallel" and s.trips > 1:
+            return True
+        return s.kind == "reduction" and row_of(s) is not None
+    return False
+
+
+@dataclass(frozen=True)
+class Group:
+    """Units run back to back: one shared unit, or serial units under one ``omp single``.
+
+    Attributes:
+        units: the units, in program order.
+        barrier: a ``#pragma omp barrier`` stands before the group.
+        flag: the group's ``sg_fail`` index when it can fail a bounds check, else -1.
+    """
+
+    units: tuple[Unit, ...]
+    barrier: bool
+    flag: int
+
+    @property
+    def shared(self) -> bool:
+        return self.units[0].shared
+
+
+@dataclass(frozen=True)
+class Region:
+    """The threading plan of one C function (``sg_body`` or a kernel unit's function).
+
+    Attributes:
+        first: the ``sg_profile`` number of the first kernel.
+        kernels: the function's kernels.
+        groups: the step's one region, in order; empty: fork mode (each kernel a block of
+            its own, a large statement opening its own ``parallel for``).
+        parallel: fork mode only: per kernel, per top-level statement, whether it may be
+            split across threads (at least ``CTuning.omp_min_work`` scalar ops).
+        team: the region's ``num_threads`` expression.
+        failing: how many groups can fail (the size of ``sg_fail``).
+    """
+
+    first: int
+    kernels: tuple[L.Kernel, ...]
+    groups: tuple[Group, ...]
+    parallel: tuple[tuple[bool, ...], ...]
+    team: str
+    failing: int
+
+    def format(self, tuning: CTuning) -> str:
+        """The plan as text (the ``SHAPEGRAD_DEBUG`` dump)."""
+        if not self.groups:
+            lines = [f"fork mode: {len(self.kernels)} kernels from k#{self.first}"]
+            for k, flags in zip(self.kernels, self.parallel, strict=True):
+                split = [n for n, ok in enumerate(flags) if ok]
+                lines.append(
+                    f"  {k.name}: " + (f"statements {split} may split" if split else "serial")
+                )
+            return "\n".join(lines)
+        lines = [f"one region, team {self.team}, {self.failing} failure flags"]
+        for g in self.groups:
+            if g.barrier:
+                lines.append("  barrier")
+            where = "shared" if g.shared else "single"
+            fail = f" (fails to sg_fail[{g.flag}], then barrier)" if g.flag >= 0 else ""
+            lines.append(f"  {where}{fail}:")
+            for u in g.units:
+                lines.append(f"    {u.kernel.name}: {_describe(u, tuning)}")
+        return "\n".join(lines)
+
+
+def _describe(u: Unit, tuning: CTuning) -> str:
+    if not u.shared:
+        return f"{len(u.body)} statements"
+    s = u.body[0]
+    if isinstance(s, L.BatchFused):
+        return f"batch-fused product, {s.slots} slots"
+    if isinstance(s, L.Contract):
+        return f"product split by {split_kind(s, tuning)}"
+    assert isinstance(s, L.Loop)
+    if s.kind == "reduction":
+        return f"reduction over rows of {s.var.name}, row split"
+    return f"loop over {s.var.name} ({s.trips}), dynamic chunks of {chunk_size(s, tuning)}"
+
+
+def fork_parallel(kernel: L.Kernel, tuning: CTuning) -> tuple[bool, ...]:
+    """Fork mode: per top-level statement of ``kernel``, whether it is large enough to open
+    its own ``parallel for`` (each loop nest, a library call and its epilogue, judged on
+    its own estimated work: at least ``tuning.omp_min_work`` scalar ops)."""
+    return tuple(estimate_work(s) >= tuning.omp_min_work for s in kernel.body)
+
+
+def plan_region(
+    program: L.Program,
+    kernels: list[L.Kernel] | tuple[L.Kernel, ...],
+    tuning: CTuning,
+    first: int = 0,
+    profile: bool = False,
+    nested: bool = False,
+) -> Region:
+    """The threading plan of a function running ``kernels`` of ``program`` (numbered from
+    ``first``): one region when anything is worth splitting (``tuning.one_region``, no
+    layer loop or collective in the program, not a layer body: ``nested``), else fork
+    mode. With ``profile`` every group is preceded by a barrier (each kernel timed alone).
+    """
+    one = tuning.one_region and not nested and not fork_only(program)
+    units = split_units(list(kernels), lambda s: shareable(s, tuning), first) if one else []
+    kernels = tuple(kernels)
+    if not any(u.shared for u in units):
+        parallel = tuple(fork_parallel(k, tuning) for k in kernels)
+        return Region(first, kernels, (), parallel, "sg_threads", 0)
+    runs: list[list[Unit]] = []
+    for u in units:
+        if u.shared or not runs or runs[-1][0].shared:
+            runs.append([u])
+        else:
+            runs[-1].append(u)
+    groups: list[Group] = []
+    pending = Tracker(program)
+    failing = 0
+    for run in runs:
+        reads = set().union(*(u.reads for u in run))
+        writes = set().union(*(u.writes for u in run))
+        barrier = pending.needs_barrier(reads, writes) or profile
+        if barrier:
+            pending.clear()
+        pending.add(reads, writes)
+        flag = -1
+        if not run[0].shared and any(u.fails for u in run):
+            flag, failing = failing, failing + 1
+            pending.clear()  # the barrier after a failing group
+        groups.append(Group(tuple(run), barrier, flag))
+    return Region(first, kernels, tuple(groups), (), _team_size(kernels), failing)
+
+
+def _team_size(kernels: tuple[L.Kernel, ...]) -> str:
+    """The region's team: ``sg_threads``, at most the scratch slices of any batch-fused
+    product (each thread of the team owns one)."""
+    slots = [s.slots for k in kernels for s in L.walk(k.body) if isinstance(s, L.BatchFused)]
+    if not slots:
+        return "sg_threads"
+    return f"(sg_threads < {min(slots)} ? sg_threads : {min(slots)})"

@@ -1,10 +1,12 @@
-"""Library products across the OpenMP team: the C renderer's rules for ``Contract`` and
-``BatchFused`` statements and the work-sharing primitives they share with loops.
+"""Team splitting of library products: the C renderer's rules for ``Contract`` and
+``BatchFused`` statements across the OpenMP team, and the work-sharing primitives they
+share with loops.
 
-A :class:`TeamRenderer` renders in one of three modes (``mode``): ``"fork"`` (no enclosing
-OpenMP region: a split opens its own), ``"shared"`` (inside the step's one region: an
-orphaned work-sharing construct, ``nowait``; the caller places barriers) or ``"serial"``
-(inside the region on one thread: nothing is split). Large products are cut into blocks
+A :class:`TeamRenderer` renders in one of three modes, fixed when it is made (``mode``,
+chosen by the schedule, ``schedule.py``): ``"fork"`` (no enclosing OpenMP region: a split
+opens its own), ``"shared"`` (inside the step's one region: an orphaned work-sharing
+construct, ``nowait``; the caller places barriers) or ``"serial"`` (inside the region on
+one thread: nothing is split). Large products are cut into blocks
 of rows or columns of the result, each one single-threaded BLAS call taken dynamically
 by whichever thread is free; sums of products into small outputs are cut into groups of
 the summed axis whose partials are added in group order. Blocks and groups are cut by
@@ -16,37 +18,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Final
 
 from shapegrad.backends.cstyle import CStyleRenderer
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.target import CTuning
 
-# Library products at least this large (multiply-adds) are split into row blocks, one
-# single-threaded BLAS call per OpenMP thread (nested BLAS threading is never used).
-CONTRACT_SPLIT_MACS = 1 << 20
-# A large sum of products whose output has at most this many elements is split over the
-# summed axis instead (each thread keeps a private partial of the output on its stack):
-# the products keep all their rows (m=32, not 16, for the CNN's weight gradient).
-SUM_SPLIT_MAX_OUT = 1 << 14
-# Blocks per configured thread of a split product or row reduction, taken dynamically (a
-# thread that keeps running takes a block the other has not started). Measured, 2 threads,
-# MLP 784-512-512-10 step, in-process interleaved: 1 block per thread 1.95 ms, 2 blocks
-# 2.00 ms (quiet); 11.9 vs 13.7 ms (2 busy processes). Every extra block packs the other
-# operand again: 128x784x512 on one thread, 1 call 759 us, 2 row blocks 844 us, 4 row
-# blocks 1027 us, 4 column blocks 857 us (CPU time, /tmp benchmark in the report).
-SPLIT_PARTS = 1
-# Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
-# ``_split_kind``).
-COLUMN_SPLIT = True
+# The split thresholds and block counts are fields of ``CTuning`` (``compiler/target.py``):
+# ``contract_split_macs``, ``sum_split_max_out``, ``split_parts``, ``column_split``.
+MODES = ("fork", "shared", "serial")
 
 
 class TeamRenderer(CStyleRenderer):
     """Work-sharing primitives and library products (see the module docstring)."""
 
-    def __init__(self, program: L.Program) -> None:
-        super().__init__(program)
-        self.mode = "fork"
+    def __init__(
+        self,
+        program: L.Program,
+        tuning: CTuning | None = None,
+        flush_denormals: bool = False,
+        mode: str = "fork",
+    ) -> None:
+        ctuning = tuning if tuning is not None else CTuning()
+        super().__init__(program, ctuning)
+        if mode not in MODES:
+            raise ValueError(f"TeamRenderer: mode must be one of {MODES}, got {mode!r}")
+        self.ctuning: Final = ctuning
+        self.mode: Final = mode
         # every region sets flush-to-zero on its threads (``render_c(flush_denormals=True)``)
-        self.flush_denormals = False
+        self.flush_denormals: Final = flush_denormals
 
     def work_sharing(self, depth: int, schedule: str) -> None:
         """The pragma that splits the next ``for`` across the team."""
@@ -96,7 +96,7 @@ class TeamRenderer(CStyleRenderer):
         f = "f" if s.dtype.name == "float32" else ""
         one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
-        kind = split_kind(s) if self.mode != "serial" else None
+        kind = split_kind(s, self.ctuning) if self.mode != "serial" else None
         if kind == "sum":
             self.contract_sum_split(s, depth)
             return
@@ -106,7 +106,7 @@ class TeamRenderer(CStyleRenderer):
         if kind == "batch":  # many independent products: whole products per thread
             self.work_sharing(depth, "dynamic, 1")
         elif kind in ("rows", "cols"):
-            parts = split_parts()
+            parts = split_parts(self.ctuning)
             extent = s.m if kind == "rows" else s.n
             self.work_sharing(depth, "dynamic, 1")
             self.emit(depth, f"for (int64_t part = 0; part < {parts}; ++part) {{")
@@ -257,22 +257,24 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth, "}")
 
 
-def split_kind(s: L.Contract) -> str | None:
+def split_kind(s: L.Contract, tuning: CTuning) -> str | None:
     """How a product is split across the team: ``"sum"`` (a large sum of few outputs: over
-    the summed axis), ``"batch"`` (whole products of a batch of at least 8), ``"rows"`` or
-    ``"cols"`` (blocks of ``c``; columns when ``op(a)`` is smaller than ``op(b)``, so the
-    operand every block packs again is the small one), or None (too small: one call)."""
-    if s.m * s.n * s.k * s.batch * s.sum_batch < CONTRACT_SPLIT_MACS:
+    the summed axis), ``"batch"`` (whole products of a batch of at least
+    ``tuning.batch_split_min``), ``"rows"`` or ``"cols"`` (blocks of ``c``, each at least
+    ``tuning.block_split_min`` long; columns when ``op(a)`` is smaller than ``op(b)``, so
+    the operand every block packs again is the small one), or None (too small: one call)."""
+    if s.m * s.n * s.k * s.batch * s.sum_batch < tuning.contract_split_macs:
         return None
-    if s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= SUM_SPLIT_MAX_OUT:
+    if s.batch == 1 and s.sum_batch >= 2 and s.m * s.n <= tuning.sum_split_max_out:
         return "sum"
-    if s.batch >= 8:
+    if s.batch >= tuning.batch_split_min:
         return "batch"
+    rows = s.m >= tuning.block_split_min
     if s.batch > 1:
-        return None if s.m < 16 else "rows"
-    if COLUMN_SPLIT and s.m < s.n and s.n >= 16:
+        return "rows" if rows else None
+    if tuning.column_split and s.m < s.n and s.n >= tuning.block_split_min:
         return "cols"
-    return "rows" if s.m >= 16 else None
+    return "rows" if rows else None
 
 
 def _partial_transposed(s: L.Contract) -> bool:
@@ -308,9 +310,9 @@ def _alpha(s: L.Contract) -> str:
     return f"({s.alpha!r}{f} * {s.alpha_buffer}[{s.alpha_index}])"
 
 
-def split_parts() -> str:
+def split_parts(tuning: CTuning) -> str:
     """C expression: the blocks a split product or row reduction is cut into
-    (``SPLIT_PARTS`` per configured thread; one block when threading is off)."""
-    if SPLIT_PARTS == 1:
+    (``tuning.split_parts`` per configured thread; one block when threading is off)."""
+    if tuning.split_parts == 1:
         return "sg_threads"
-    return f"(sg_threads > 1 ? {SPLIT_PARTS} * sg_threads : 1)"
+    return f"(sg_threads > 1 ? {tuning.split_parts} * sg_threads : 1)"
