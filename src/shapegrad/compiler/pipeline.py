@@ -98,7 +98,8 @@ def stage_plan_fusion(unit: LoopUnit) -> LoopUnit:
 
 def stage_build_kernels(unit: LoopUnit) -> LoopUnit:
     assert unit.plan is not None, "build_kernels runs after plan_fusion"
-    return replace(unit, program=build_kernels(unit.graph, unit.plan, unit.target, unit.name))
+    program = build_kernels(unit.graph, unit.plan, unit.target, unit.name, lower_program)
+    return replace(unit, program=program)
 
 
 def stage_schedule_outputs_early(unit: LoopUnit) -> LoopUnit:

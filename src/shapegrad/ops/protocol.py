@@ -40,13 +40,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from shapegrad.dtypes import DType, DTypeError, as_dtype, bool_, check_fits, int32
 from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
-
-if TYPE_CHECKING:
-    from shapegrad.tensor import Tensor
 
 Attrs = Mapping[str, Any]
 
@@ -142,14 +139,6 @@ class AVal:
 
     def __str__(self) -> str:
         return f"{self.dtype.name}{fmt(self.shape)}"
-
-
-class Ops(Protocol):
-    """An interpreter of primitives. ``apply`` is the single entry point."""
-
-    def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
-        """Run (eager) or record (graph) ``prim`` on ``inputs``; shapes are checked first."""
-        ...
 
 
 # ---------------------------------------------------------------------------

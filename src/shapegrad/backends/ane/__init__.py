@@ -21,6 +21,7 @@ from pathlib import Path
 from shapegrad.backends.base import CompileOptions, register_backend
 from shapegrad.ir import Graph
 
+from ._errors import AneLoweringError
 from .executable import (
     AneExecutable,
     AneExecutionUnavailable,
@@ -28,7 +29,7 @@ from .executable import (
     MilRunner,
     can_execute,
 )
-from .lowering import AneLoweringError, MilProgram, lower_to_mil
+from .lowering import MilProgram, lower_to_mil
 from .package import Package, build_package, dump_mil
 
 

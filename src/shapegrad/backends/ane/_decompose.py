@@ -24,6 +24,7 @@ from shapegrad.dtypes import bool_
 from shapegrad.ir import Node
 from shapegrad.ops.protocol import parse_einsum_spec
 
+from ._errors import AneLoweringError
 from ._mil import Var
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ def _einsum_unary(lo: _Lowerer, node: Node, x: Var, term: str, out: str) -> Var:
 
 def lower_scatter_add(lo: _Lowerer, node: Node, args: list[Var]) -> Var:
     """SCATTER_ADD as ``onehot(idx)^T @ updates`` with updates viewed as ``[P, C, Q]``."""
-    from .lowering import AneLoweringError
-
     updates, idx = args
     if node.aval.dtype == bool_:
         raise AneLoweringError("scatter_add", "bool updates (sum of bools has no MIL matmul)")
