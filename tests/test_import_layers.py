@@ -64,6 +64,7 @@ CORE_SUBLAYERS: list[tuple[str, set[str]]] = [
             "shapegrad.ops",
             "shapegrad.ops.protocol",
             "shapegrad.ops.einsum_plan",
+            "shapegrad.ops.einsum_roles",
             "shapegrad.ops.reference",
             "shapegrad.ops.scan",
             "shapegrad.ir",
