@@ -26,6 +26,12 @@ loop (``ops/reference.py`` calls :meth:`Body.run`), and the same VJP rule applie
 Randomness inside a body (dropout) is part of the traced body, so a recomputation
 replays the same mask; every layer of a loop sees the same seed (pass per-layer
 noise through ``xs`` for different masks).
+
+Where the pieces live, bottom to top: SCAN's IR data (``Body``, ``Layout``, the shape
+rule, the NumPy semantics) in ``ops/scan.py``, read by the compiler
+(``compiler/layerloop.py``); tracing a body and the recompute VJP in ``_scan.py``; the
+residuals policy in ``_remat.py``; this module: the user API and the VJP rule that
+picks a policy.
 """
 
 from __future__ import annotations

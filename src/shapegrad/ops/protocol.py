@@ -107,7 +107,7 @@ class Prim(enum.Enum):
     ALL_GATHER = "all_gather"  # leading axes of every process, concatenated in rank order
     REDUCE_SCATTER = "reduce_scatter"  # sum over processes, leading-axis block `rank` kept
     BROADCAST_FROM = "broadcast_from"  # attrs: comm, root: the root's value on every process
-    # structured: a loop over a body sub-graph traced once (``shapegrad/control.py``)
+    # structured: a loop over a body sub-graph traced once (``ops/scan.py``)
     SCAN = "scan"
 
 
@@ -399,7 +399,7 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_indexing(prim, avals, attrs)
     if prim in COLLECTIVES:
         return _infer_collective(prim, avals, attrs)
-    if prim is Prim.SCAN:  # the traced body knows its shapes (``shapegrad/control.py``)
+    if prim is Prim.SCAN:  # the traced body knows its shapes (``ops/scan.py``)
         aval: AVal = attrs["body"].infer(avals, attrs)
         return aval
     if prim in SOURCES:
