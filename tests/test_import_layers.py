@@ -333,3 +333,30 @@ def test_compiler_and_backends_never_import_tracing_or_autodiff(package: str) ->
         and i.imported in ("shapegrad.jit", "shapegrad.autodiff", "shapegrad.ops.eager")
     ]
     assert bad == []
+
+
+def test_tensor_operators_installed_from_above_match_their_declarations() -> None:
+    """``tensor.py`` declares Tensor's operators for the type checker; ``_tensor_methods.py``
+    (above the ops they forward to) defines and installs them: the two lists agree."""
+    import shapegrad._tensor_methods as methods
+    from shapegrad.tensor import Tensor
+
+    tree = ast.parse((ROOT / "tensor.py").read_text(encoding="utf-8"))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Tensor"]
+    declared = {
+        f.name
+        for block in cls.body
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for f in block.body
+        if isinstance(f, ast.FunctionDef)
+    }
+    defined = {
+        name
+        for name, value in vars(methods._TensorMethods).items()
+        if callable(value) or isinstance(value, property)
+    }
+    assert declared == defined
+    for name in declared:
+        value = vars(Tensor)[name]
+        function = value.fget if isinstance(value, property) else value
+        assert function.__module__ == "shapegrad._tensor_methods", name

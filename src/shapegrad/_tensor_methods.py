@@ -233,7 +233,9 @@ def _axes_arg(op: str, axes: tuple[Any, ...]) -> tuple[int, ...] | None:
 
 def _install() -> None:
     for name, value in vars(_TensorMethods).items():
-        if isinstance(value, FunctionType | property):
+        function = value.fget if isinstance(value, property) else value
+        if isinstance(function, FunctionType):
+            function.__qualname__ = f"Tensor.{name}"  # what tracebacks and help() show
             setattr(Tensor, name, value)
 
 
