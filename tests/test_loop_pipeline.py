@@ -56,6 +56,7 @@ def _stmts(program: L.Program) -> list[L.Stmt]:
 def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
     names = [s.name for s in LOOP_PIPELINE]
     assert names == [
+        "choose_conv_algorithm",
         "plan_fusion",
         "build_kernels",
         "schedule_outputs_early",

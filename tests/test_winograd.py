@@ -3,7 +3,8 @@
 Values against the direct NumPy reference and im2col (float64 and float32, odd sizes,
 padding 0/1, batch 1, one channel), gradients against float64 central differences
 along a random direction with a random cotangent, eager and compiled C, and the
-``algorithm`` option's rule and errors.
+``algorithm`` option's rule (``"auto"``: the Target's ``choose_conv_algorithm``
+rewrite) and errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import pytest
 
 import references as R
 import shapegrad as sg
+from shapegrad.compiler.conv_algorithm import choose_conv_algorithm
+from shapegrad.compiler.pipeline import lower_program
+from shapegrad.compiler.target import C_TARGET, CUDA_TARGET
+from shapegrad.ir import Graph
+from shapegrad.ops.protocol import Prim
 
 # The module, not the sg.conv2d function re-exported under the package.
 conv_module = importlib.import_module("shapegrad._conv")
@@ -134,27 +140,36 @@ def test_bias_is_added_once() -> None:
     )
 
 
-def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _products(graph: Graph) -> list[str]:
+    return [n.attr["spec"] for n in graph.nodes() if n.prim is Prim.EINSUM]
+
+
+def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_convs_by_the_target() -> None:
+    """``"auto"`` is decided after tracing by the backend's Target (the
+    ``choose_conv_algorithm`` loop stage); the rule, when a Target turns it on: 3x3, stride 1, float, both channel
+    counts at least ``Target.winograd_min_channels``."""
     wide = conv_module.WINOGRAD_MIN_CHANNELS
-    choose = conv_module._choose_algorithm
-    picked: dict[str, str] = {}
-
-    def f(x: sg.Tensor, w: sg.Tensor, narrow: sg.Tensor, w5: sg.Tensor) -> sg.Tensor:
-        picked["wide"] = choose("auto", x, w, (1, 1))
-        picked["narrow"] = choose("auto", x, narrow, (1, 1))
-        picked["stride 2"] = choose("auto", x, w, (2, 2))
-        picked["5x5"] = choose("auto", x, w5, (1, 1))
-        picked["forced"] = choose("im2col", x, w, (1, 1))
-        return sg.conv2d(x, w, padding=1)
-
-    monkeypatch.setattr(conv_module, "WINOGRAD_AUTO", True)  # the rule, when turned on
+    on = C_TARGET.replace(winograd_min_channels=wide)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, wide, 3, 5)).astype(np.float32)
     w = (rng.standard_normal((wide, wide, 3, 3)) / wide).astype(np.float32)
-    zeros = (np.zeros((wide - 1, wide, 3, 3), np.float32), np.zeros((wide, wide, 5, 5), np.float32))
-    got = sg.compile(f, backend="numpy")(*map(sg.tensor, (x, w, *zeros))).numpy()
+    narrow = np.zeros((wide - 1, wide, 3, 3), np.float32)
+    w5 = np.zeros((wide, wide, 5, 5), np.float32)
+    cases: dict[str, tuple[Callable[..., sg.Tensor], tuple[np.ndarray, ...]]] = {
+        "wide": (lambda x, w: sg.conv2d(x, w, padding=1), (x, w)),
+        "narrow": (lambda x, w: sg.conv2d(x, w, padding=1), (x, narrow)),
+        "stride 2": (lambda x, w: sg.conv2d(x, w, stride=2, padding=1), (x, w)),
+        "5x5": (lambda x, w: sg.conv2d(x, w, padding=1), (x, w5)),
+        "forced": (lambda x, w: sg.conv2d(x, w, padding=1, algorithm="im2col"), (x, w)),
+    }
+    picked = {}
+    for name, (f, args) in cases.items():
+        graph = sg.compile(f, backend="numpy").lower(*args).graph
+        # no backend turns the rule on: the graph is left as it is
+        for target in (C_TARGET, CUDA_TARGET):
+            assert choose_conv_algorithm(graph, target) is graph
+        chosen = choose_conv_algorithm(graph, on)
+        picked[name] = "im2col" if conv_module.CONV_SPEC in _products(chosen) else "winograd"
     assert picked == {
         "wide": "winograd",
         "narrow": "im2col",
@@ -162,14 +177,46 @@ def test_auto_picks_winograd_only_for_wide_stride_1_3x3_float_traced_code(
         "5x5": "im2col",
         "forced": "im2col",
     }
+    # The choice is what runs: values of the rewritten graph (C, the rule on) and the dump
+    # of the stage that made it.
+    dumps: dict[str, str] = {}
+    graph = sg.compile(cases["wide"][0], backend="numpy").lower(x, w).graph
+    lower_program(graph, on, "t", on_stage=dumps.__setitem__)
+    assert conv_module.CONV_SPEC not in dumps["choose_conv_algorithm"]
+    lower_program(graph, C_TARGET, "t", on_stage=dumps.__setitem__)
+    assert f"conv='auto', spec='{conv_module.CONV_SPEC}'" in dumps["choose_conv_algorithm"]
     want = R.conv2d(x.astype(np.float64), w.astype(np.float64), padding=(1, 1))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    # Eager mode runs im2col under "auto" (Winograd's many small NumPy calls are slower).
-    assert choose("auto", sg.tensor(x), sg.tensor(w), (1, 1)) == "im2col"
-    assert choose("winograd", sg.tensor(x), sg.tensor(w), (1, 1)) == "winograd"
-    monkeypatch.setattr(conv_module, "WINOGRAD_AUTO", False)  # the default: im2col
-    assert sg.compile(f, backend="numpy")(*map(sg.tensor, (x, w, *zeros))) is not None
-    assert picked["wide"] == "im2col"
+    if HAVE_CC:
+        got = sg.compile(cases["wide"][0], backend="c", target=on)(x, w).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # Eager "auto" is im2col: the same product as algorithm="im2col", bit for bit.
+    eager = sg.conv2d(sg.tensor(x), sg.tensor(w), padding=1).numpy()
+    forced = sg.conv2d(sg.tensor(x), sg.tensor(w), padding=1, algorithm="im2col").numpy()
+    np.testing.assert_array_equal(eager, forced)
+    np.testing.assert_allclose(eager, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_target_rewrites_auto_convs_in_training_steps_with_the_same_gradients() -> None:
+    """The rewrite replaces the forward product; gradients (built before any Target was
+    known) keep im2col's products and stay exact."""
+    if not HAVE_CC:
+        pytest.skip("no C compiler (cc) on PATH")
+    on = C_TARGET.replace(winograd_min_channels=4)
+    x, w = _args((2, 4, 7, 6, 5, 1), "float64", seed=8)
+    cot = np.random.default_rng(9).standard_normal((2, 5, 7, 6))
+
+    def loss(x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+        return (sg.conv2d(x, w, padding=1) * sg.tensor(cot)).sum()
+
+    step = sg.value_and_grad(loss, argnums=(0, 1))  # the forward product is live
+    graph = sg.compile(step, backend="numpy").lower(x, w).graph
+    chosen = choose_conv_algorithm(graph, on)
+    assert _products(graph).count(conv_module.CONV_SPEC) == 1
+    assert conv_module.CONV_SPEC not in _products(chosen)
+    value, grads = sg.compile(step, backend="c", target=on)(x, w)
+    want_value, want_grads = step(sg.tensor(x), sg.tensor(w))
+    for g, e in zip([value, *grads], [want_value, *want_grads], strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-10, atol=1e-10)
 
 
 def test_bad_algorithm_names_and_unsupported_shapes_are_clear_errors() -> None:

@@ -4,6 +4,8 @@ Write a model once against :class:`Tensor` and the functional ops; run it
 eagerly (NumPy + tape) or compiled (``sg.compile``).
 """
 
+# First: installs Tensor's operators (defined above the ops they forward to).
+from shapegrad import _tensor_methods  # noqa: F401  # isort: skip
 from shapegrad import data, nn, random, tree
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__

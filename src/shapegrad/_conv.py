@@ -13,12 +13,16 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from shapegrad._winograd import winograd_conv2d
 from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
+from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
 IntPair = int | tuple[int, int]
+# The im2col product: patches [N, C, kh*kw, Ho, Wo] times the weight [O, C, kh*kw].
+CONV_SPEC = "nckuv,ock->nouv"
 
 
 def _pair(op: str, name: str, value: IntPair, minimum: int) -> tuple[int, int]:
@@ -71,21 +75,23 @@ def _patches(
 
 ALGORITHMS = ("auto", "im2col", "winograd")
 
-# "auto" picks Winograd F(2x2, 3x3) for traced (compiled) code when both channel counts
-# reach this: its tile transforms are memory passes linear in channels, the products it
-# shrinks 2.25x are quadratic. Measured with benchmarks/winograd_threshold.py (C, forward
-# + both gradients, interleaved, loaded machine), im2col time / winograd time:
+# Winograd F(2x2, 3x3) pays off once both channel counts reach this: its tile transforms
+# are memory passes linear in channels, the products it shrinks 2.25x are quadratic.
+# Measured with benchmarks/winograd_threshold.py (C, forward + both gradients,
+# interleaved, loaded machine), im2col time / winograd time:
 #   1 thread, batch 64, 28x28: 0.49 at 16x32, 0.58 at 32x32, 0.87-1.07 at 64x64,
 #     1.04-1.05 at 96x96, 1.10-1.14 at 128x128; batch 32, 14x14: 1.19 at 64, 1.47 at 128;
 #   2 threads, batch 64, 28x28: 0.39 at 16x32, 0.60 at 64x64, 0.97 at 128x128;
 #     batch 32, 14x14: 0.67 at 64, 1.24 at 128, 1.38 at 256.
-# 128 is where it is faster or even in every run.
+# 128 is where it is faster or even in every run. "auto" is decided after tracing, by the
+# backend's Target (``Target.winograd_min_channels``, the ``choose_conv_algorithm`` loop
+# stage): no target turns the rule on yet (at two threads 128 channels measured 0.97, no
+# gain; Core ML cannot take Winograd's rank-6 tiles, and the ANE backend has no Target).
 WINOGRAD_MIN_CHANNELS = 128
-# Whether "auto" uses the rule above (off: see _choose_algorithm).
-WINOGRAD_AUTO = False
 
 
 def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, int]) -> str:
+    """``"winograd"``, ``"im2col"`` or ``"auto"`` (im2col, marked for the Target to decide)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(
             f"conv2d: algorithm must be one of {', '.join(map(repr, ALGORITHMS))}, "
@@ -97,17 +103,8 @@ def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, i
             "conv2d: algorithm='winograd' needs a 3x3 float weight and stride 1, got weight "
             f"{fmt(w.shape)} ({w.dtype}), stride {stride}; use 'im2col' or 'auto'"
         )
-    if algorithm == "auto":
-        # Eager mode runs each of Winograd's ~100 small ops as its own NumPy call:
-        # measured 3.5-7x slower than im2col even at 256 channels, so only traced code.
-        from shapegrad.ops.graph import GraphOps  # here: a module-level import is a cycle
-
-        # Not yet on by default: at two threads 128 channels measured 0.97 (no gain), and
-        # its rank-6 tiles exceed what the Core ML (ANE) lowering accepts (rank <= 5), while
-        # the backend is not known at trace time. WINOGRAD_AUTO turns the rule on.
-        traced = isinstance(p.pick_ops([x, w]), GraphOps)
-        wide = min(w.shape[0], w.shape[1]) >= WINOGRAD_MIN_CHANNELS
-        return "winograd" if WINOGRAD_AUTO and fits and wide and traced else "im2col"
+    if algorithm == "auto" and not fits:
+        return "im2col"  # nothing for a Target to choose
     return algorithm
 
 
@@ -130,9 +127,10 @@ def conv2d(
         algorithm: ``"im2col"`` (patches + one product), ``"winograd"`` (F(2x2, 3x3):
             2.25x fewer multiply-adds; 3x3 float weights and stride 1 only; float32
             results differ from im2col by a few ulps times the transform constants) or
-            ``"auto"`` (im2col for now: Winograd gained nothing at two threads and its
-            rank-6 tiles do not lower to Core ML). Both are differentiated by the same
-            VJP rules.
+            ``"auto"`` (im2col, unless the compiling backend's Target picks Winograd for
+            the product: ``Target.winograd_min_channels``, off on every backend for now,
+            as Winograd gained nothing at two threads and its rank-6 tiles do not lower
+            to Core ML). Both are differentiated by the same VJP rules.
     Returns:
         ``[N, O, Ho, Wo]`` with ``Ho = (H + 2 ph - kh) // sh + 1``.
     Example:
@@ -154,11 +152,8 @@ def conv2d(
     strides = _pair("conv2d", "stride", stride, 1)
     pads = _pair("conv2d", "padding", padding, 0)
     out = _out_size("conv2d", x, kernel, strides, pads)
-    if _choose_algorithm(algorithm, x, w, strides) == "winograd":
-        # Imported here: at module level _winograd would join the tensor <-> functional
-        # import cycle that _conv is part of (tests/test_import_layers.py).
-        from shapegrad._winograd import winograd_conv2d
-
+    chosen = _choose_algorithm(algorithm, x, w, strides)
+    if chosen == "winograd":
         y = winograd_conv2d(x, w, pads)
     else:
         # One patch axis (kh * kw) on both sides: the concatenated patches feed the
@@ -166,7 +161,11 @@ def conv2d(
         # into a packed buffer first (a whole extra pass, ~2 ms of a ~19 ms CNN step).
         cols = _patches(x, kernel, strides, pads, out, 0.0)
         w_flat = p.reshape(w, [w.shape[0], w.shape[1], kernel[0] * kernel[1]])
-        y = p.einsum("nckuv,ock->nouv", cols, w_flat)
+        # "auto": the product says so (``conv="auto"``); a compiling backend's Target may
+        # rewrite it into Winograd (``compiler/conv_algorithm.py``). Eager code runs it as
+        # it is: Winograd's ~100 small ops, one NumPy call each, measured 3.5-7x slower.
+        marks: dict[str, Any] = {"conv": "auto"} if chosen == "auto" else {}
+        y = p.bind(Prim.EINSUM, [cols, w_flat], None, spec=CONV_SPEC, **marks)
     if bias is None:
         return y
     if bias.shape != (w.shape[0],):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from shapegrad.dtypes import int32
 from shapegrad.ops import prims as p
+from shapegrad.ops.eager import tensor
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
@@ -176,9 +177,7 @@ def einsum(spec: str, *operands: Tensor) -> Tensor:
         >>> sg.einsum("ii", sg.tensor([[1.0, 2.0], [3.0, 4.0]])).item()
         5.0
     """
-    from shapegrad.functional import _t
-
-    xs = [_t(x) for x in operands]
+    xs = [x if isinstance(x, Tensor) else tensor(x) for x in operands]
     terms, out = _split_spec(spec, len(xs))
     expanded, out_letters = _expand_ellipses(terms, out, [x.shape for x in xs])
     ops = [_Operand(letters, x) for letters, x in zip(expanded, xs, strict=True)]

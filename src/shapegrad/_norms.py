@@ -1,4 +1,4 @@
-"""Batch and group normalisation as composites (``layer_norm`` lives in functional.py).
+"""Layer, batch and group normalisation as composites (re-exported by functional.py).
 
 Both take channels on axis 1 (``[N, C, ...]``, PyTorch's layout) and run
 eagerly and compiled unchanged. Batch norm is pure: it returns the updated
@@ -8,10 +8,14 @@ them as state.
 
 from __future__ import annotations
 
-from shapegrad import functional as F
+from collections.abc import Sequence
+
 from shapegrad.ops import prims as p
-from shapegrad.shapes import ShapeError, fmt
+from shapegrad.ops.eager import tensor
+from shapegrad.shapes import ShapeError, fmt, normalize_axes
 from shapegrad.tensor import Tensor
+
+# Below functional.py (which re-exports these): the ops they need are Tensor methods.
 
 
 def _channel_param(op: str, name: str, param: Tensor | None, x: Tensor) -> None:
@@ -23,6 +27,40 @@ def _channel_param(op: str, name: str, param: Tensor | None, x: Tensor) -> None:
 
 def _per_channel(param: Tensor, x: Tensor) -> Tensor:
     return p.broadcast_in_dim(param, x.shape, (1,))
+
+
+def layer_norm(
+    x: Tensor,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+    axis: int | Sequence[int] = -1,
+) -> Tensor:
+    """Normalise over ``axis`` to zero mean / unit (population) variance, then scale and shift.
+
+    ``weight``/``bias`` have the shape of the normalised axes (``[d]`` for ``axis=-1``).
+    Example:
+        >>> sg.layer_norm(sg.ones((4, 8)), sg.ones(8), sg.zeros(8)).shape
+        (4, 8)
+    """
+    x = x if isinstance(x, Tensor) else tensor(x)
+    axes = normalize_axes("layer_norm", axis, x.ndim)
+    centered = x - x.mean(axis=axes, keepdims=True)
+    variance = (centered * centered).mean(axis=axes, keepdims=True)
+    y = centered / (variance + eps).sqrt()
+    param_shape = tuple(x.shape[a] for a in axes)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        if param.shape != param_shape:
+            raise ShapeError(
+                "layer_norm",
+                f"{name} must be {fmt(param_shape)} for x {fmt(x.shape)} over axes {axes}, "
+                f"got {fmt(param.shape)}",
+            )
+        spread = p.broadcast_in_dim(param, x.shape, axes)
+        y = y * spread if name == "weight" else y + spread
+    return y
 
 
 def batch_norm(
@@ -63,17 +101,17 @@ def batch_norm(
     axes = tuple(a for a in range(x.ndim) if a != 1)
     if training:
         count = x.size // x.shape[1]
-        mean = F.mean(x, axis=axes)
+        mean = x.mean(axis=axes)
         centered = x - _per_channel(mean, x)
-        var = F.mean(centered * centered, axis=axes)
+        var = (centered * centered).mean(axis=axes)
         unbiased = var * (count / max(count - 1, 1))
-        new_mean = (1.0 - momentum) * running_mean + momentum * F.stop_gradient(mean)
-        new_var = (1.0 - momentum) * running_var + momentum * F.stop_gradient(unbiased)
+        new_mean = (1.0 - momentum) * running_mean + momentum * mean.detach()
+        new_var = (1.0 - momentum) * running_var + momentum * unbiased.detach()
     else:
         mean, var = running_mean, running_var
         centered = x - _per_channel(mean, x)
         new_mean, new_var = running_mean, running_var
-    y = centered / _per_channel(F.sqrt(var + eps), x)
+    y = centered / _per_channel((var + eps).sqrt(), x)
     if weight is not None:
         y = y * _per_channel(weight, x)
     if bias is not None:
@@ -107,8 +145,8 @@ def group_norm(
         )
     _channel_param("group_norm", "weight", weight, x)
     _channel_param("group_norm", "bias", bias, x)
-    grouped = F.reshape(x, (n, num_groups, -1))
-    y = F.reshape(F.layer_norm(grouped, eps=eps, axis=-1), x.shape)
+    grouped = x.reshape((n, num_groups, -1))
+    y = layer_norm(grouped, eps=eps, axis=-1).reshape(x.shape)
     if weight is not None:
         y = y * _per_channel(weight, x)
     if bias is not None:

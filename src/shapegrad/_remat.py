@@ -1,6 +1,6 @@
 """The ``policy="residuals"`` form of a layer loop: store what the backward reads, per layer.
 
-The reverse loop's body ``B`` (``control._backward_body``: the forward replayed, then
+The reverse loop's body ``B`` (``_scan._backward_body``: the forward replayed, then
 differentiated) splits into nodes that depend on cotangents and nodes that do not.
 The second kind that the first kind reads are the *residuals*. Two new bodies follow:
 
@@ -22,9 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shapegrad._scan import (
+    _backward_body,
+    _concat_flat,
+    _rows,
+    _scan_vjp,
+    _zero_range,
+    replay,
+    run_reverse,
+    stacked_ys,
+    trace_body,
+)
 from shapegrad.ir import Node, topological_order
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import ELEMENTWISE, LAYOUT, Prim
+from shapegrad.ops.scan import Body, derived, layout, out_dtype
 from shapegrad.tensor import Tensor
 
 _FREE = LAYOUT | {Prim.STOP_GRADIENT, Prim.CAST}
@@ -99,18 +111,9 @@ def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor)
 
 def residual_forward(body: Any) -> Any:
     """``Fr`` for ``body`` (built once): ``body`` plus its residuals as extra outputs."""
-    cached = body.derived.get("residual_forward")
+    cached = derived(body).get("residual_forward")
     if cached is not None:
         return cached
-    from shapegrad.control import (
-        Body,
-        _backward_body,
-        _concat_flat,
-        layout,
-        out_dtype,
-        replay,
-        trace_body,
-    )
 
     needs = _conservative_needs(body)
     bwd = _backward_body(body, needs, True)
@@ -148,19 +151,20 @@ def residual_forward(body: Any) -> Any:
     forward: Body
     forward, captured = trace_body(fn, body.input_avals, nc, body.n_xs, f"{body.name}_res")
     assert not captured
-    forward.derived["residual_of"] = (body, bwd, residuals, len(body.y_avals), cursor)
-    body.derived["residual_forward"] = forward
+    # what the VJP over ``forward`` needs of ``body`` (``forward`` shares its inputs and
+    # carries): never ``body`` itself, which maps to ``forward`` in the side table
+    user_ys = layout(body, 1, False).ys
+    derived(forward)["residual_of"] = (user_ys, bwd, residuals, len(body.y_avals), cursor)
+    derived(body)["residual_forward"] = forward
     return forward
 
 
 def _residual_backward(forward: Any) -> Any:
     """``Br``: the reverse body reading residuals as per-layer inputs (built once)."""
-    cached = forward.derived.get("residual_backward")
+    cached = derived(forward).get("residual_backward")
     if cached is not None:
         return cached
-    from shapegrad.control import Body, replay, trace_body
-
-    _, bwd, residuals, _, cursor = forward.derived["residual_of"]
+    _, bwd, residuals, _, cursor = derived(forward)["residual_of"]
     avals = [n.aval for n in bwd.graph.inputs]
     in_avals = avals[:cursor] + [r.aval for r in residuals] + avals[cursor:]
     n_res = len(residuals)
@@ -177,7 +181,7 @@ def _residual_backward(forward: Any) -> Any:
         fn, in_avals, bwd.n_carry, bwd.n_xs + n_res, f"{forward.name}_vjp"
     )
     assert not captured
-    forward.derived["residual_backward"] = backward
+    derived(forward)["residual_backward"] = backward
     return backward
 
 
@@ -190,30 +194,20 @@ def residual_vjp(
     needs: tuple[bool, ...],
 ) -> list[Tensor | None]:
     """The VJP of a SCAN over ``Fr`` (see the module docstring)."""
-    from shapegrad.control import (
-        _rows,
-        _scan_vjp,
-        _zero_range,
-        layout,
-        run_reverse,
-        stacked_ys,
-    )
-
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
     recompute = {**attrs, "policy": "recompute"}
 
-    info = forward.derived.get("residual_of")
+    info = derived(forward).get("residual_of")
     lay = layout(forward, length, save, reverse)
     if info is None or not save:
         return list(_scan_vjp(inputs, out, ct, recompute, needs))
-    body, bwd, residuals, n_user, cursor = info
-    user = layout(body, length, False)
-    if not _zero_range(ct, lay.y_offset(user.ys), lay.size):  # the residuals' cotangents
+    user_ys, bwd, residuals, n_user, cursor = info
+    if not _zero_range(ct, lay.y_offset(user_ys), lay.size):  # the residuals' cotangents
         return list(_scan_vjp(inputs, out, ct, recompute, needs))
     # ``needs`` may ask for less than the conservative pattern ``Br`` was built for; the
     # extra gradients are computed and dropped.
     br = _residual_backward(forward)
-    nc, nx = body.n_carry, body.n_xs
+    nc, nx = forward.n_carry, forward.n_xs
     has_c = lay.carry > 0
     carry_in: list[Tensor] = []
     xs_in: list[Tensor] = []
@@ -224,11 +218,11 @@ def residual_vjp(
     xs_in += stacked_ys(ct, forward, lay)[:n_user]
     for r, piece in zip(residuals, stacked_ys(out, forward, lay)[n_user:], strict=True):
         xs_in.append(piece if r.aval.dtype == piece.dtype else piece.astype(r.aval.dtype))
-    conservative = _conservative_needs(body)
+    conservative = _conservative_needs(forward)
     need_k = [i for i in range(nc + nx, len(inputs)) if conservative[i]]
     need_x = [i for i in range(nc, nc + nx) if conservative[i]]
     result = run_reverse(
-        br, body, inputs, carry_in, xs_in, (need_k, need_x), (length, reverse), "recompute", has_c
+        br, forward, inputs, carry_in, xs_in, (need_k, need_x), (length, reverse), "recompute", has_c
     )
     return [g if needs[i] or i < nc else None for i, g in enumerate(result)]
 

@@ -32,7 +32,12 @@ transform 9 with weights 1/4, so the error is a small constant factor over im2co
 
 from __future__ import annotations
 
+import functools
+
+from shapegrad.ir import Graph
 from shapegrad.ops import prims as p
+from shapegrad.ops.graph import GraphOps
+from shapegrad.ops.protocol import AVal
 from shapegrad.tensor import Tensor
 
 
@@ -161,3 +166,13 @@ def winograd_conv2d(x: Tensor, w: Tensor, padding: tuple[int, int]) -> Tensor:
     # element of the gradient). Measured (C, 1 thread): 1.1-1.5x faster than batched.
     m = [p.einsum("oc,cnij->onij", ui, vi) for ui, vi in zip(u, v, strict=True)]
     return _transform_output(m, (ho, wo))
+
+
+@functools.lru_cache(maxsize=64)
+def winograd_graph(x: AVal, w: AVal, padding: tuple[int, int]) -> Graph:
+    """:func:`winograd_conv2d` as a graph with inputs ``x`` and ``w`` (a template that the
+    compiler's ``choose_conv_algorithm`` stage instantiates in place of an im2col product)."""
+    ops = GraphOps()
+    xt, wt = ops.add_input("x", x), ops.add_input("w", w)
+    y = winograd_conv2d(xt, wt, padding)
+    return Graph(list(ops.inputs), [ops.lift_value(y)], ops.table)

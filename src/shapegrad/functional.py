@@ -541,40 +541,6 @@ def hinge(scores: Tensor, labels: Tensor) -> Tensor:
     return mean(relu(1.0 - labels.astype(scores.dtype) * scores))
 
 
-def layer_norm(
-    x: Tensor,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
-    eps: float = 1e-5,
-    axis: int | Sequence[int] = -1,
-) -> Tensor:
-    """Normalise over ``axis`` to zero mean / unit (population) variance, then scale and shift.
-
-    ``weight``/``bias`` have the shape of the normalised axes (``[d]`` for ``axis=-1``).
-    Example:
-        >>> sg.layer_norm(sg.ones((4, 8)), sg.ones(8), sg.zeros(8)).shape
-        (4, 8)
-    """
-    x = _t(x)
-    axes = normalize_axes("layer_norm", axis, x.ndim)
-    centered = x - mean(x, axis=axes, keepdims=True)
-    variance = mean(centered * centered, axis=axes, keepdims=True)
-    y = centered / sqrt(variance + eps)
-    param_shape = tuple(x.shape[a] for a in axes)
-    for name, param in (("weight", weight), ("bias", bias)):
-        if param is None:
-            continue
-        if param.shape != param_shape:
-            raise ShapeError(
-                "layer_norm",
-                f"{name} must be {fmt(param_shape)} for x {fmt(x.shape)} over axes {axes}, "
-                f"got {fmt(param.shape)}",
-            )
-        spread = p.broadcast_in_dim(param, x.shape, axes)
-        y = y * spread if name == "weight" else y + spread
-    return y
-
-
 def clip(x: TensorLike, a_min: TensorLike | None = None, a_max: TensorLike | None = None) -> Tensor:
     """Limit values to ``[a_min, a_max]`` (``np.clip``; either bound may be None).
 
@@ -641,7 +607,7 @@ from shapegrad._creation import (  # noqa: E402
     zeros_like,
 )
 from shapegrad._einsum import einsum  # noqa: E402
-from shapegrad._norms import batch_norm, group_norm  # noqa: E402
+from shapegrad._norms import batch_norm, group_norm, layer_norm  # noqa: E402
 
 __all__ = [
     "abs",

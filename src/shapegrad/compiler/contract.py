@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DType
 from shapegrad.ir import Node
+from shapegrad.ops.einsum_roles import EinsumRoles
 
 if TYPE_CHECKING:
     from shapegrad.compiler.expand import ExprBuilder
@@ -161,11 +162,11 @@ def match_contraction(
             into a fresh buffer with axes in ``order`` and returns its view; used when an
             operand is not a strided view that BLAS can read directly.
     """
-    terms, out = root.attr["spec"].split("->")
-    ta, tb = terms.split(",")
+    letters = EinsumRoles.of(root.attr["spec"])
+    ta, tb, out = letters.a, letters.b, letters.out
     a_node, b_node = root.inputs
-    sizes = dict(zip(ta, a_node.shape, strict=True)) | dict(zip(tb, b_node.shape, strict=True))
-    if any(c not in out and (c not in ta or c not in tb) for c in sizes):
+    sizes = letters.sizes(a_node.shape, b_node.shape)
+    if not letters.plain_product:
         return None  # a letter summed inside one operand: not a plain product
     roles = _roles(out, ta, tb)
     if roles is None:
@@ -175,7 +176,7 @@ def match_contraction(
     batch_l = out[:p]
     m_l = "".join(c for c in out[p:] if c in t1)
     n_l = "".join(c for c in out[p:] if c in t2)
-    k_l = "".join(c for c in t1 if c not in out)
+    k_l = (letters.swapped() if swapped else letters).contracted
     m, n, k = (_size(sizes, g) for g in (m_l, n_l, k_l))
     batch = _size(sizes, batch_l)
     if batch * m * n * k < min_macs:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shapegrad.compiler.layerloop import contiguous_view
 from shapegrad.compiler.passes import splat_value
 from shapegrad.compiler.target import C_TARGET, Target
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, ELEMENTWISE, Prim
+from shapegrad.shapes import size_of
 
 ROOTS = frozenset(
     {Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD, *COLLECTIVES}
@@ -69,6 +69,31 @@ def _own_cost(node: Node) -> int:
     if node.prim in _EXPENSIVE:
         return 8
     return 1
+
+
+def contiguous_view(node: Node, materialized: set[int]) -> tuple[Node, int] | None:
+    """``(base, offset)`` when ``node`` is a row-major contiguous run of the materialized
+    ``base``'s elements starting at ``offset`` (reshapes, leading-axis slices): a layer loop
+    then reads it in place instead of through a copy."""
+    offset = 0
+    while node.id not in materialized:
+        if node.prim in (Prim.RESHAPE, Prim.STOP_GRADIENT):
+            node = node.inputs[0]
+            continue
+        if node.prim is Prim.SLICE:
+            src = node.inputs[0]
+            starts, stops, steps = node.attr["starts"], node.attr["stops"], node.attr["steps"]
+            full = all(
+                (lo, hi) == (0, n)
+                for lo, hi, n in zip(starts[1:], stops[1:], src.shape[1:], strict=True)
+            )
+            if not src.shape or steps[0] != 1 or not full:
+                return None
+            offset += starts[0] * size_of(src.shape[1:])
+            node = src
+            continue
+        return None
+    return node, offset
 
 
 def consumers_of(graph: Graph) -> dict[int, list[Node]]:

@@ -9,7 +9,10 @@ The text must not depend on anything a new process would see differently: nodes 
 numbered by their position in a topological walk from the inputs and outputs (never by
 ``Node.id``, a process-wide counter), attributes are already sorted by name
 (``ir.freeze_attrs``), arrays are written as dtype, shape and a SHA-256 of their bytes,
-floats by ``repr`` (round-trips exactly). A value the encoder does not know (a function,
+floats by ``repr`` (round-trips exactly), frozen dataclasses field by field (a field
+whose metadata says ``key=False`` is left out: a SCAN ``Body``'s process-wide serial
+number), so a SCAN node's traced body is keyed by its sub-graph's content. A value the
+encoder does not know (a function,
 an arbitrary object, a communicator) makes the graph *unkeyable*: :func:`graph_key`
 returns None and the caller takes the full compile path. Unknown means "not cached",
 never "cached under a guess". The package's own source is part of the key too
@@ -90,6 +93,8 @@ def _encode(value: Any, out: list[str]) -> None:
             raise Unkeyable(f"mutable dataclass {kind.__qualname__}")
         out.append(f"{kind.__module__}.{kind.__qualname__}(")
         for f in dataclasses.fields(value):
+            if f.metadata.get("key", True) is False:  # e.g. a SCAN Body's serial number
+                continue
             out.append(f"{f.name}=")
             _encode(getattr(value, f.name), out)
             out.append(",")

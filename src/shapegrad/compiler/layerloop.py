@@ -19,52 +19,35 @@ saves: the body's intermediates never outlive the loop).
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shapegrad.compiler import loops as L
+from shapegrad.compiler.fusion import consumers_of, contiguous_view
 from shapegrad.compiler.passes import splat_value
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import Prim
+from shapegrad.ops.scan import Body, layout
 from shapegrad.shapes import size_of
 
 if TYPE_CHECKING:
     from shapegrad.compiler.lower import KernelBuilder
 
 
-def contiguous_view(node: Node, materialized: set[int]) -> tuple[Node, int] | None:
-    """``(base, offset)`` when ``node`` is a row-major contiguous run of the materialized
-    ``base``'s elements starting at ``offset`` (reshapes, leading-axis slices): a layer loop
-    then reads it in place instead of through a copy."""
-    offset = 0
-    while node.id not in materialized:
-        if node.prim in (Prim.RESHAPE, Prim.STOP_GRADIENT):
-            node = node.inputs[0]
-            continue
-        if node.prim is Prim.SLICE:
-            src = node.inputs[0]
-            starts, stops, steps = node.attr["starts"], node.attr["stops"], node.attr["steps"]
-            full = all(
-                (lo, hi) == (0, n)
-                for lo, hi, n in zip(starts[1:], stops[1:], src.shape[1:], strict=True)
-            )
-            if not src.shape or steps[0] != 1 or not full:
-                return None
-            offset += starts[0] * size_of(src.shape[1:])
-            node = src
-            continue
-        return None
-    return node, offset
+# The compiler's side table: a body's graph after the graph pipeline, once per body
+# (bodies are immutable; what the compiler derives from one lives here, not in it).
+_OPTIMIZED: weakref.WeakKeyDictionary[Body, Graph] = weakref.WeakKeyDictionary()
 
 
-def optimized_body(body: Any) -> Graph:
+def optimized_body(body: Body) -> Graph:
     """The body's graph after the graph pipeline (computed once per body)."""
-    graph: Graph | None = body.derived.get("optimized")
+    graph = _OPTIMIZED.get(body)
     if graph is None:
         from shapegrad.compiler.passes import optimize
 
         graph, _ = optimize(body.graph)
-        body.derived["optimized"] = graph
+        _OPTIMIZED[body] = graph
     return graph
 
 
@@ -92,8 +75,6 @@ def _forwarded_output(builder: KernelBuilder, node: Node, start: int, size: int)
     output buffer itself: no copy, and no arena bytes for it."""
     graph = builder.graph
     if builder.users is None:
-        from shapegrad.compiler.fusion import consumers_of
-
         builder.users = consumers_of(graph)
     users = builder.users
     aliased = {k for k, _ in graph.aliases}
@@ -123,16 +104,20 @@ def _forwarded_output(builder: KernelBuilder, node: Node, start: int, size: int)
 
 def emit_layer_loop(builder: KernelBuilder, node: Node, dst: str) -> None:
     """The kernel of SCAN ``node`` writing its flat output ``dst`` (see the module docstring)."""
-    from shapegrad.compiler.pipeline import lower_program
-    from shapegrad.control import layout
-
     attrs = node.attr
     body = attrs["body"]
     length, reverse, save = attrs["length"], attrs["reverse"], attrs["save"]
     lay = layout(body, length, save, reverse)
     nc, nx = body.n_carry, body.n_xs
     number = len(builder.kernels)
-    program, _ = lower_program(optimized_body(body), builder.target, f"{body.name}_layer{number}")
+    if builder.lower_body is None:
+        raise ValueError(
+            f"build_kernels: the SCAN node {node!r} ({body.name}) needs lower_body, the loop "
+            "pipeline that lowers its body (compiler.pipeline passes lower_program)"
+        )
+    program, _ = builder.lower_body(
+        optimized_body(body), builder.target, f"{body.name}_layer{number}"
+    )
     _shift_errors(program, max(builder.errors, default=0))
     builder.errors.update(program.errors)
     dtype = node.aval.dtype

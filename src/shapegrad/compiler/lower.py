@@ -21,6 +21,7 @@ whose error code is described in ``Program.errors``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -37,8 +38,18 @@ from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, Prim
 from shapegrad.shapes import size_of
 
+# How a layer loop lowers its body: the whole loop pipeline (``pipeline.lower_program``),
+# passed down by the pipeline's build_kernels stage so that this stage never imports it.
+BodyLowering = Callable[[Graph, Target, str], tuple[L.Program, Any]]
 
-def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "fn") -> L.Program:
+
+def build_kernels(
+    graph: Graph,
+    plan: FusionPlan,
+    target: Target,
+    name: str = "fn",
+    lower_body: BodyLowering | None = None,
+) -> L.Program:
     """Lower ``graph`` to a loop-IR program (buffers named, kernels in graph order).
 
     Args:
@@ -54,6 +65,7 @@ def build_kernels(graph: Graph, plan: FusionPlan, target: Target, name: str = "f
     """
     buffers, names, state_of_output, constants, input_names = assign_buffers(graph, plan)
     builder = KernelBuilder(graph, plan, names, buffers, target)
+    builder.lower_body = lower_body
     builder.constants = constants  # layer loops add their bodies' constants
     kernels = builder.build()
     return L.Program(
@@ -157,6 +169,7 @@ class KernelBuilder:
         # outputs a layer loop writes directly (``layerloop._forwarded_output``): no kernel
         self.forwarded: set[int] = set()
         self.users: dict[int, list[Node]] | None = None
+        self.lower_body: BodyLowering | None = None  # for SCAN nodes (``layerloop.py``)
         self._var_count = 0
 
     # -- helpers ---------------------------------------------------------------------

@@ -8,6 +8,8 @@ renders loop IR calls :func:`lower_program` with its
 ========================  ==========================================================
 stage                     what it does
 ========================  ==========================================================
+choose_conv_algorithm     im2col or Winograd for each ``conv2d(algorithm="auto")``, by
+                          the target's rule (``conv_algorithm.py``; its dump: the graph)
 plan_fusion               which values get a buffer, which are recomputed inline, which
                           reductions take their elementwise consumer as an epilogue
 build_kernels             one kernel of loop IR per materialized value (``lower.py``)
@@ -46,6 +48,7 @@ from dataclasses import dataclass, replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.batchfuse import fuse_batch_producers
+from shapegrad.compiler.conv_algorithm import choose_conv_algorithm
 from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
@@ -96,13 +99,18 @@ class LoopStageStat:
 # --- the stages -----------------------------------------------------------------------
 
 
+def stage_choose_conv_algorithm(unit: LoopUnit) -> LoopUnit:
+    return replace(unit, graph=choose_conv_algorithm(unit.graph, unit.target))
+
+
 def stage_plan_fusion(unit: LoopUnit) -> LoopUnit:
     return replace(unit, plan=plan_fusion(unit.graph, unit.target))
 
 
 def stage_build_kernels(unit: LoopUnit) -> LoopUnit:
     assert unit.plan is not None, "build_kernels runs after plan_fusion"
-    return replace(unit, program=build_kernels(unit.graph, unit.plan, unit.target, unit.name))
+    program = build_kernels(unit.graph, unit.plan, unit.target, unit.name, lower_program)
+    return replace(unit, program=program)
 
 
 def stage_schedule_outputs_early(unit: LoopUnit) -> LoopUnit:
@@ -146,6 +154,7 @@ def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
 
 
 LOOP_PIPELINE: list[LoopStage] = [
+    LoopStage("choose_conv_algorithm", stage_choose_conv_algorithm),
     LoopStage("plan_fusion", stage_plan_fusion),
     LoopStage("build_kernels", stage_build_kernels),
     LoopStage("schedule_outputs_early", stage_schedule_outputs_early, optional=True),
@@ -244,7 +253,8 @@ def lower_program(
 def _describe(unit: LoopUnit) -> str:
     if unit.program is not None:
         return unit.program.format()
-    assert unit.plan is not None
+    if unit.plan is None:  # a graph stage
+        return unit.graph.format()
     return format_plan(unit.graph, unit.plan)
 
 

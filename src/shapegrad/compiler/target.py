@@ -169,6 +169,11 @@ class Target:
             argument to the math library: glibc's vector exp falls back to scalar code for
             a whole vector when one lane is out of range (masked attention scores made the
             softmax exp 8x slower). Exact elsewhere; see ``compiler.expand``.
+        winograd_min_channels: ``sg.conv2d(algorithm="auto")`` becomes Winograd F(2x2, 3x3)
+            (the ``choose_conv_algorithm`` stage, ``compiler/conv_algorithm.py``) for 3x3
+            stride-1 float convolutions with at least this many input and output channels;
+            None: "auto" stays im2col (every target today: ``_conv.WINOGRAD_MIN_CHANNELS``
+            has the measurements, and why the rule is not on).
     """
 
     name: str
@@ -190,6 +195,7 @@ class Target:
     skip_stages: frozenset[str] = frozenset()
     tuning: Tuning = field(default_factory=Tuning)
     exp_underflow_to_zero: bool = False
+    winograd_min_channels: int | None = None
 
     def __post_init__(self) -> None:
         if self.reduction not in ("ordered", "tree"):

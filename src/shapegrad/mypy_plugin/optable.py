@@ -14,9 +14,9 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "abs", "neg",
         "stop_gradient", "sum", "mean", "max", "min", "var", "logsumexp", "softmax",
         "log_softmax", "argmax", "maximum", "minimum", "pow", "where", "matmul", "reshape",
-        "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "layer_norm",
-        "one_hot", "embedding",
+        "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "one_hot", "embedding",
     ),
+    "shapegrad._norms": ("layer_norm",),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",
         "arange",

@@ -1,5 +1,6 @@
 """Primitives, their interpreters and their VJP rules."""
 
-from shapegrad.ops.protocol import AVal, Ops, Prim
+from shapegrad.ops.protocol import AVal, Prim
 
-__all__ = ["AVal", "Ops", "Prim"]
+# ``Ops`` (the interpreter protocol) lives beside Tensor: ``shapegrad.tensor.Ops``.
+__all__ = ["AVal", "Prim"]

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad.dtypes import ALL_DTYPES, DType, bool_
-from shapegrad.ops import reference
+from shapegrad.ops import prims, reference
 from shapegrad.ops.protocol import (
     COMPARISON,
     FLOAT_ONLY_UNARY,
@@ -28,19 +28,7 @@ from shapegrad.ops.protocol import (
     infer_aval,
 )
 from shapegrad.shapes import Shape, describe_caller
-from shapegrad.tensor import Tensor
-
-
-class TapeNode:
-    """How an eager tensor was made: enough to apply its VJP rule (a slots record, no
-    validation: the op was checked before it ran)."""
-
-    __slots__ = ("attrs", "inputs", "prim")
-
-    def __init__(self, prim: Prim, inputs: tuple[Tensor, ...], attrs: Attrs) -> None:
-        self.prim = prim
-        self.inputs = inputs
-        self.attrs = attrs
+from shapegrad.tensor import TapeNode, Tensor
 
 
 class _State(threading.local):
@@ -259,6 +247,7 @@ class EagerOps:
 
 
 EAGER = EagerOps()
+prims.set_default_ops(EAGER)  # ops on plain Python/NumPy values run eagerly
 
 
 def tensor(value: Any, dtype: Any = None) -> Tensor:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from shapegrad.ops.einsum_roles import EinsumRoles
+
 Array = npt.NDArray[Any]
 Plan = Callable[[Array, Array], Array]
 
@@ -32,26 +34,22 @@ def _size(shape: tuple[int, ...]) -> int:
 
 def einsum_macs(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> int:
     """Multiply-adds of the contraction: the product of every letter's size."""
-    lhs = spec.split("->")[0]
-    ta, tb = lhs.split(",")
-    size = dict(zip(ta, shape_a, strict=True)) | dict(zip(tb, shape_b, strict=True))
+    size = EinsumRoles.of(spec).sizes(shape_a, shape_b)
     return _size(tuple(size.values()))
 
 
 def plan_einsum(spec: str, shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> Plan:
     """A function computing ``np.einsum(spec, a, b)`` for operands of these shapes."""
-    lhs, out = spec.split("->")
-    ta, tb = lhs.split(",")
-    size = dict(zip(ta, shape_a, strict=True)) | dict(zip(tb, shape_b, strict=True))
+    roles = EinsumRoles.of(spec)
+    ta, tb, out = roles.a, roles.b, roles.out
+    size = roles.sizes(shape_a, shape_b)
     # letters summed inside one operand (absent from the other and from the output)
-    sum_a = tuple(i for i, c in enumerate(ta) if c not in tb and c not in out)
-    sum_b = tuple(i for i, c in enumerate(tb) if c not in ta and c not in out)
-    ka = "".join(c for c in ta if c in tb or c in out)
-    kb = "".join(c for c in tb if c in ta or c in out)
-    batch = [c for c in out if c in ka and c in kb]
-    contracted = [c for c in ka if c in kb and c not in out]
-    free_a = [c for c in out if c in ka and c not in kb]
-    free_b = [c for c in out if c in kb and c not in ka]
+    sum_a = tuple(ta.index(c) for c in roles.summed_a)
+    sum_b = tuple(tb.index(c) for c in roles.summed_b)
+    ka = "".join(c for c in ta if c not in roles.summed_a)
+    kb = "".join(c for c in tb if c not in roles.summed_b)
+    batch, contracted = list(roles.batch), list(roles.contracted)
+    free_a, free_b = list(roles.free_a), list(roles.free_b)
     perm_a = tuple(ka.index(c) for c in batch + free_a + contracted)
     perm_b = tuple(kb.index(c) for c in batch + contracted + free_b)
     nb = _size(tuple(size[c] for c in batch))

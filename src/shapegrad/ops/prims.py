@@ -14,17 +14,25 @@ from typing import Any
 import numpy as np
 
 from shapegrad.dtypes import DType, DTypeError, as_dtype, check_fits, float32, infer_dtype
-from shapegrad.ops.protocol import ConstValue, Ops, Prim
+from shapegrad.ops.protocol import ConstValue, Prim
 from shapegrad.shapes import Shape, ShapeError, broadcast_shapes, fmt
-from shapegrad.tensor import Tensor
+from shapegrad.tensor import Ops, Tensor
 
 Scalar = int | float | bool
 
 
-def default_ops() -> Ops:
-    from shapegrad.ops.eager import EAGER
+_DEFAULT_OPS: list[Ops] = []  # the eager interpreter, registered by ``ops/eager.py`` (above)
 
-    return EAGER
+
+def set_default_ops(ops: Ops) -> None:
+    """Make ``ops`` the interpreter of ops whose operands are all Python/NumPy values."""
+    _DEFAULT_OPS[:] = [ops]
+
+
+def default_ops() -> Ops:
+    if not _DEFAULT_OPS:
+        raise RuntimeError("shapegrad.ops.prims: no default interpreter (import shapegrad)")
+    return _DEFAULT_OPS[0]
 
 
 def pick_ops(inputs: Sequence[Tensor]) -> Ops:

@@ -40,13 +40,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from shapegrad.dtypes import DType, DTypeError, as_dtype, bool_, check_fits, int32
 from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
-
-if TYPE_CHECKING:
-    from shapegrad.tensor import Tensor
 
 Attrs = Mapping[str, Any]
 
@@ -110,7 +107,7 @@ class Prim(enum.Enum):
     ALL_GATHER = "all_gather"  # leading axes of every process, concatenated in rank order
     REDUCE_SCATTER = "reduce_scatter"  # sum over processes, leading-axis block `rank` kept
     BROADCAST_FROM = "broadcast_from"  # attrs: comm, root: the root's value on every process
-    # structured: a loop over a body sub-graph traced once (``shapegrad/control.py``)
+    # structured: a loop over a body sub-graph traced once (``ops/scan.py``)
     SCAN = "scan"
 
 
@@ -142,14 +139,6 @@ class AVal:
 
     def __str__(self) -> str:
         return f"{self.dtype.name}{fmt(self.shape)}"
-
-
-class Ops(Protocol):
-    """An interpreter of primitives. ``apply`` is the single entry point."""
-
-    def apply(self, prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Tensor:
-        """Run (eager) or record (graph) ``prim`` on ``inputs``; shapes are checked first."""
-        ...
 
 
 # ---------------------------------------------------------------------------
@@ -410,7 +399,7 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_indexing(prim, avals, attrs)
     if prim in COLLECTIVES:
         return _infer_collective(prim, avals, attrs)
-    if prim is Prim.SCAN:  # the traced body knows its shapes (``shapegrad/control.py``)
+    if prim is Prim.SCAN:  # the traced body knows its shapes (``ops/scan.py``)
         aval: AVal = attrs["body"].infer(avals, attrs)
         return aval
     if prim in SOURCES:

@@ -222,7 +222,7 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
         result = args[0]
     elif prim in COLLECTIVES:
         result = _collective(prim, args[0], attrs)
-    elif prim is Prim.SCAN:  # a Python loop over the traced body (``shapegrad/control.py``)
+    elif prim is Prim.SCAN:  # a Python loop over the traced body (``ops/scan.py``)
         result = attrs["body"].evaluate(args, attrs, dtype)
     else:
         raise NotImplementedError(f"reference: no NumPy rule for {prim}")

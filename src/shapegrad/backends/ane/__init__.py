@@ -22,6 +22,7 @@ from pathlib import Path
 from shapegrad.backends.base import CompileOptions, Generated, register_backend
 from shapegrad.ir import Graph
 
+from ._errors import AneLoweringError
 from .executable import (
     AneExecutable,
     AneExecutionUnavailable,
@@ -29,7 +30,7 @@ from .executable import (
     MilRunner,
     can_execute,
 )
-from .lowering import AneLoweringError, MilProgram, lower_to_mil
+from .lowering import MilProgram, lower_to_mil
 from .options import AneOptions
 from .package import Package, build_package, dump_mil
 

@@ -22,8 +22,10 @@ import numpy as np
 
 from shapegrad.dtypes import bool_
 from shapegrad.ir import Node
+from shapegrad.ops.einsum_roles import EinsumRoles
 from shapegrad.ops.protocol import parse_einsum_spec
 
+from ._errors import AneLoweringError
 from ._mil import Var
 
 if TYPE_CHECKING:
@@ -80,14 +82,14 @@ def lower_einsum(lo: _Lowerer, node: Node, args: list[Var]) -> Var:
     if len(args) == 1:
         return _einsum_unary(lo, node, args[0], terms[0], out)
     (a, ta), (b, tb) = zip(args, terms, strict=True)
-    if _prefers_swap(ta, tb, out):
-        (a, ta), (b, tb) = (b, tb), (a, ta)
-    a, ta, ra = _sum_letters(lo, a, ta, {c for c in ta if c not in tb and c not in out})
-    b, tb, rb = _sum_letters(lo, b, tb, {c for c in tb if c not in ta and c not in out})
-    batch = [c for c in out if c in ta and c in tb]
-    inner = [c for c in ta if c in tb and c not in out]
-    left_free = [c for c in ta if c not in tb]
-    right_free = [c for c in tb if c not in ta]
+    roles = EinsumRoles.of(node.attr["spec"])
+    if _prefers_swap(roles):
+        (a, ta), (b, tb), roles = (b, tb), (a, ta), roles.swapped()
+    a, ta, ra = _sum_letters(lo, a, ta, set(roles.summed_a))
+    b, tb, rb = _sum_letters(lo, b, tb, set(roles.summed_b))
+    batch, inner = list(roles.batch), list(roles.contracted)
+    left_free = [c for c in ta if c in roles.free_a]  # in the operand's order
+    right_free = [c for c in tb if c in roles.free_b]
     sizes = {c: int(d) for t, v in ((ta, a), (tb, b)) for c, d in zip(t, v.shape, strict=True)}
     a, flag_a, ca = _arrange(lo, a, ta, batch, left_free, inner, left=True)
     b, flag_b, cb = _arrange(lo, b, tb, batch, right_free, inner, left=False)
@@ -99,14 +101,13 @@ def lower_einsum(lo: _Lowerer, node: Node, args: list[Var]) -> Var:
     return product
 
 
-def _prefers_swap(ta: str, tb: str, out: str) -> bool:
+def _prefers_swap(roles: EinsumRoles) -> bool:
     """True when ``b @ a`` lands in the output's axis order and ``a @ b`` does not."""
-    batch = [c for c in out if c in ta and c in tb]
-    a_free = [c for c in out if c in ta and c not in tb]
-    b_free = [c for c in out if c in tb and c not in ta]
-    as_is = batch + [c for c in ta if c in a_free] + [c for c in tb if c in b_free]
-    swapped = batch + [c for c in tb if c in b_free] + [c for c in ta if c in a_free]
-    return list(out) != as_is and list(out) == swapped
+    a_free = [c for c in roles.a if c in roles.free_a]
+    b_free = [c for c in roles.b if c in roles.free_b]
+    as_is = list(roles.batch) + a_free + b_free
+    swapped = list(roles.batch) + b_free + a_free
+    return list(roles.out) != as_is and list(roles.out) == swapped
 
 
 def _einsum_unary(lo: _Lowerer, node: Node, x: Var, term: str, out: str) -> Var:
@@ -118,8 +119,6 @@ def _einsum_unary(lo: _Lowerer, node: Node, x: Var, term: str, out: str) -> Var:
 
 def lower_scatter_add(lo: _Lowerer, node: Node, args: list[Var]) -> Var:
     """SCATTER_ADD as ``onehot(idx)^T @ updates`` with updates viewed as ``[P, C, Q]``."""
-    from .lowering import AneLoweringError
-
     updates, idx = args
     if node.aval.dtype == bool_:
         raise AneLoweringError("scatter_add", "bool updates (sum of bools has no MIL matmul)")

@@ -53,6 +53,8 @@ from shapegrad.ops import reference
 from shapegrad.ops.protocol import BINARY, COLLECTIVES, UNARY, Prim
 from shapegrad.shapes import fmt
 
+from ._decompose import lower_einsum, lower_scatter_add
+from ._errors import AneLoweringError
 from ._mil import FP16_MAX, Var, builder, function_class, program_class, target, types_module
 
 Array = npt.NDArray[Any]
@@ -92,16 +94,6 @@ _BROADCASTING_CONSUMERS = (
     }
 )
 PRECISIONS = ("fp16", "fp32")
-
-
-class AneLoweringError(NotImplementedError):
-    """A graph construct the Core ML lowering does not support; names the op and the fix."""
-
-    def __init__(self, what: str, detail: str) -> None:
-        super().__init__(
-            f"ane backend: cannot lower {what}: {detail}; "
-            "compile this function with backend='c' (or 'numpy') instead"
-        )
 
 
 @dataclass
@@ -455,8 +447,6 @@ def _random(lo: _Lowerer, node: Node, args: list[Var]) -> Var:
 
 
 def _contraction_rules() -> dict[Prim, Rule]:
-    from ._decompose import lower_einsum, lower_scatter_add
-
     return {Prim.EINSUM: lower_einsum, Prim.SCATTER_ADD: lower_scatter_add}
 
 
