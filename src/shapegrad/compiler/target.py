@@ -56,6 +56,10 @@ class Target:
             argument to the math library: glibc's vector exp falls back to scalar code for
             a whole vector when one lane is out of range (masked attention scores made the
             softmax exp 8x slower). Exact elsewhere; see ``compiler.expand``.
+        accumulators: ``(element type, accumulator type)`` pairs: sums and products of the
+            first type accumulate in the second and round once at the end (float16 in
+            float32, like NumPy and cuBLAS: a float16 accumulator stops at 2048 when adding
+            ones). See :meth:`accumulator`.
     """
 
     name: str
@@ -76,6 +80,7 @@ class Target:
     scatter: str = "ordered"
     skip_stages: frozenset[str] = frozenset()
     exp_flush_denormal: bool = False
+    accumulators: tuple[tuple[str, str], ...] = (("float16", "float32"),)
 
     def __post_init__(self) -> None:
         if self.reduction not in ("ordered", "tree"):
@@ -90,6 +95,10 @@ class Target:
     def replace(self, **changes: object) -> Target:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def accumulator(self, dtype: str) -> str:
+        """The type sums of ``dtype`` elements accumulate in (``dtype`` itself by default)."""
+        return dict(self.accumulators).get(dtype, dtype)
 
     def runs(self, stage: str) -> bool:
         """Whether the optional loop stage ``stage`` runs for this target."""

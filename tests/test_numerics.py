@@ -1,0 +1,114 @@
+"""Numerics that must hold in every mode (issue 24, items 2, 3, 4, 11, 15 and 16).
+
+References: NumPy in float64 (rounded once to the result type), closed forms, and
+PyTorch where installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import shapegrad as sg
+
+MODES = ["eager", "numpy", "c"]
+
+
+def _run(mode: str, fn: Callable[..., Any], *args: Any) -> Any:
+    if mode == "eager":
+        return fn(*[sg.tensor(a) if isinstance(a, np.ndarray) else a for a in args])
+    if mode == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    return sg.compile(fn, backend=mode)(*args)
+
+
+def _f16(value: Any) -> Any:
+    """The float64 reference rounded once to float16 (what a float32 accumulator gives)."""
+    return np.asarray(value, np.float64).astype(np.float16)
+
+
+# --- item 2: float16 sums and products accumulate in float32 ------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_sum_of_ones_is_exact(mode: str) -> None:
+    out = _run(mode, lambda x: sg.sum(x), np.ones(5000, np.float16))
+    assert out.dtype == sg.float16 and float(out.item()) == 5000.0  # float16 acc: 2048
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_dot_product_of_ones_is_exact(mode: str) -> None:
+    a, b = np.ones((1, 4096), np.float16), np.ones((4096, 1), np.float16)
+    out = _run(mode, lambda a, b: a @ b, a, b)
+    assert out.dtype == sg.float16 and float(out.numpy()[0, 0]) == 4096.0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_mean_and_var_match_float64_rounded_once(mode: str) -> None:
+    x = np.full(10000, 0.1, np.float16)
+    mean = _run(mode, lambda x: sg.mean(x), x)
+    np.testing.assert_allclose(float(mean.item()), x.astype(np.float64).mean(), rtol=1e-3)
+    rng = np.random.default_rng(0)
+    y = (rng.standard_normal((3, 3000)) * 2 + 1).astype(np.float16)
+    var = _run(mode, lambda y: sg.var(y, axis=1), y)
+    np.testing.assert_allclose(var.numpy(), y.astype(np.float64).var(axis=1), rtol=3e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_logsumexp_matches_float64(mode: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6000)).astype(np.float16)
+    out = _run(mode, lambda x: sg.logsumexp(x, axis=-1), x)
+    ref = np.log(np.exp(x.astype(np.float64)).sum(axis=-1))
+    np.testing.assert_allclose(out.numpy().astype(np.float64), ref, rtol=2e-3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(3000, 16), (16, 3000), (5, 700, 9)])
+def test_float16_reductions_of_every_layout(mode: str, shape: tuple[int, ...]) -> None:
+    """Reductions over the leading axis take the row form (a float32 scratch row)."""
+    x = np.random.default_rng(2).uniform(0.5, 1.5, shape).astype(np.float16)
+    for axis in range(len(shape)):
+        out = _run(mode, lambda x, a=axis: sg.sum(x, axis=a), x)
+        np.testing.assert_allclose(
+            out.numpy().astype(np.float64), _f16(x.astype(np.float64).sum(axis=axis)), rtol=1e-3
+        )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_products_accumulate_in_float32(mode: str) -> None:
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, (8, 2500)).astype(np.float16)
+    b = rng.uniform(0, 1, (2500, 24)).astype(np.float16)
+    out = _run(mode, lambda a, b: a @ b, a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.numpy().astype(np.float64), ref, rtol=2e-3)
+    # A product with an epilogue (the kernel scales the accumulated row).
+    scaled = _run(mode, lambda a, b: (a @ b) * 0.5, a, b)
+    np.testing.assert_allclose(scaled.numpy().astype(np.float64), ref * 0.5, rtol=2e-3)
+
+
+def test_float16_accumulators_are_in_the_loop_ir() -> None:
+    """The widening is the lowering's (the Target's accumulator type), not a renderer's."""
+    from shapegrad.compiler import loops as L
+    from shapegrad.compiler.target import C_TARGET, CUDA_TARGET
+
+    assert C_TARGET.accumulator("float16") == "float32" == CUDA_TARGET.accumulator("float16")
+    assert C_TARGET.accumulator("float32") == "float32"
+    fn = sg.compile(lambda x: sg.sum(x, axis=1), backend="numpy")
+    program = _loop_program(fn, np.ones((4, 9000), np.float16))
+    reduces = [s for k in program.kernels for s in L.walk(k.body) if isinstance(s, L.Reduce)]
+    assert reduces and all(r.init.dtype == sg.float32 for r in reduces)
+
+
+def _loop_program(fn: Any, *args: Any) -> Any:
+    from shapegrad.compiler.pipeline import lower_program
+    from shapegrad.compiler.target import C_TARGET
+
+    graph = fn.graph(*args)
+    program, _ = lower_program(graph, C_TARGET)
+    return program
