@@ -112,3 +112,38 @@ def _loop_program(fn: Any, *args: Any) -> Any:
     graph = fn.graph(*args)
     program, _ = lower_program(graph, C_TARGET)
     return program
+
+
+# --- item 3: logsumexp at infinities -------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_logsumexp_of_infinite_rows(mode: str) -> None:
+    inf = np.inf
+    x = np.array(
+        [[1.0, inf, 0.0], [-inf, -inf, -inf], [-inf, 2.0, -inf], [inf, inf, -inf], [3.0, 1.0, 2.0]],
+        np.float32,
+    )
+    out = _run(mode, lambda x: sg.logsumexp(x, axis=-1), x).numpy()
+    with np.errstate(divide="ignore"):
+        finite_ref = np.log(np.exp(x[4].astype(np.float64)).sum())
+    np.testing.assert_array_equal(out[:4], [inf, -inf, 2.0, inf])
+    np.testing.assert_allclose(out[4], finite_ref, rtol=1e-6)
+    keep = _run(mode, lambda x: sg.logsumexp(x, axis=1, keepdims=True), x).numpy()
+    np.testing.assert_array_equal(keep[:4, 0], [inf, -inf, 2.0, inf])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_logsumexp_gradient_is_finite_where_torchs_is(mode: str) -> None:
+    """Masked rows (some -inf, the attention pattern) keep their softmax gradient; the
+    closed form is softmax(x) with 0 at the -inf entries."""
+    x = np.array([[-np.inf, 2.0, 0.5, -np.inf], [1e4, -np.inf, 1e4 - 1.0, 0.0]], np.float32)
+    grad_fn = sg.grad(lambda x: sg.sum(sg.logsumexp(x, axis=-1)))
+    g = _run(mode, grad_fn, x).numpy()
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(g, e / e.sum(axis=-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    torch = pytest.importorskip("torch", reason="PyTorch not installed: closed form checked")
+    t = torch.tensor(x64, requires_grad=True)
+    torch.logsumexp(t, dim=-1).sum().backward()
+    np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-5, atol=1e-7)

@@ -198,11 +198,16 @@ def var(x: Tensor, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> 
 
 
 def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max."""
+    """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max.
+
+    An infinite max is not subtracted (``inf - inf`` is NaN): a row holding ``+inf`` gives
+    ``+inf`` and a row of only ``-inf`` gives ``-inf``, as in PyTorch.
+    """
     axes = normalize_axes("logsumexp", axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):  # log(0): there is no max to shift by
         return sum(x, axis=axes, keepdims=keepdims) - math.inf
-    shift = stop_gradient(max(x, axis=axes, keepdims=True))
+    peak = stop_gradient(max(x, axis=axes, keepdims=True))
+    shift = where(abs(peak) < math.inf, peak, 0.0)
     total = sum(exp(x - shift), axis=axes, keepdims=True)
     return _keep(
         x,
