@@ -147,3 +147,61 @@ def test_logsumexp_gradient_is_finite_where_torchs_is(mode: str) -> None:
     t = torch.tensor(x64, requires_grad=True)
     torch.logsumexp(t, dim=-1).sum().backward()
     np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+# --- item 15: functional ops accept NumPy arrays like tensors ---------------------------
+
+_A = np.arange(12, dtype=np.float32).reshape(3, 4) / 7.0
+_IMG = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4) / 9.0
+_ARRAY_OPS: dict[str, Callable[[Any], Any]] = {
+    "sum": lambda a: sg.sum(a, axis=1),
+    "mean": lambda a: sg.mean(a),
+    "max": lambda a: sg.max(a, axis=0),
+    "min": lambda a: sg.min(a),
+    "var": lambda a: sg.var(a, axis=1),
+    "logsumexp": lambda a: sg.logsumexp(a, axis=1),
+    "softmax": lambda a: sg.softmax(a),
+    "log_softmax": lambda a: sg.log_softmax(a),
+    "argmax": lambda a: sg.argmax(a),
+    "reshape": lambda a: sg.reshape(a, (4, 3)),
+    "take": lambda a: sg.take(a, [2, 0], axis=1),
+    "embedding": lambda a: sg.embedding(a, [[1, 2]]),
+    "where": lambda a: sg.where(a > 0.5, a, 0.0),
+    "maximum": lambda a: sg.maximum(a, _A[::-1].copy()),
+    "pow": lambda a: sg.pow(a, 3.0),
+    "zeros_like": lambda a: sg.zeros_like(a),
+    "ones_like": lambda a: sg.ones_like(a),
+    "stop_gradient": lambda a: sg.stop_gradient(a),
+    "layer_norm": lambda a: sg.layer_norm(a),
+    "conv2d": lambda a: sg.conv2d(_img(a), np.ones((3, 2, 2, 2), np.float32)),
+    "max_pool2d": lambda a: sg.max_pool2d(_img(a), 2),
+    "avg_pool2d": lambda a: sg.avg_pool2d(_img(a), 2),
+}
+
+
+def _img(like: Any) -> Any:
+    """The image input in the same form (array or tensor) as ``like``."""
+    return _IMG if isinstance(like, np.ndarray) else sg.tensor(_IMG)
+
+
+@pytest.mark.parametrize("name", sorted(_ARRAY_OPS))
+def test_functional_ops_accept_numpy_arrays(name: str) -> None:
+    op = _ARRAY_OPS[name]
+    from_array, from_tensor = op(_A), op(sg.tensor(_A))
+    assert isinstance(from_array, sg.Tensor)
+    assert from_array.dtype == from_tensor.dtype and from_array.shape == from_tensor.shape
+    np.testing.assert_array_equal(from_array.numpy(), from_tensor.numpy())
+
+
+def test_arrays_captured_in_compiled_code_and_bad_operands() -> None:
+    fn = sg.compile(lambda x: sg.max(x, axis=1) + sg.mean(_A, axis=1), backend="numpy")
+    out = fn(sg.tensor(_A))
+    np.testing.assert_allclose(out.numpy(), _A.max(axis=1) + _A.mean(axis=1), rtol=1e-6)
+    with pytest.raises(TypeError, match="reduce_max: unsupported operand type _Shaped"):
+        sg.max(_Shaped())
+
+
+class _Shaped:
+    """Has ``ndim``/``shape`` but is no array: must be a clear TypeError, not AttributeError."""
+
+    ndim, shape = 1, (3,)

@@ -138,6 +138,7 @@ def conv2d(
         >>> sg.conv2d(sg.ones((1, 3, 5, 5)), sg.ones((2, 3, 3, 3)), padding=1).shape
         (1, 2, 5, 5)
     """
+    x, w = p.as_tensor(x, "conv2d"), p.as_tensor(w, "conv2d")
     _check_nchw("conv2d", x)
     if w.ndim != 4:
         raise ShapeError("conv2d", f"weight must be [O, C, kh, kw], got {fmt(w.shape)}")
@@ -229,6 +230,7 @@ def max_pool2d(
         >>> sg.max_pool2d(sg.ones((1, 1, 4, 4)), 2).shape
         (1, 1, 2, 2)
     """
+    x = p.as_tensor(x, "max_pool2d")
     kernel, strides, pads, out = _pool_setup("max_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
         pooled = p.reduce_max(_tiles(x, kernel, pads, out, _lowest(x)), [2, 4])
@@ -247,6 +249,7 @@ def avg_pool2d(
         >>> sg.avg_pool2d(sg.ones((1, 1, 4, 4)), 2).shape
         (1, 1, 2, 2)
     """
+    x = p.as_tensor(x, "avg_pool2d")
     kernel, strides, pads, out = _pool_setup("avg_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
         total = p.reduce_sum(_tiles(x, kernel, pads, out, 0.0), [2, 4])

@@ -86,18 +86,25 @@ def relu(x: Tensor) -> Tensor:
     return maximum(x, 0.0 if x.dtype.is_float else 0)
 
 
+def _arrays(*values: Any) -> list[Any]:
+    """NumPy arrays among ``values`` as tensors; scalars stay weak (they take the dtype of
+    the tensor operand)."""
+    return [_t(v) if isinstance(v, np.ndarray | list) else v for v in values]
+
+
 def maximum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise maximum with broadcasting; ties share the gradient."""
-    return p.binary(Prim.MAX, a, b)
+    return p.binary(Prim.MAX, *_arrays(a, b))
 
 
 def minimum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise minimum with broadcasting; ties share the gradient."""
-    return p.binary(Prim.MIN, a, b)
+    return p.binary(Prim.MIN, *_arrays(a, b))
 
 
 def pow(x: TensorLike, y: TensorLike) -> Tensor:
     """x ** y. Integer exponents 0..4 expand to multiplications (exact for negative x)."""
+    x, y = _arrays(x, y)
     if isinstance(x, Tensor) and isinstance(y, int | float) and not isinstance(y, bool):
         if y == 0:
             return p.ones_like(x)
@@ -116,7 +123,8 @@ def pow(x: TensorLike, y: TensorLike) -> Tensor:
 
 def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
-    return p.where(cond, a, b)
+    cond, a, b = _arrays(cond, a, b)
+    return p.where(_t(cond), a, b)
 
 
 def stop_gradient(x: Tensor) -> Tensor:
