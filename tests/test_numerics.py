@@ -205,3 +205,132 @@ class _Shaped:
     """Has ``ndim``/``shape`` but is no array: must be a clear TypeError, not AttributeError."""
 
     ndim, shape = 1, (3,)
+
+
+# --- item 4: int32 sums and arange never wrap ------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_int32_sum_overflow_raises_in_every_mode(mode: str) -> None:
+    big = np.full(3, 2**30, np.int32)  # 3 * 2**30 wrapped to -1073741824 before
+    with pytest.raises(IndexError, match="int32 total is outside"):
+        _run(mode, lambda x: sg.sum(x), big).numpy()
+    with pytest.raises(IndexError, match="int32 total is outside"):
+        _run(mode, lambda x: x.sum(axis=0), -big).numpy()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_int32_sums_in_range_are_exact(mode: str) -> None:
+    x = np.array([[2**30, 2**30 - 1, -(2**30)], [2**31 - 1 - 2**30, -5, 5]], np.int32)
+    out = _run(mode, lambda x: (sg.sum(x, axis=1), sg.sum(x, axis=0, keepdims=True)), x)
+    assert out[0].dtype == sg.int32
+    np.testing.assert_array_equal(out[0].numpy(), x.astype(np.int64).sum(axis=1))
+    np.testing.assert_array_equal(out[1].numpy(), x.astype(np.int64).sum(axis=0, keepdims=True))
+
+
+def test_int32_sum_overflow_is_an_int32_overflow_error_eagerly() -> None:
+    from shapegrad.dtypes import Int32OverflowError
+
+    with pytest.raises(Int32OverflowError):
+        sg.sum(sg.tensor(np.full(3, 2**30, np.int32)))
+
+
+def test_arange_refuses_values_beyond_int32() -> None:
+    from shapegrad.dtypes import Int32OverflowError
+
+    with pytest.raises(Int32OverflowError, match="arange: int32 values from 0 to 2147483650"):
+        sg.arange(2**31 + 3)
+    with pytest.raises(Int32OverflowError, match="arange"):
+        sg.arange(-(2**31) - 2, 0)
+    assert sg.arange(2**31 - 3, 2**31 - 1).tolist() == [2**31 - 3, 2**31 - 2]
+
+
+# --- items 8 and 14: settings and shapes checked where they enter -------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: sg.layer_norm(sg.ones((2, 3)), eps=-1),
+            "layer_norm: eps must be a finite number >= 0, got -1",
+        ),
+        (lambda: sg.layer_norm(sg.ones((2, 3)), eps=float("nan")), "layer_norm: eps .* got nan"),
+        (
+            lambda: sg.batch_norm(sg.ones((2, 3)), None, None, sg.zeros(3), sg.ones(3), True, 2.0),
+            r"batch_norm: momentum must be a finite number in \[0, 1\], got 2.0",
+        ),
+        (
+            lambda: sg.batch_norm(
+                sg.ones((2, 3)), None, None, sg.zeros(3), sg.ones(3), True, eps=-1e-3
+            ),
+            "batch_norm: eps",
+        ),
+        (lambda: sg.group_norm(sg.ones((2, 4)), 2, eps=float("inf")), "group_norm: eps"),
+        (
+            lambda: sg.one_hot(sg.tensor([1]), -1),
+            "one_hot: num_classes must be an integer >= 0, got -1",
+        ),
+        (lambda: sg.one_hot(sg.tensor([1]), 2.5), "one_hot: num_classes"),
+    ],
+)
+def test_invalid_settings_are_clear_value_errors(call: Callable[[], Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: sg.conv2d(sg.ones((1, 1, 3, 3)), sg.ones((1, 1, 0, 0))),
+            "kernel must be at least 1x1, got 0x0",
+        ),
+        (lambda: sg.conv2d(sg.ones((1, 1, 3, 3)), sg.ones((1, 1, 2, 0))), "got 2x0"),
+        (lambda: sg.zeros((2**40, 2**40)), "more than int64 indexes"),
+        (lambda: sg.full((2**63,), 1.0), "9223372036854775808 elements"),
+        (lambda: sg.eye(2**40), "iota: shape .* more than int64"),
+    ],
+)
+def test_impossible_shapes_are_clear_shape_errors(call: Callable[[], Any], message: str) -> None:
+    with pytest.raises(sg.ShapeError, match=message):
+        call()
+
+
+def test_impossible_shapes_fail_at_trace_time_before_native_code() -> None:
+    fn = sg.compile(lambda x: x + sg.zeros((2**33, 2**33)), backend="numpy")
+    with pytest.raises(sg.ShapeError, match="broadcast: shape"):
+        fn(sg.ones(1))
+
+
+# --- item 16: layer_norm of constant rows -------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_norm_of_constant_rows_is_exactly_zero(mode: str) -> None:
+    """PyTorch gives 0; a float32 mean of 768 copies of 3.7 is not 3.7 in every order, and
+    dividing its residue by sqrt(eps) gave up to 0.6 (C) and 0.04 (eager) before."""
+    rows = np.stack([np.full(768, v, np.float32) for v in (0.1, 3.7, 1000.1, -2.5e4)])
+    out = _run(mode, lambda x: sg.layer_norm(x), rows).numpy()
+    np.testing.assert_array_equal(out, np.zeros_like(rows))
+    grouped = _run(mode, lambda x: sg.group_norm(x, 2), rows.reshape(2, 4, 384)).numpy()
+    np.testing.assert_array_equal(grouped, 0.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_norm_matches_float64_and_its_gradient(mode: str) -> None:
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, 5, 64)) * 0.01 + 100.0).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    out = _run(mode, lambda x, w: sg.layer_norm(x, w), x, w).numpy()
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(-1, keepdims=True)
+    ref = centered / np.sqrt((centered**2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3)
+    torch = pytest.importorskip("torch", reason="PyTorch not installed: values checked only")
+    x = rng.standard_normal((3, 5, 64)).astype(np.float32)  # cubes amplify rounding: O(1) data
+    g = _run(mode, sg.grad(lambda x, w: sg.sum(sg.layer_norm(x, w) ** 3)), x, w).numpy()
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    y = torch.nn.functional.layer_norm(t, (64,), torch.tensor(w.astype(np.float64)), eps=1e-5)
+    (y**3).sum().backward()
+    np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-3, atol=1e-3)

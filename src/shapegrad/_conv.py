@@ -151,6 +151,11 @@ def conv2d(
     if x.dtype != w.dtype:
         raise DTypeError(f"conv2d: x is {x.dtype} but w is {w.dtype}; cast one with .astype()")
     kernel = (w.shape[2], w.shape[3])
+    if min(kernel) < 1:
+        raise ShapeError(
+            "conv2d",
+            f"kernel must be at least 1x1, got {kernel[0]}x{kernel[1]} in w {fmt(w.shape)}",
+        )
     strides = _pair("conv2d", "stride", stride, 1)
     pads = _pair("conv2d", "padding", padding, 0)
     out = _out_size("conv2d", x, kernel, strides, pads)

@@ -167,9 +167,40 @@ def _keep(x: Tensor, reduced: Tensor, axes: tuple[int, ...], keepdims: bool) -> 
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis`` (all axes when None)."""
+    """Sum over ``axis`` (all axes when None).
+
+    An int32 sum stays int32 (shapegrad has no int64) and never wraps: it is accumulated
+    exactly (in float64) and a total outside the int32 range raises
+    :class:`~shapegrad.dtypes.Int32OverflowError` eagerly, an IndexError with the same
+    message from compiled code (the error-flag contract); cast to float64 for big totals.
+    """
     axes = normalize_axes("sum", axis, x.ndim)
+    if x.dtype == int32 and axes:
+        return _keep(x, _int32_sum(x, axes), axes, keepdims)
     return _keep(x, p.reduce_sum(x, axes), axes, keepdims)
+
+
+_INT32_SUM_OVERFLOW = (
+    "sum: an int32 total is outside -2147483648..2147483647 (int32 sums never wrap); "
+    "sum x.astype(sg.float64) instead"
+)
+
+
+def _int32_sum(x: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """An int32 sum checked for overflow (exact in float64 below 2**53 in magnitude)."""
+    from shapegrad.dtypes import float64
+
+    total = p.reduce_sum(p.cast(x, float64), axes)
+    fits = where(total >= -2147483648.0, total <= 2147483647.0, False)
+    if not x.is_traced:
+        if not bool(fits.all()):
+            raise Int32OverflowError(f"{_INT32_SUM_OVERFLOW}{describe_caller()}")
+        return p.cast(total, int32)
+    # A graph cannot branch on data: a gather from a one-entry table, indexed 1 where the
+    # total does not fit, fails at run time with this message (see ``_labels_checked``).
+    flag = p.cast(p.binary(Prim.EQ, fits, False), int32)
+    table = p.full([1], 0, int32, like=x)
+    return p.cast(total, int32) + p.gather(table, flag, 0, what=_INT32_SUM_OVERFLOW)
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -462,6 +493,8 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
     from shapegrad.dtypes import as_dtype
 
     labels = _t(labels)
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be an integer >= 0, got {num_classes!r}")
     shape = (*labels.shape, num_classes)
     classes = p.iota(shape, len(shape) - 1, int32, like=labels)
     spread = p.broadcast_in_dim(labels, shape, tuple(range(labels.ndim)))
@@ -570,6 +603,12 @@ def layer_norm(
     """
     x = _t(x)
     axes = normalize_axes("layer_norm", axis, x.ndim)
+    eps = check_setting("layer_norm", "eps", eps, 0.0, math.inf)
+    # Two-pass moments of data shifted by each row's first element (gradient-free; it
+    # cancels in x - mean(x)): a constant row is exactly 0 in every summation order, so
+    # eager and compiled agree, and the mean loses less to cancellation.
+    first = [builtins.min(d, 1) if a in axes else d for a, d in enumerate(x.shape)]
+    x = x - stop_gradient(p.slice_(x, [0] * x.ndim, first, [1] * x.ndim))
     centered = x - mean(x, axis=axes, keepdims=True)
     variance = mean(centered * centered, axis=axes, keepdims=True)
     y = centered / sqrt(variance + eps)
@@ -654,7 +693,7 @@ from shapegrad._creation import (  # noqa: E402
     zeros_like,
 )
 from shapegrad._einsum import einsum  # noqa: E402
-from shapegrad._norms import batch_norm, group_norm  # noqa: E402
+from shapegrad._norms import batch_norm, check_setting, group_norm  # noqa: E402
 
 __all__ = [
     "abs",
