@@ -334,3 +334,39 @@ def test_layer_norm_matches_float64_and_its_gradient(mode: str) -> None:
     y = torch.nn.functional.layer_norm(t, (64,), torch.tensor(w.astype(np.float64)), eps=1e-5)
     (y**3).sum().backward()
     np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
+# --- item 11: Python scalar arguments of compiled functions are weakly typed ----------------
+
+_WEAK_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "x * s": lambda x, s: x * s,
+    "s - x": lambda x, s: s - x,
+    "x > s": lambda x, s: x > s,
+    "maximum": lambda x, s: sg.maximum(x, s),
+    "where": lambda x, s: sg.where(x > 1, x, s),
+    "s * s + x": lambda x, s: s * s + x,
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int32"])
+@pytest.mark.parametrize("name", sorted(_WEAK_OPS))
+def test_compiled_python_scalar_arguments_match_eager(backend: str, dtype: str, name: str) -> None:
+    if backend == "c" and shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) on PATH")
+    op = _WEAK_OPS[name]
+    x = np.array([0, 1, 2, 3], dtype)
+    fn = sg.compile(op, backend=backend)
+    for s in (2, True):
+        expected = op(sg.tensor(x), s)
+        got = fn(sg.tensor(x), s)
+        assert got.dtype == expected.dtype, (name, dtype, s)
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_compiled_float_scalar_meeting_an_int_tensor_is_the_eager_error() -> None:
+    x = sg.tensor(np.arange(3, dtype=np.int32))
+    with pytest.raises(sg.DTypeError, match="cannot combine a float value with a int32 tensor"):
+        x * 2.5
+    with pytest.raises(sg.DTypeError, match="cannot combine a float value with a int32 tensor"):
+        sg.compile(lambda x, s: x * s, backend="numpy")(x, 2.5)

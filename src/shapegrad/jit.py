@@ -511,7 +511,8 @@ class Compiled:
         ops = GraphOps()
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
-        inputs = [ops.add_input(n, a) for n, a in zip(names, avals, strict=True)]
+        weak = [type(leaf) in _SCALARS for leaf in leaves]  # weakly typed, as eagerly
+        inputs = [ops.add_input(n, a, w) for n, a, w in zip(names, avals, weak, strict=True)]
         traced_args, traced_kwargs = tree.unflatten(td, inputs)
         call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
         try:
