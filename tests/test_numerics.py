@@ -370,3 +370,29 @@ def test_compiled_float_scalar_meeting_an_int_tensor_is_the_eager_error() -> Non
         x * 2.5
     with pytest.raises(sg.DTypeError, match="cannot combine a float value with a int32 tensor"):
         sg.compile(lambda x, s: x * s, backend="numpy")(x, 2.5)
+
+
+# --- found by the +-inf/NaN fuzzer ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exp_of_nan_is_nan(mode: str) -> None:
+    """The C target's denormal-flushing exp multiplied by [0 <= x - T], 0 for NaN, and gcc
+    (-fno-signed-zeros) made exp(NaN) * 0 a 0: logsumexp of a NaN gave -inf."""
+    x = np.array([np.nan, -np.inf, np.inf, -100.0, -700.0, 0.0, 1.0], np.float64)
+    for dtype in (np.float32, np.float64):
+        out = _run(mode, lambda x: sg.exp(x), x.astype(dtype)).numpy()
+        with np.errstate(over="ignore", under="ignore"):
+            want = np.exp(x.astype(dtype))
+        # atol: the C target flushes results below the smallest normal to 0
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=float(np.finfo(dtype).tiny))
+        lse = _run(mode, lambda x: sg.logsumexp(x, axis=0, keepdims=True), x[None].astype(dtype))
+        assert np.isnan(lse.numpy()[0, 0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_log_softmax_of_infinite_rows_is_pytorchs(mode: str) -> None:
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    x = np.array([[1.0, np.inf, 0.0], [-np.inf, -np.inf, -np.inf], [-np.inf, 2.0, 1.0]])
+    out = _run(mode, lambda x: sg.log_softmax(x, axis=-1), x).numpy()
+    np.testing.assert_allclose(out, torch.log_softmax(torch.tensor(x), dim=-1).numpy())

@@ -193,7 +193,7 @@ def _int32_sum(x: Tensor, axes: tuple[int, ...]) -> Tensor:
     total = p.reduce_sum(p.cast(x, float64), axes)
     fits = where(total >= -2147483648.0, total <= 2147483647.0, False)
     if not x.is_traced:
-        if not bool(fits.all()):
+        if fits.size and not bool(fits.all()):
             raise Int32OverflowError(f"{_INT32_SUM_OVERFLOW}{describe_caller()}")
         return p.cast(total, int32)
     # A graph cannot branch on data: a gather from a one-entry table, indexed 1 where the
@@ -242,11 +242,18 @@ def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     An infinite max is not subtracted (``inf - inf`` is NaN): a row holding ``+inf`` gives
     ``+inf`` and a row of only ``-inf`` gives ``-inf``, as in PyTorch.
     """
+    return _logsumexp(x, axis, keepdims, finite_shift=True)
+
+
+def _logsumexp(x: Tensor, axis: Axis, keepdims: bool, finite_shift: bool) -> Tensor:
+    """``finite_shift``: shift by the max only where it is finite (logsumexp); without it
+    a row with an infinity is NaN, the form log_softmax keeps (PyTorch's there)."""
     axes = normalize_axes("logsumexp", axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):  # log(0): there is no max to shift by
         return sum(x, axis=axes, keepdims=keepdims) - math.inf
-    peak = stop_gradient(max(x, axis=axes, keepdims=True))
-    shift = where(abs(peak) < math.inf, peak, 0.0)
+    shift = stop_gradient(max(x, axis=axes, keepdims=True))
+    if finite_shift:
+        shift = where(abs(shift) < math.inf, shift, 0.0)
     total = sum(exp(x - shift), axis=axes, keepdims=True)
     return _keep(
         x,
@@ -266,8 +273,8 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``axis``."""
-    return x - logsumexp(x, axis=axis, keepdims=True)
+    """x - logsumexp(x) along ``axis``; a row holding an infinity is NaN, as in PyTorch."""
+    return x - _logsumexp(x, axis, True, finite_shift=False)
 
 
 def argmax(x: Tensor, axis: int = -1) -> Tensor:
