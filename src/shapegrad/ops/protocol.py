@@ -38,6 +38,7 @@ Conventions the rest of the system relies on:
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -432,11 +433,11 @@ _MAX_ELEMENTS = (1 << 63) - 1  # element counts and flat indices are int64 in ev
 
 def _check_elements(prim: Prim, shape: Shape) -> None:
     """A shape-creating op: dimensions non-negative, element count within int64."""
-    count = 1
-    for d in shape:
-        if d < 0:
-            raise ShapeError(prim.value, f"shape {fmt(shape)} has a negative dimension")
-        count *= d
+    count = math.prod(shape)
+    if count <= _MAX_ELEMENTS and min(shape, default=0) >= 0:
+        return  # the common case: two C calls (eager broadcasts run this per op)
+    if min(shape) < 0:
+        raise ShapeError(prim.value, f"shape {fmt(shape)} has a negative dimension")
     if count > _MAX_ELEMENTS:
         raise ShapeError(
             prim.value,
