@@ -396,3 +396,15 @@ def test_log_softmax_of_infinite_rows_is_pytorchs(mode: str) -> None:
     x = np.array([[1.0, np.inf, 0.0], [-np.inf, -np.inf, -np.inf], [-np.inf, 2.0, 1.0]])
     out = _run(mode, lambda x: sg.log_softmax(x, axis=-1), x).numpy()
     np.testing.assert_allclose(out, torch.log_softmax(torch.tensor(x), dim=-1).numpy())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_logsumexp_gradient_at_infinite_rows_is_pytorchs(mode: str) -> None:
+    """Where PyTorch's gradient is not finite (a +inf entry: NaN; an all -inf row: NaN),
+    ours is the same, and the finite entries of a +inf row get 0 as there."""
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    x = np.array([[1.0, np.inf, 0.0], [-np.inf, -np.inf, -np.inf]])
+    g = _run(mode, sg.grad(lambda x: sg.sum(sg.logsumexp(x, axis=-1))), x).numpy()
+    t = torch.tensor(x, requires_grad=True)
+    torch.logsumexp(t, dim=-1).sum().backward()
+    np.testing.assert_array_equal(g, t.grad.numpy())  # NaN where PyTorch has NaN

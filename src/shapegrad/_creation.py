@@ -72,7 +72,9 @@ def arange(
 ) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` like ``np.arange``.
 
-    The dtype is int32 when every argument is an int, float32 otherwise.
+    The dtype is int32 when every argument is an int, float32 otherwise. int32 values
+    never wrap: a range reaching outside int32 raises
+    :class:`~shapegrad.dtypes.Int32OverflowError` (pass ``dtype="float64"`` for it).
     Example:
         >>> sg.arange(2, 8, 2).tolist()
         [2, 4, 6]
