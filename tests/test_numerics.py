@@ -408,3 +408,15 @@ def test_logsumexp_gradient_at_infinite_rows_is_pytorchs(mode: str) -> None:
     t = torch.tensor(x, requires_grad=True)
     torch.logsumexp(t, dim=-1).sum().backward()
     np.testing.assert_array_equal(g, t.grad.numpy())  # NaN where PyTorch has NaN
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float16_scatter_add_accumulates_in_float32(mode: str) -> None:
+    """The gradient of an embedding lookup sums the rows of repeated ids: 5,000 ones into
+    one row is 5,000 (a float16 accumulator stops at 2048)."""
+    table = np.zeros((3, 2), np.float16)
+    ids = np.zeros(5000, np.int32)
+    ids[::7] = 2
+    g = _run(mode, sg.grad(lambda t: sg.sum(sg.embedding(t, ids))), table).numpy()
+    counts = np.bincount(ids, minlength=3).astype(np.float64)
+    np.testing.assert_array_equal(g.astype(np.float64), _f16(np.repeat(counts[:, None], 2, 1)))

@@ -543,10 +543,12 @@ class KernelBuilder:
         axis = node.attr["axis"]
         ex = self.expr_builder()
         size = node.attr["size"]
+        dtype = node.aval.dtype
+        # Accumulated in the target's accumulator type (float16 rows in a float32 temp).
+        acc_dtype = as_dtype(self.target.accumulator(dtype.name))
+        out = dst if acc_dtype == dtype else self.temp(acc_dtype, size_of(node.shape), "acc")
         zero_var = self.fresh(size_of(node.shape))
-        zero = L.Loop(
-            zero_var, "parallel", (L.Store(dst, L.var(zero_var), L.Const(node.aval.dtype, 0)),)
-        )
+        zero = L.Loop(zero_var, "parallel", (L.Store(out, L.var(zero_var), L.Const(acc_dtype, 0)),))
         up_vars = [self.fresh(d) for d in updates.shape]
         idx_vars = up_vars[axis : axis + len(idx.shape)]
         j = self.fresh(size, "g")
@@ -558,9 +560,13 @@ class KernelBuilder:
         load_idx = L.IndexLoad(
             j, self.names[idx.id], L.flatten(tuple(L.var(v) for v in idx_vars), idx.shape)
         )
-        value = ex.value(updates, tuple(L.var(v) for v in up_vars))
-        store = L.Store(dst, L.flatten(out_index, node.shape), value, "add", commutative=True)
+        value = _widened(ex.value(updates, tuple(L.var(v) for v in up_vars)), acc_dtype)
+        store = L.Store(out, L.flatten(out_index, node.shape), value, "add", commutative=True)
         body = (self._check(node, idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
+        if out != dst:
+            v = self.fresh(size_of(node.shape))
+            total = _rounded(L.Load(acc_dtype, out, L.var(v)), dtype)
+            body = (*body, L.Loop(v, "parallel", (L.Store(dst, L.var(v), total),)))
         self.add(node, body, size_of(updates.shape), ex)
 
     # -- collectives -----------------------------------------------------------------------------

@@ -134,7 +134,8 @@ def _gather(x: Array, idx: Array, axis: int, what: str | None = None) -> Array:
 
 def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
     out_shape = updates.shape[:axis] + (size,) + updates.shape[axis + idx.ndim :]
-    out = np.zeros(out_shape, dtype=updates.dtype)
+    # float16 rows accumulate in float32 (``evaluate`` rounds the result once)
+    out = np.zeros(out_shape, dtype=np.float32 if updates.dtype == np.float16 else updates.dtype)
     flat_idx = np.where(idx < 0, idx + size, idx).reshape(-1)
     moved = np.moveaxis(out, axis, 0)
     upd = updates.reshape(
