@@ -33,9 +33,10 @@ class Program:
     transposed: list[bool]  # feed input k as a transposed view of a contiguous array
     steps: list[Step]
     outputs: list[int]  # positions in the value list (inputs first, then one per step)
+    special: bool = False  # inputs hold +-inf and NaN among their values
 
     def describe(self) -> str:
-        lines = [f"dtype {self.dtype}"]
+        lines = [f"dtype {self.dtype}{' with +-inf/NaN inputs' * self.special}"]
         lines += [
             f"v{k} = input{list(s)}{' (transposed)' * t}"
             for k, (s, t) in enumerate(zip(self.inputs, self.transposed, strict=True))
@@ -104,6 +105,26 @@ UNARY = (
 )
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "where")
 REDUCE = ("sum", "mean", "max", "min", "var", "logsumexp")
+# int32 programs: the ops with integer semantics ("select" is "where" without the 0.5).
+INT_UNARY = ("abs", "neg", "square", "relu")
+INT_BINARY = ("add", "sub", "mul", "maximum", "minimum", "select")
+_ALL_BINARY = frozenset(BINARY + INT_BINARY)
+INT_REDUCE = ("sum", "max", "min")
+INT_KINDS = ("unary", "binary", "reduce", "layout", "layout", "matmul", "gather")
+# Step kinds of the mixed (default) programs; float16 and +-inf/NaN programs use them too.
+KINDS = (
+    "unary",
+    "binary",
+    "reduce",
+    "softmax",
+    "layout",
+    "layout",
+    "matmul",
+    "gather",
+    "conv",
+    "norm",
+    "loss",
+)
 
 
 def _broadcast(a: Shape, b: Shape) -> Shape | None:
@@ -125,7 +146,7 @@ def _sg_step(step: Step, xs: list[Any]) -> Any:
     op, kw = step.op, step.params
     if op in UNARY:
         return _sg_unary(op)(xs[0])
-    if op in BINARY:
+    if op in _ALL_BINARY:
         a, b = xs
         return {
             "add": lambda: a + b,
@@ -135,6 +156,7 @@ def _sg_step(step: Step, xs: list[Any]) -> Any:
             "maximum": lambda: sg.maximum(a, b),
             "minimum": lambda: sg.minimum(a, b),
             "where": lambda: sg.where(a > b, a, b * 0.5),
+            "select": lambda: sg.where(a > b, a, b),
         }[op]()
     x = xs[0]
     if op in REDUCE:
@@ -201,7 +223,7 @@ def _torch_step(torch: Any, step: Step, xs: list[Any]) -> Any:
     F = torch.nn.functional
     if op in UNARY:
         return _torch_unary(torch, op)(xs[0])
-    if op in BINARY:
+    if op in _ALL_BINARY:
         a, b = xs
         return {
             "add": lambda: a + b,
@@ -211,6 +233,7 @@ def _torch_step(torch: Any, step: Step, xs: list[Any]) -> Any:
             "maximum": lambda: torch.maximum(a, b),
             "minimum": lambda: torch.minimum(a, b),
             "where": lambda: torch.where(a > b, a, b * 0.5),
+            "select": lambda: torch.where(a > b, a, b),
         }[op]()
     x = xs[0]
     if op in REDUCE:
@@ -312,10 +335,18 @@ class _Builder:
         return int(self.rng.choice(ok)) if ok else None
 
 
-def generate(rng: np.random.Generator) -> Program:
-    """One random, well-typed program."""
-    dtype = "float64" if rng.random() < 0.5 else "float32"
+def generate(rng: np.random.Generator, kind: str = "mixed") -> Program:
+    """One random, well-typed program.
+
+    ``kind``: ``"mixed"`` (float32 or float64), ``"float16"``, ``"int32"`` (integer ops
+    only, no gradients) or ``"special"`` (float32/float64 inputs holding +-inf and NaN).
+    """
+    if kind in ("mixed", "special"):
+        dtype = "float64" if rng.random() < 0.5 else "float32"
+    else:
+        dtype = kind
     b = _Builder(rng, dtype)
+    b.program.special = kind == "special"
     rank = int(rng.integers(0, 5))
     base = tuple(b.dim() for _ in range(rank))
     b.new_input(base)
@@ -331,34 +362,22 @@ def generate(rng: np.random.Generator) -> Program:
 
 def _random_step(b: _Builder) -> None:
     rng = b.rng
-    kind = rng.choice(
-        [
-            "unary",
-            "binary",
-            "reduce",
-            "softmax",
-            "layout",
-            "layout",
-            "matmul",
-            "gather",
-            "conv",
-            "norm",
-            "loss",
-        ]
-    )
+    integer = b.program.dtype == "int32"
+    kind = rng.choice(list(INT_KINDS if integer else KINDS))
     x = b.pick()
     assert x is not None
     shape = b.shapes[x]
     if kind == "unary":
-        b.add(str(rng.choice(UNARY)), [x], shape)
+        b.add(str(rng.choice(INT_UNARY if integer else UNARY)), [x], shape)
     elif kind == "binary":
         partners = [k for k, s in enumerate(b.shapes) if _broadcast(shape, s) is not None]
+        partners = _not_itself(b, x, partners)
         y = int(rng.choice(partners))
         out = _broadcast(shape, b.shapes[y])
         assert out is not None
-        b.add(str(rng.choice(BINARY)), [x, y], out)
+        b.add(str(rng.choice(INT_BINARY if integer else BINARY)), [x, y], out)
     elif kind == "reduce":
-        op = str(rng.choice(REDUCE))
+        op = str(rng.choice(INT_REDUCE if integer else REDUCE))
         axis = (
             None if not shape or rng.random() < 0.3 else int(rng.integers(-len(shape), len(shape)))
         )
@@ -395,15 +414,28 @@ def _random_step(b: _Builder) -> None:
             b.add("take", [x], out, indices=indices, axis=axis)
     elif kind == "conv":
         _conv_step(b)
-    elif kind == "norm" and shape and shape[-1] > 0:
+    elif kind == "norm" and shape and shape[-1] > 0 and b.program.dtype != "float16":
+        # Not in float16: its gradient divides float16 rounding noise by the row's std
+        # (0.04 off float64 for 2-element rows; PyTorch computes it in float32).
         b.add("layer_norm", [x], shape)
     elif kind == "loss":
         if len(shape) == 2 and shape[1] > 0 and rng.random() < 0.6:
             labels = rng.integers(0, shape[1], size=shape[0]).astype(np.int32)
             b.add("cross_entropy", [x], (), labels=labels)
         else:
-            same = [k for k, s in enumerate(b.shapes) if s == shape]
+            same = _not_itself(b, x, [k for k, s in enumerate(b.shapes) if s == shape])
             b.add("mse", [x, int(rng.choice(same))], ())
+
+
+def _not_itself(b: _Builder, x: int, candidates: list[int]) -> list[int]:
+    """Partners of ``x`` for a binary op. In +-inf/NaN programs never ``x`` itself (when
+    another fits): the C backend compiles with ``-fassociative-math``, under which gcc may
+    fold ``x - x`` (and the ``g - g`` of its gradient) to 0 for a NaN ``x``; that known
+    divergence is not what these programs look for."""
+    if not b.program.special:
+        return candidates
+    others = [k for k in candidates if k != x]
+    return others or candidates
 
 
 def _layout_step(b: _Builder, x: int, shape: Shape) -> None:
@@ -427,7 +459,8 @@ def _layout_step(b: _Builder, x: int, shape: Shape) -> None:
         b.add("slice", [x], out, start=start, stop=stop, step=step, axis=axis)
     elif choice == "pad":
         width = tuple((int(rng.integers(0, 3)), int(rng.integers(0, 3))) for _ in shape)
-        value = float(rng.choice([0.0, -2.0, 1.5]))
+        value: float = float(rng.choice([0.0, -2.0, 1.5]))
+        value = int(value) if b.program.dtype == "int32" else value
         out = tuple(s + lo + hi for s, (lo, hi) in zip(shape, width, strict=True))
         b.add("pad", [x], out, width=width, value=value)
     else:
@@ -470,14 +503,38 @@ def _conv_step(b: _Builder) -> None:
     else:
         kernel = int(rng.integers(1, min(h, w) + 1))
         padding = min(padding, kernel // 2)
+        if b.program.special and choice == "max_pool2d":
+            # Padding is the lowest finite value, so a window of padding and -inf gives
+            # -3.4e38 where PyTorch gives -inf (a known difference, _conv._lowest).
+            padding = 0
         oh, ow = (h + 2 * padding - kernel) // kernel + 1, (w + 2 * padding - kernel) // kernel + 1
         b.add(str(choice), [x], (n, c, oh, ow), kernel=kernel, padding=padding)
 
 
+SPECIAL_VALUES = (np.inf, -np.inf, np.nan)
+_HALF_GRID = np.unique(np.linspace(-3.0, 3.0, 6000).astype(np.float16))
+
+
 def make_inputs(program: Program, rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
-    """Random inputs; transposed ones are non-contiguous views of the same values."""
+    """Random inputs; transposed ones are non-contiguous views of the same values.
+
+    int32 programs get small integers (products stay far from int32's range); special
+    programs get about one entry in five replaced by +inf, -inf or NaN.
+    """
     arrays = []
     for shape, transposed in zip(program.inputs, program.transposed, strict=True):
-        values = rng.standard_normal(shape).astype(program.dtype)
+        if program.dtype == "int32":
+            values = rng.integers(-3, 4, size=shape).astype(np.int32)
+        elif program.dtype == "float16":
+            # Distinct values: rounded normals tie often in 11 bits, and tied maxima share
+            # the gradient here (0.5 each) where PyTorch picks one.
+            size = int(np.prod(shape))
+            values = rng.choice(_HALF_GRID, size=size, replace=size > _HALF_GRID.size)
+            values = values.reshape(shape)
+        else:
+            values = rng.standard_normal(shape).astype(program.dtype)
+        if program.special and values.size:
+            mask = rng.random(shape) < 0.2
+            values[mask] = rng.choice(SPECIAL_VALUES, size=int(mask.sum()))
         arrays.append(np.ascontiguousarray(values.T).T if transposed else values)
     return arrays

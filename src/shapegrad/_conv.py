@@ -137,6 +137,7 @@ def conv2d(
         >>> sg.conv2d(sg.ones((1, 3, 5, 5)), sg.ones((2, 3, 3, 3)), padding=1).shape
         (1, 2, 5, 5)
     """
+    x, w = p.as_tensor(x, "conv2d"), p.as_tensor(w, "conv2d")
     _check_nchw("conv2d", x)
     if w.ndim != 4:
         raise ShapeError("conv2d", f"weight must be [O, C, kh, kw], got {fmt(w.shape)}")
@@ -149,6 +150,11 @@ def conv2d(
     if x.dtype != w.dtype:
         raise DTypeError(f"conv2d: x is {x.dtype} but w is {w.dtype}; cast one with .astype()")
     kernel = (w.shape[2], w.shape[3])
+    if min(kernel) < 1:
+        raise ShapeError(
+            "conv2d",
+            f"kernel must be at least 1x1, got {kernel[0]}x{kernel[1]} in w {fmt(w.shape)}",
+        )
     strides = _pair("conv2d", "stride", stride, 1)
     pads = _pair("conv2d", "padding", padding, 0)
     out = _out_size("conv2d", x, kernel, strides, pads)
@@ -229,6 +235,7 @@ def max_pool2d(
         >>> sg.max_pool2d(sg.ones((1, 1, 4, 4)), 2).shape
         (1, 1, 2, 2)
     """
+    x = p.as_tensor(x, "max_pool2d")
     kernel, strides, pads, out = _pool_setup("max_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
         pooled = p.reduce_max(_tiles(x, kernel, pads, out, _lowest(x)), [2, 4])
@@ -247,6 +254,7 @@ def avg_pool2d(
         >>> sg.avg_pool2d(sg.ones((1, 1, 4, 4)), 2).shape
         (1, 1, 2, 2)
     """
+    x = p.as_tensor(x, "avg_pool2d")
     kernel, strides, pads, out = _pool_setup("avg_pool2d", x, kernel_size, stride, padding)
     if strides == kernel:
         total = p.reduce_sum(_tiles(x, kernel, pads, out, 0.0), [2, 4])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from shapegrad.dtypes import DTypeLike, as_dtype, float32, float64, int32
+from shapegrad.dtypes import DTypeLike, Int32OverflowError, as_dtype, float32, float64, int32
 from shapegrad.ops import prims
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt
@@ -72,7 +72,9 @@ def arange(
 ) -> Tensor:
     """Evenly spaced values in ``[start, stop)`` like ``np.arange``.
 
-    The dtype is int32 when every argument is an int, float32 otherwise.
+    The dtype is int32 when every argument is an int, float32 otherwise. int32 values
+    never wrap: a range reaching outside int32 raises
+    :class:`~shapegrad.dtypes.Int32OverflowError` (pass ``dtype="float64"`` for it).
     Example:
         >>> sg.arange(2, 8, 2).tolist()
         [2, 4, 6]
@@ -84,6 +86,12 @@ def arange(
     integral = all(isinstance(v, int) for v in (start, stop, step))
     target = as_dtype(dtype) if dtype is not None else (int32 if integral else float32)
     n = max(0, math.ceil((stop - start) / step))
+    last = start + (n - 1) * step
+    if target == int32 and n and not all(-(2**31) <= v < 2**31 for v in (start, last)):
+        raise Int32OverflowError(
+            f"arange: int32 values from {start} to {last} do not fit in "
+            f"int32 ({-(2**31)}..{2**31 - 1}); they would wrap around"
+        )
     # Count in int32 (exact), do the affine map in float64 when needed, then cast once.
     work = int32 if integral and target == int32 else float64
     values = prims.iota((n,), 0, work)

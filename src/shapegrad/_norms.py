@@ -8,6 +8,9 @@ them as state.
 
 from __future__ import annotations
 
+import builtins
+import math
+import numbers
 from collections.abc import Sequence
 
 from shapegrad.ops import prims as p
@@ -29,6 +32,17 @@ def _per_channel(param: Tensor, x: Tensor) -> Tensor:
     return p.broadcast_in_dim(param, x.shape, (1,))
 
 
+def check_setting(op: str, name: str, value: object, low: float, high: float) -> float:
+    """``value`` as a float when it is a finite real number in ``[low, high]``; else a
+    ValueError naming the op, the value and the valid range (before any op runs)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number) and low <= number <= high:
+            return number
+    valid = f">= {low:g}" if math.isinf(high) else f"in [{low:g}, {high:g}]"
+    raise ValueError(f"{op}: {name} must be a finite number {valid}, got {value!r}")
+
+
 def layer_norm(
     x: Tensor,
     weight: Tensor | None = None,
@@ -45,6 +59,12 @@ def layer_norm(
     """
     x = x if isinstance(x, Tensor) else tensor(x)
     axes = normalize_axes("layer_norm", axis, x.ndim)
+    eps = check_setting("layer_norm", "eps", eps, 0.0, math.inf)
+    # Two-pass moments of data shifted by each row's first element (gradient-free; it
+    # cancels in x - mean(x)): a constant row is exactly 0 in every summation order, so
+    # eager and compiled agree, and the mean loses less to cancellation.
+    first = [builtins.min(d, 1) if a in axes else d for a, d in enumerate(x.shape)]
+    x = x - p.slice_(x, [0] * x.ndim, first, [1] * x.ndim).detach()
     centered = x - x.mean(axis=axes, keepdims=True)
     variance = (centered * centered).mean(axis=axes, keepdims=True)
     y = centered / (variance + eps).sqrt()
@@ -93,6 +113,8 @@ def batch_norm(
         >>> [round(a, 3) for a in y.numpy()[0].tolist() + m.tolist() + v.tolist()]
         [-1.0, -1.0, 0.2, 0.4, 1.1, 1.7]
     """
+    momentum = check_setting("batch_norm", "momentum", momentum, 0.0, 1.0)
+    eps = check_setting("batch_norm", "eps", eps, 0.0, math.inf)
     if x.ndim < 2:
         raise ShapeError("batch_norm", f"input must be [N, C, ...], got {fmt(x.shape)}")
     for name, param in (("weight", weight), ("bias", bias), ("running_mean", running_mean),
@@ -136,6 +158,7 @@ def group_norm(
         >>> sg.group_norm(sg.ones((2, 4, 3)), 2).shape
         (2, 4, 3)
     """
+    eps = check_setting("group_norm", "eps", eps, 0.0, math.inf)
     if x.ndim < 2:
         raise ShapeError("group_norm", f"input must be [N, C, ...], got {fmt(x.shape)}")
     n, c = x.shape[0], x.shape[1]

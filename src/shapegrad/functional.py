@@ -86,18 +86,25 @@ def relu(x: Tensor) -> Tensor:
     return maximum(x, 0.0 if x.dtype.is_float else 0)
 
 
+def _arrays(*values: Any) -> list[Any]:
+    """NumPy arrays among ``values`` as tensors; scalars stay weak (they take the dtype of
+    the tensor operand)."""
+    return [_t(v) if isinstance(v, np.ndarray | list) else v for v in values]
+
+
 def maximum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise maximum with broadcasting; ties share the gradient."""
-    return p.binary(Prim.MAX, a, b)
+    return p.binary(Prim.MAX, *_arrays(a, b))
 
 
 def minimum(a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise minimum with broadcasting; ties share the gradient."""
-    return p.binary(Prim.MIN, a, b)
+    return p.binary(Prim.MIN, *_arrays(a, b))
 
 
 def pow(x: TensorLike, y: TensorLike) -> Tensor:
     """x ** y. Integer exponents 0..4 expand to multiplications (exact for negative x)."""
+    x, y = _arrays(x, y)
     if isinstance(x, Tensor) and isinstance(y, int | float) and not isinstance(y, bool):
         if y == 0:
             return p.ones_like(x)
@@ -116,7 +123,8 @@ def pow(x: TensorLike, y: TensorLike) -> Tensor:
 
 def where(cond: Tensor, a: TensorLike, b: TensorLike) -> Tensor:
     """Elementwise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
-    return p.where(cond, a, b)
+    cond, a, b = _arrays(cond, a, b)
+    return p.where(_t(cond), a, b)
 
 
 def stop_gradient(x: Tensor) -> Tensor:
@@ -159,9 +167,40 @@ def _keep(x: Tensor, reduced: Tensor, axes: tuple[int, ...], keepdims: bool) -> 
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis`` (all axes when None)."""
+    """Sum over ``axis`` (all axes when None).
+
+    An int32 sum stays int32 (shapegrad has no int64) and never wraps: it is accumulated
+    exactly (in float64) and a total outside the int32 range raises
+    :class:`~shapegrad.dtypes.Int32OverflowError` eagerly, an IndexError with the same
+    message from compiled code (the error-flag contract); cast to float64 for big totals.
+    """
     axes = normalize_axes("sum", axis, x.ndim)
+    if x.dtype == int32 and axes:
+        return _keep(x, _int32_sum(x, axes), axes, keepdims)
     return _keep(x, p.reduce_sum(x, axes), axes, keepdims)
+
+
+_INT32_SUM_OVERFLOW = (
+    "sum: an int32 total is outside -2147483648..2147483647 (int32 sums never wrap); "
+    "sum x.astype(sg.float64) instead"
+)
+
+
+def _int32_sum(x: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """An int32 sum checked for overflow (exact in float64 below 2**53 in magnitude)."""
+    from shapegrad.dtypes import float64
+
+    total = p.reduce_sum(p.cast(x, float64), axes)
+    fits = where(total >= -2147483648.0, total <= 2147483647.0, False)
+    if not x.is_traced:
+        if fits.size and not bool(fits.all()):
+            raise Int32OverflowError(f"{_INT32_SUM_OVERFLOW}{describe_caller()}")
+        return p.cast(total, int32)
+    # A graph cannot branch on data: a gather from a one-entry table, indexed 1 where the
+    # total does not fit, fails at run time with this message (see ``_labels_checked``).
+    flag = p.cast(p.binary(Prim.EQ, fits, False), int32)
+    table = p.full([1], 0, int32, like=x)
+    return p.cast(total, int32) + p.gather(table, flag, 0, what=_INT32_SUM_OVERFLOW)
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
@@ -198,11 +237,23 @@ def var(x: Tensor, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> 
 
 
 def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max."""
+    """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max.
+
+    An infinite max is not subtracted (``inf - inf`` is NaN): a row holding ``+inf`` gives
+    ``+inf`` and a row of only ``-inf`` gives ``-inf``, as in PyTorch.
+    """
+    return _logsumexp(x, axis, keepdims, finite_shift=True)
+
+
+def _logsumexp(x: Tensor, axis: Axis, keepdims: bool, finite_shift: bool) -> Tensor:
+    """``finite_shift``: shift by the max only where it is finite (logsumexp); without it
+    a row with an infinity is NaN, the form log_softmax keeps (PyTorch's there)."""
     axes = normalize_axes("logsumexp", axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):  # log(0): there is no max to shift by
         return sum(x, axis=axes, keepdims=keepdims) - math.inf
     shift = stop_gradient(max(x, axis=axes, keepdims=True))
+    if finite_shift:
+        shift = where(abs(shift) < math.inf, shift, 0.0)
     total = sum(exp(x - shift), axis=axes, keepdims=True)
     return _keep(
         x,
@@ -222,8 +273,8 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``axis``."""
-    return x - logsumexp(x, axis=axis, keepdims=True)
+    """x - logsumexp(x) along ``axis``; a row holding an infinity is NaN, as in PyTorch."""
+    return x - _logsumexp(x, axis, True, finite_shift=False)
 
 
 def argmax(x: Tensor, axis: int = -1) -> Tensor:
@@ -449,6 +500,8 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
     from shapegrad.dtypes import as_dtype
 
     labels = _t(labels)
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
+        raise ValueError(f"one_hot: num_classes must be an integer >= 0, got {num_classes!r}")
     shape = (*labels.shape, num_classes)
     classes = p.iota(shape, len(shape) - 1, int32, like=labels)
     spread = p.broadcast_in_dim(labels, shape, tuple(range(labels.ndim)))

@@ -71,7 +71,7 @@ def exp_flushing_denormals(dtype: DType, x: L.Expr) -> L.Expr:
     Why: glibc's vector ``expf``/``exp`` (libmvec) runs a scalar fallback for a whole vector
     when one lane is out of its fast range; masked attention scores (-FLT_MAX) put such a
     lane in nearly every vector and made the softmax exp 6x slower. The form is
-    ``exp(select(x < T, 0, x) + T*[x-T < 0]) * [0 <= x-T]``, with no select around the call:
+    ``exp(select(x < T, 0, x) + T*[x-T < 0]) * (1 - [x-T < 0])``, with no select around the call:
     gcc computes a vector call under a select with the discarded lanes left as they were
     (the raw ``x``), and it moves ``exp`` through a select of its argument; the two
     differently written tests keep it from proving the argument equal to ``x``.
@@ -84,7 +84,8 @@ def exp_flushing_denormals(dtype: DType, x: L.Expr) -> L.Expr:
     held = L.Select(dtype, L.Binary(bool_, "lt", x, floor), zero, x)
     below = L.Cast(dtype, L.Binary(bool_, "lt", shifted, zero))
     arg = L.Binary(dtype, "add", held, L.Binary(dtype, "mul", floor, below))
-    kept = L.Cast(dtype, L.Binary(bool_, "le", zero, shifted))
+    # 1 - below, not [0 <= x-T]: a NaN argument is kept (exp(NaN) is NaN, never 0)
+    kept = L.Binary(dtype, "sub", L.Const(dtype, 1.0), below)
     return L.Binary(dtype, "mul", L.Unary(dtype, "exp", arg), kept)
 
 

@@ -33,7 +33,7 @@ from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
 from shapegrad.compiler.layerloop import emit_layer_loop
 from shapegrad.compiler.target import Target
-from shapegrad.dtypes import DType, bool_, float32, int32
+from shapegrad.dtypes import DType, as_dtype, bool_, float32, int32
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, Prim
 from shapegrad.shapes import size_of
@@ -292,20 +292,30 @@ class KernelBuilder:
             return
         ex = self.expr_builder()
         out_vars = [self.fresh(d) for d in root.shape]
-        red_vars, summand = self._summand(root, out_vars, ex)
         op = "max" if root.prim is Prim.REDUCE_MAX else "add"
         dtype = root.aval.dtype
+        # Sums accumulate in the target's accumulator type (float16 in float32), read back
+        # rounded once; a max is exact in any type.
+        acc_dtype = dtype if op == "max" else as_dtype(self.target.accumulator(dtype.name))
+        red_vars, summand = self._summand(root, out_vars, ex, acc_dtype)
         out_index = tuple(L.var(v) for v in out_vars)
         flat_out = L.flatten(out_index, root.shape)
         work = size_of(root.shape) * max(1, math.prod(v.extent for v in red_vars)) * 2
         final = epilogue if epilogue is not None else root
-        if out_vars and _prefers_row_accumulation(summand, out_vars[-1], red_vars, self.target):
+        # A wider accumulator row lives in a local scratch array: only for rows that fit.
+        row_ok = acc_dtype == dtype or root.shape[-1:] <= (self.target.local_row_max,)
+        if (
+            out_vars
+            and row_ok
+            and _prefers_row_accumulation(summand, out_vars[-1], red_vars, self.target)
+        ):
             body = self._row_form(root, final, dst, out_vars, red_vars, summand, op, ex)
         else:
             acc = f"acc{self._var_count}"
-            ex.subst[root.id] = lambda ix: L.Ref(dtype, acc)
-            result = ex.expand(final, out_index) if epilogue is not None else L.Ref(dtype, acc)
-            reduce = L.Reduce(acc, op, _neutral(op, dtype), tuple(red_vars), summand)
+            total = _rounded(L.Ref(acc_dtype, acc), dtype)
+            ex.subst[root.id] = lambda ix: total
+            result = ex.expand(final, out_index) if epilogue is not None else total
+            reduce = L.Reduce(acc, op, _neutral(op, acc_dtype), tuple(red_vars), summand)
             inner: tuple[L.Stmt, ...] = (reduce, L.Store(dst, flat_out, result))
             body = _nest(out_vars, "parallel", inner)
         self.add(final, body, work, ex)
@@ -327,16 +337,18 @@ class KernelBuilder:
         once per element (so ``dst`` may be a state buffer updated in place).
         """
         dtype = root.aval.dtype
+        acc_dtype = summand.dtype  # a wider accumulator always uses a local row
         last = out_vars[-1]
         index = tuple(L.var(v) for v in out_vars)
         flat = L.flatten(index, root.shape)
         row, row_ix = dst, flat
         stmts: list[L.Stmt] = []
-        use_local = final is not root and last.extent <= self.target.local_row_max
+        widened = acc_dtype != dtype
+        use_local = widened or (final is not root and last.extent <= self.target.local_row_max)
         if use_local:
             row, row_ix = f"row{self._var_count}", L.var(last)
-            stmts.append(L.Local(row, dtype, last.extent))
-        stmts.append(L.Loop(last, "parallel", (L.Store(row, row_ix, _neutral(op, dtype)),)))
+            stmts.append(L.Local(row, acc_dtype, last.extent))
+        stmts.append(L.Loop(last, "parallel", (L.Store(row, row_ix, _neutral(op, acc_dtype)),)))
         stmts.extend(
             _nest(
                 red_vars,
@@ -344,15 +356,19 @@ class KernelBuilder:
                 (L.Loop(last, "parallel", (L.Store(row, row_ix, summand, op, True),)),),
             )
         )
-        if final is not root:
-            ex.subst[root.id] = lambda ix: L.Load(dtype, row, row_ix)
-            stmts.append(L.Loop(last, "parallel", (L.Store(dst, flat, ex.expand(final, index)),)))
+        if final is not root or widened:
+            total = _rounded(L.Load(acc_dtype, row, row_ix), dtype)
+            ex.subst[root.id] = lambda ix: total
+            value = ex.expand(final, index) if final is not root else total
+            stmts.append(L.Loop(last, "parallel", (L.Store(dst, flat, value),)))
         return _nest(out_vars[:-1], "parallel", tuple(stmts))
 
     def _summand(
-        self, root: Node, out_vars: list[L.Var], ex: ExprBuilder
+        self, root: Node, out_vars: list[L.Var], ex: ExprBuilder, acc_dtype: DType
     ) -> tuple[list[L.Var], L.Expr]:
-        """Reduction variables and the value accumulated at each point."""
+        """Reduction variables and the value accumulated at each point, in ``acc_dtype``
+        (a product's factors are widened before they multiply: float16 x float16 is exact
+        in float32)."""
         if root.prim is not Prim.EINSUM:
             (x,) = root.inputs
             axes = root.attr["axes"]
@@ -366,7 +382,7 @@ class KernelBuilder:
                     idx.append(L.var(v))
                 else:
                     idx.append(L.var(next(it)))
-            return red_vars, ex.value(x, tuple(idx))
+            return red_vars, _widened(ex.value(x, tuple(idx)), acc_dtype)
         terms, out = root.attr["spec"].split("->")
         letters: dict[str, L.Var] = dict(zip(out, out_vars, strict=True))
         red_vars = []
@@ -377,8 +393,8 @@ class KernelBuilder:
                     red_vars.append(letters[letter])
         product: L.Expr | None = None
         for term, operand in zip(terms.split(","), root.inputs, strict=True):
-            value = ex.value(operand, tuple(L.var(letters[c]) for c in term))
-            product = value if product is None else L.Binary(root.aval.dtype, "mul", product, value)
+            value = _widened(ex.value(operand, tuple(L.var(letters[c]) for c in term)), acc_dtype)
+            product = value if product is None else L.Binary(acc_dtype, "mul", product, value)
         assert product is not None
         return red_vars, product
 
@@ -540,10 +556,12 @@ class KernelBuilder:
         axis = node.attr["axis"]
         ex = self.expr_builder()
         size = node.attr["size"]
+        dtype = node.aval.dtype
+        # Accumulated in the target's accumulator type (float16 rows in a float32 temp).
+        acc_dtype = as_dtype(self.target.accumulator(dtype.name))
+        out = dst if acc_dtype == dtype else self.temp(acc_dtype, size_of(node.shape), "acc")
         zero_var = self.fresh(size_of(node.shape))
-        zero = L.Loop(
-            zero_var, "parallel", (L.Store(dst, L.var(zero_var), L.Const(node.aval.dtype, 0)),)
-        )
+        zero = L.Loop(zero_var, "parallel", (L.Store(out, L.var(zero_var), L.Const(acc_dtype, 0)),))
         up_vars = [self.fresh(d) for d in updates.shape]
         idx_vars = up_vars[axis : axis + len(idx.shape)]
         j = self.fresh(size, "g")
@@ -555,9 +573,13 @@ class KernelBuilder:
         load_idx = L.IndexLoad(
             j, self.names[idx.id], L.flatten(tuple(L.var(v) for v in idx_vars), idx.shape)
         )
-        value = ex.value(updates, tuple(L.var(v) for v in up_vars))
-        store = L.Store(dst, L.flatten(out_index, node.shape), value, "add", commutative=True)
+        value = _widened(ex.value(updates, tuple(L.var(v) for v in up_vars)), acc_dtype)
+        store = L.Store(out, L.flatten(out_index, node.shape), value, "add", commutative=True)
         body = (self._check(node, idx, size), zero, *_nest(up_vars, "reduction", (load_idx, store)))
+        if out != dst:
+            v = self.fresh(size_of(node.shape))
+            total = _rounded(L.Load(acc_dtype, out, L.var(v)), dtype)
+            body = (*body, L.Loop(v, "parallel", (L.Store(dst, L.var(v), total),)))
         self.add(node, body, size_of(updates.shape), ex)
 
     # -- collectives -----------------------------------------------------------------------------
@@ -619,6 +641,16 @@ def _copy_loop(
     if src_dtype is not None and src_dtype != dtype:
         load = L.Cast(dtype, load)
     return (L.Loop(v, "parallel", (L.Store(dst, L.var(v), load),)),)
+
+
+def _widened(value: L.Expr, acc_dtype: DType) -> L.Expr:
+    """``value`` in the accumulator type (unchanged when that is its own)."""
+    return value if value.dtype == acc_dtype else L.Cast(acc_dtype, value)
+
+
+def _rounded(total: L.Expr, dtype: DType) -> L.Expr:
+    """An accumulated ``total`` back in the reduction's result type."""
+    return total if total.dtype == dtype else L.Cast(dtype, total)
 
 
 def _nest(vars_: list[L.Var], kind: str, body: tuple[L.Stmt, ...]) -> tuple[L.Stmt, ...]:

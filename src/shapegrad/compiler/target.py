@@ -174,6 +174,10 @@ class Target:
             stride-1 float convolutions with at least this many input and output channels;
             None: "auto" stays im2col (every target today: ``_conv.WINOGRAD_MIN_CHANNELS``
             has the measurements, and why the rule is not on).
+        accumulators: ``(element type, accumulator type)`` pairs: sums and products of the
+            first type accumulate in the second and round once at the end (float16 and bfloat16
+            in float32, like NumPy and cuBLAS: a float16 accumulator stops at 2048 when adding
+            ones). See :meth:`accumulator`.
     """
 
     name: str
@@ -196,6 +200,7 @@ class Target:
     tuning: Tuning = field(default_factory=Tuning)
     exp_underflow_to_zero: bool = False
     winograd_min_channels: int | None = None
+    accumulators: tuple[tuple[str, str], ...] = (("float16", "float32"), ("bfloat16", "float32"))
 
     def __post_init__(self) -> None:
         if self.reduction not in ("ordered", "tree"):
@@ -210,6 +215,10 @@ class Target:
     def replace(self, **changes: object) -> Target:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def accumulator(self, dtype: str) -> str:
+        """The type sums of ``dtype`` elements accumulate in (``dtype`` itself by default)."""
+        return dict(self.accumulators).get(dtype, dtype)
 
     def runs(self, stage: str) -> bool:
         """Whether the optional loop stage ``stage`` runs for this target."""

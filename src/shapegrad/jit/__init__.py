@@ -44,7 +44,7 @@ from shapegrad.backends.base import (
 from shapegrad.compiler.budget import CompileStats
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
-from shapegrad.jit.fastpath import FastEntry, fast_entry, fast_key, ready_array
+from shapegrad.jit.fastpath import SCALARS, FastEntry, fast_entry, fast_key, ready_array
 from shapegrad.jit.stages import Lowered, Traced
 from shapegrad.ops.eager import EAGER
 from shapegrad.ops.graph import GraphOps
@@ -380,7 +380,8 @@ class Compiled:
         ops = GraphOps()
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
-        inputs = [ops.add_input(n, a) for n, a in zip(names, avals, strict=True)]
+        weak = [type(leaf) in SCALARS for leaf in leaves]  # weakly typed, as eagerly
+        inputs = [ops.add_input(n, a, w) for n, a, w in zip(names, avals, weak, strict=True)]
         traced_args, traced_kwargs = tree.unflatten(td, inputs)
         call_args = [a.value if isinstance(a, _Static) else a for a in traced_args]
         try:

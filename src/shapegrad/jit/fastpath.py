@@ -22,7 +22,7 @@ from shapegrad.jit.stages import Lowered
 from shapegrad.ops.protocol import AVal
 from shapegrad.tensor import Tensor
 
-_SCALARS = (float, int, bool)
+SCALARS = (float, int, bool)  # Python scalars: weakly typed arguments
 
 
 def fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
@@ -54,7 +54,7 @@ def fast_key(obj: Any, leaves: list[Any], parts: list[Any]) -> bool:
             if not fast_key(obj[k], leaves, parts):
                 return False
         return True
-    if kind in _SCALARS or isinstance(obj, np.generic):
+    if kind in SCALARS or isinstance(obj, np.generic):
         leaves.append(obj)
         parts.append(kind)  # the value is an input, its type fixes the dtype
         return True

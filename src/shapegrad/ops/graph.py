@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from shapegrad.dtypes import DTypeError
 from shapegrad.ir import Graph, Node, NodeTable
 from shapegrad.ops.protocol import (
+    SCALAR_OPERANDS,
     SOURCES,
     Attrs,
     AVal,
@@ -45,6 +47,9 @@ class GraphOps:
     def __init__(self) -> None:
         self.table = NodeTable()
         self.inputs: list[Node] = []
+        # Weakly typed values (``add_input(weak=True)``: Python scalar arguments, and their
+        # broadcasts): like eager's ``x * 2``, they take the other operand's dtype.
+        self.weak: set[int] = set()
 
     # --- the Ops protocol ------------------------------------------------------------
 
@@ -53,8 +58,47 @@ class GraphOps:
         scalars = attrs.get("scalars")
         if scalars is not None:
             nodes, attrs = self._scalar_operands(nodes, attrs, scalars)
+        weak_result = False
+        if self.weak:
+            nodes, weak_result = self._weak_operands(prim, nodes)
         aval = infer_aval(prim, [n.aval for n in nodes], attrs)
-        return self.wrap(self.table.make(prim, nodes, attrs, aval))
+        node = self.table.make(prim, nodes, attrs, aval)
+        if weak_result:
+            self.weak.add(node.id)
+        return self.wrap(node)
+
+    def _weak_operands(self, prim: Prim, nodes: list[Node]) -> tuple[list[Node], bool]:
+        """Cast weak operands of an elementwise op to the dtype of the others, with eager's
+        rule for scalars (``prims.weak_scalar``): a float never meets a non-float tensor.
+        Returns the operands and whether the result is weak too (all operands were)."""
+        flags = [n.id in self.weak for n in nodes]
+        if not any(flags):
+            return nodes, False
+        if prim in (Prim.BROADCAST, Prim.RESHAPE):
+            return nodes, True
+        if prim not in SCALAR_OPERANDS:
+            return nodes, False
+        first = 1 if prim is Prim.WHERE else 0  # a condition keeps its own (bool) type
+        values = list(zip(nodes[first:], flags[first:], strict=True))
+        strong = {n.aval.dtype for n, weak in values if not weak}
+        if len(strong) > 1:
+            return nodes, False  # the usual error: strong operands disagree
+        if strong:
+            (target,) = strong
+        else:  # all weak: Python's promotion (an int meeting a float becomes a float)
+            floats = [n.aval.dtype for n, _ in values if n.aval.dtype.is_float]
+            target = floats[0] if floats else values[0][0].aval.dtype
+        cast = []
+        for n, weak in values:
+            if weak and n.aval.dtype != target:
+                if n.aval.dtype.is_float and not target.is_float:
+                    raise DTypeError(
+                        f"cannot combine a float value with a {target} tensor; cast with .astype()"
+                    )
+                attrs = {"dtype": target}
+                n = self.table.make(Prim.CAST, [n], attrs, AVal(n.aval.shape, target))
+            cast.append(n)
+        return nodes[:first] + cast, not strong
 
     def _scalar_operands(
         self, nodes: list[Node], attrs: Attrs, scalars: Sequence[Any]
@@ -84,10 +128,13 @@ class GraphOps:
 
     # --- building ------------------------------------------------------------------
 
-    def add_input(self, name: str, aval: AVal) -> Tensor:
-        """A new named graph input (never hash-consed: two inputs are two values)."""
+    def add_input(self, name: str, aval: AVal, weak: bool = False) -> Tensor:
+        """A new named graph input (never hash-consed: two inputs are two values); ``weak``
+        for a Python scalar argument (it takes the dtype of the tensor it meets)."""
         node = self.table.make(Prim.INPUT, [], {"name": name}, aval)
         self.inputs.append(node)
+        if weak:
+            self.weak.add(node.id)
         return self.wrap(node)
 
     def wrap(self, node: Node) -> Tensor:

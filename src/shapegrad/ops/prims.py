@@ -55,9 +55,35 @@ def pick_ops(inputs: Sequence[Tensor]) -> Ops:
 
 
 def bind(prim: Prim, inputs: Sequence[Tensor], ops: Ops | None = None, **attrs: Any) -> Tensor:
-    """Apply ``prim`` through the interpreter of its inputs (or ``ops`` for sources)."""
-    interpreter = ops if ops is not None else pick_ops(inputs)
+    """Apply ``prim`` through the interpreter of its inputs (or ``ops`` for sources).
+
+    NumPy arrays (and nested lists of numbers) among ``inputs`` become eager constants
+    here, the one entry point every op reaches, so ``sg.max(array)`` works like
+    ``sg.exp(array)``; anything else is a TypeError naming the op.
+    """
+    try:
+        interpreter = ops if ops is not None else pick_ops(inputs)
+    except AttributeError:  # a non-tensor operand: rare, so kept off the hot path
+        inputs = [as_tensor(t, prim.value) for t in inputs]
+        interpreter = pick_ops(inputs)
     return interpreter.apply(prim, inputs, attrs)
+
+
+def as_tensor(value: Any, op: str) -> Tensor:
+    """``value`` itself when a Tensor, else an eager constant of its inferred dtype."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray | np.generic | list | tuple | bool | int | float):
+        if isinstance(value, list | tuple) and _holds_tensor(value):
+            raise TypeError(
+                f"{op}: a {type(value).__name__} of tensors is not a tensor; combine them "
+                "with sg.stack(...) or sg.concat(...)"
+            )
+        return constant(value)
+    raise TypeError(
+        f"{op}: unsupported operand type {type(value).__name__} (expected a Tensor or a "
+        "NumPy array)"
+    )
 
 
 # --- sources ---------------------------------------------------------------
@@ -69,9 +95,14 @@ def constant(value: Any, dtype: DType | str | None = None, like: Tensor | None =
     return bind(
         Prim.CONSTANT,
         [],
-        ops=like._ops if like is not None else None,
+        ops=_ops_of(like),
         value=ConstValue(value, target),
     )
+
+
+def _ops_of(like: Any) -> Ops | None:
+    """The interpreter of ``like`` (None: eager, also for a NumPy array)."""
+    return like._ops if isinstance(like, Tensor) else None
 
 
 def full(shape: Sequence[int], value: Scalar, dtype: DType, like: Tensor | None = None) -> Tensor:
@@ -84,7 +115,7 @@ def iota(shape: Sequence[int], axis: int, dtype: DType, like: Tensor | None = No
     return bind(
         Prim.IOTA,
         [],
-        ops=like._ops if like is not None else None,
+        ops=_ops_of(like),
         shape=tuple(shape),
         axis=axis,
         dtype=dtype,
@@ -97,7 +128,7 @@ def random_uniform(
     return bind(
         Prim.RANDOM,
         [],
-        ops=like._ops if like is not None else None,
+        ops=_ops_of(like),
         shape=tuple(shape),
         seed=int(seed),
         dtype=dtype,
@@ -164,6 +195,8 @@ def broadcast_all(op: str, *tensors: Tensor) -> list[Tensor]:
 
 
 def unary(prim: Prim, x: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        x = as_tensor(x, prim.value)
     return x._ops.apply(prim, [x], {})
 
 

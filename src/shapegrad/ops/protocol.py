@@ -38,6 +38,7 @@ Conventions the rest of the system relies on:
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -394,7 +395,10 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     if prim is Prim.EINSUM:
         return _infer_einsum(avals, attrs)
     if prim in LAYOUT:
-        return _infer_layout(prim, avals, attrs)
+        out = _infer_layout(prim, avals, attrs)
+        if prim in _SIZING:
+            _check_elements(prim, out.shape)
+        return out
     if prim in (Prim.GATHER, Prim.SCATTER_ADD):
         return _infer_indexing(prim, avals, attrs)
     if prim in COLLECTIVES:
@@ -406,8 +410,29 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         if prim is Prim.CONSTANT:
             value = attrs["value"]
             return AVal(value.shape, value.dtype)
-        return AVal(tuple(attrs["shape"]), attrs["dtype"])
+        shape = tuple(attrs["shape"])
+        _check_elements(prim, shape)
+        return AVal(shape, attrs["dtype"])
     raise NotImplementedError(f"no shape rule for {prim}")
+
+
+_SIZING = frozenset({Prim.BROADCAST, Prim.PAD})  # layout prims that can grow a tensor
+_MAX_ELEMENTS = (1 << 63) - 1  # element counts and flat indices are int64 in every backend
+
+
+def _check_elements(prim: Prim, shape: Shape) -> None:
+    """A shape-creating op: dimensions non-negative, element count within int64."""
+    count = math.prod(shape)
+    if count <= _MAX_ELEMENTS and min(shape, default=0) >= 0:
+        return  # the common case: two C calls (eager broadcasts run this per op)
+    if min(shape) < 0:
+        raise ShapeError(prim.value, f"shape {fmt(shape)} has a negative dimension")
+    if count > _MAX_ELEMENTS:
+        raise ShapeError(
+            prim.value,
+            f"shape {fmt(shape)} has {count} elements, more than int64 indexes "
+            f"(at most {_MAX_ELEMENTS})",
+        )
 
 
 class ConstValue:

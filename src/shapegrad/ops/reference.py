@@ -134,7 +134,8 @@ def _gather(x: Array, idx: Array, axis: int, what: str | None = None) -> Array:
 
 def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
     out_shape = updates.shape[:axis] + (size,) + updates.shape[axis + idx.ndim :]
-    out = np.zeros(out_shape, dtype=updates.dtype)
+    # float16 rows accumulate in float32 (``evaluate`` rounds the result once)
+    out = np.zeros(out_shape, dtype=np.float32 if updates.dtype == np.float16 else updates.dtype)
     flat_idx = np.where(idx < 0, idx + size, idx).reshape(-1)
     moved = np.moveaxis(out, axis, 0)
     upd = updates.reshape(
@@ -159,6 +160,13 @@ def _widen_bfloat16(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DTyp
     return np.asarray(out, dtype=dtype.numpy)
 
 
+def _accumulator(dtype: DType) -> np.dtype[Any]:
+    """The type sums and products of ``dtype`` accumulate in: float16 in float32, as NumPy
+    does only along contiguous axes (and as the compiled targets do; ``Target.accumulators``),
+    rounded once to ``dtype`` at the end."""
+    return np.dtype(np.float32) if dtype.name == "float16" else dtype.numpy
+
+
 def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> Array:
     """Compute ``prim`` on NumPy arrays; ``dtype`` is the inferred output dtype."""
     if prim not in _BF16_AS_IS and any(
@@ -176,14 +184,16 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
     elif prim is Prim.WHERE:
         result = select(args[0], args[1], args[2])
     elif prim is Prim.REDUCE_SUM:
-        result = np.sum(args[0], axis=attrs["axes"], dtype=dtype.numpy)
+        result = np.sum(args[0], axis=attrs["axes"], dtype=_accumulator(dtype))
     elif prim is Prim.REDUCE_MAX:
         # An empty input (with non-empty reduced axes) gives an empty result of the kept shape.
         kept = [d for i, d in enumerate(args[0].shape) if i not in attrs["axes"]]
         empty = np.zeros(kept, dtype.numpy)
         result = np.max(args[0], axis=attrs["axes"]) if args[0].size else empty
     elif prim is Prim.EINSUM:
-        result = _einsum(attrs["spec"], args)
+        acc = _accumulator(dtype)
+        wide = [a.astype(acc) for a in args] if acc != dtype.numpy else args
+        result = _einsum(attrs["spec"], wide)
     elif prim is Prim.RESHAPE:
         result = np.reshape(args[0], attrs["shape"])
     elif prim is Prim.PERMUTE:
