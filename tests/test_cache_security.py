@@ -249,14 +249,16 @@ def test_read_only_cache_falls_back_with_a_warning(
 def test_full_disk_leaves_no_partial_files_and_falls_back(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = _cache.write_private
+    # Every cache write is published through _cache.publish, whose flush to disk is where a
+    # full disk (delayed allocation) reports ENOSPC.
+    real_sync = _cache._sync_and_hash
 
-    def full(path: str, data: bytes, mode: int = 0o600) -> None:
+    def full(path: str, sync: bool, digest: bool) -> str | None:
         if path.startswith(str(cache)):
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, data, mode)
+        return real_sync(path, sync, digest)
 
-    monkeypatch.setattr(_cache, "write_private", full)
+    monkeypatch.setattr(_cache, "_sync_and_hash", full)
     fn, scale = _program()
     with pytest.warns(_cache.CacheWarning, match="No space left on device"):
         _check(fn, scale)

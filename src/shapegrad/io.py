@@ -5,13 +5,16 @@ Every array is stored under a readable name built from the ParamList names
 next to a JSON ``__metadata__`` entry (format version, step, and the name,
 shape and dtype of every parameter). Loading never unpickles anything.
 
-Writes are atomic: the file is written to a temporary name in the same
-folder, flushed to disk, then moved over the target with ``os.replace``; a
-crash mid-save leaves the previous checkpoint untouched, and its temp file is
-removed by the next save or load of that checkpoint. Loading validates
-names, shapes and dtypes against the parameters you pass (and, through the
-ParamList, against its annotation) before inflating anything, and raises
-:class:`CheckpointError` saying what differs.
+Writes are atomic (``_cache.atomic_write``): the file is written to a temporary
+name in the same folder, flushed to disk, then moved over the target; a crash
+mid-save leaves the previous checkpoint untouched, and its temp file is removed
+by the next save or load of that checkpoint. Only regular files are written or
+read: a path naming a device, a FIFO or a directory is refused before it is
+touched (a save would replace the node, a load could read without end or block).
+Loading opens the file once, validates names, shapes and dtypes against the
+parameters you pass (and, through the ParamList, against its annotation) before
+inflating anything, reads no more than the sizes declared, and raises
+:class:`CheckpointError` saying what differs or what is damaged.
 
 Example:
     >>> sg.save_checkpoint("run.npz", params, opt_state, step=50)
@@ -22,9 +25,11 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
-import tempfile
-import time
+import stat
+import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -36,7 +41,7 @@ import numpy as np
 import numpy.lib.format as npformat
 import numpy.typing as npt
 
-from shapegrad import tree
+from shapegrad import _cache, tree
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
 
@@ -145,10 +150,40 @@ def save_checkpoint(
         ],
         "user": dict(metadata or {}),
     }
-    arrays[_META_KEY] = np.array(json.dumps(info))
+    try:
+        arrays[_META_KEY] = np.array(json.dumps(info))
+    except (TypeError, ValueError) as exc:  # not JSON: an object, a circular reference
+        raise CheckpointError(
+            f"save_checkpoint: metadata must be JSON-serialisable (str, int, float, bool, "
+            f"None, lists and dicts with str keys): {exc}"
+        ) from exc
     target = Path(path)
+    _refuse_special(target, "save_checkpoint: cannot write to")
     _atomic_write(target, arrays)
     return target
+
+
+def _refuse_special(target: Path, what: str) -> None:
+    """Raise when ``target`` exists and is not a regular file (or a link to one)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CheckpointError(f"{what} {target}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{what} {target}: it is {_kind(mode)}, not a regular file")
+
+
+def _kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _write_npz(handle: IO[bytes], arrays: Arrays) -> None:
@@ -159,18 +194,14 @@ def _write_npz(handle: IO[bytes], arrays: Arrays) -> None:
 def _atomic_write(target: Path, arrays: Arrays) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
-    prefix = f"{_temp_prefix(target)}{os.getpid()}."
-    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            _write_npz(handle, arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        # Never leave a half-written temp file behind; the old checkpoint is untouched.
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    # The temp name carries our pid, so a later save or load knows when it is stale.
+    _cache.atomic_write(
+        str(target),
+        lambda handle: _write_npz(handle, arrays),
+        0o600,
+        prefix=f"{_temp_prefix(target)}{os.getpid()}.",
+        suffix=".tmp",
+    )
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -179,7 +210,22 @@ def _atomic_write(target: Path, arrays: Arrays) -> None:
 _HEADER_ALLOWANCE = 1 << 16
 _METADATA_LIMIT = 16 << 20  # the JSON metadata (user notes included)
 _SECTIONS = ("params", "optimizer", "extra")
-_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+# What a damaged file makes the zip and .npy readers raise: besides the usual, an unknown
+# compression method (NotImplementedError), the encryption flag (RuntimeError "encrypted"),
+# a mangled .npy header (tokenize.TokenError, SyntaxError), bad extra fields (struct.error).
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    EOFError,
+    zipfile.BadZipFile,
+    zlib.error,
+    RuntimeError,  # NotImplementedError and RecursionError included
+    tokenize.TokenError,
+    SyntaxError,
+    struct.error,
+    OverflowError,
+)
 
 
 def load_checkpoint(
@@ -207,11 +253,10 @@ def load_checkpoint(
             mismatch (the message names the entry, the expected and the stored value).
     """
     source = Path(path)
-    if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist")
+    handle = _open_regular(source)
     remove_stale_temps(source)
     try:
-        with zipfile.ZipFile(source) as archive:
+        with handle, zipfile.ZipFile(handle) as archive:
             members = _members(source, archive)
             info = _metadata(source, archive, members)
             names = param_names(params_like)
@@ -233,6 +278,30 @@ def load_checkpoint(
     except _READ_ERRORS as exc:
         raise _unreadable(source, exc) from exc
     return Checkpoint(params, opt, info["step"], extra, info)
+
+
+def _open_regular(source: Path) -> IO[bytes]:
+    """``source`` opened for reading, once, when it is a regular file: a device or a FIFO
+    is refused before anything is read (opening does not block on a FIFO)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(source, flags)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {source} does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {source} cannot be opened: {exc.strerror or exc}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(
+                f"checkpoint {source} is {_kind(mode)}, not a regular file; not read"
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check_declared(
@@ -354,7 +423,7 @@ def _read_npy(
                 f"{source}: {key!r} is {got_dtype}{list(got_shape)} in the checkpoint but "
                 f"{dtype}{list(shape)} is expected"
             )
-        nbytes = int(np.prod(got_shape, dtype=np.int64)) * got_dtype.itemsize
+        nbytes = math.prod(got_shape) * got_dtype.itemsize  # exact: never wraps around
         if nbytes > limit:
             raise CheckpointError(f"{source}: entry {key!r} declares {nbytes} bytes of data")
         data = handle.read(nbytes)
@@ -413,8 +482,6 @@ def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor
 
 # --- temp files of killed saves --------------------------------------------------------
 
-_STALE_SECONDS = 3600.0
-
 
 def _temp_prefix(target: Path) -> str:
     return f".{target.name}."
@@ -425,38 +492,19 @@ def remove_stale_temps(target: Path) -> int:
 
     A temp name carries its writer's pid (``.<name>.<pid>.<random>.tmp``): it is stale
     when that process is gone, or (names without a pid, pids reused) when it is over
-    an hour old. Returns how many were removed.
+    an hour old (``_cache.remove_stale_temps``, which never follows a link). Returns how
+    many were removed.
     """
     prefix = _temp_prefix(target)
-    removed = 0
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-            continue
-        pid_text = entry.name[len(prefix) :].split(".", 1)[0]
-        try:
-            old = entry.stat(follow_symlinks=False).st_mtime < time.time() - _STALE_SECONDS
-            if old or (pid_text.isdigit() and not _alive(int(pid_text))):
-                os.unlink(entry.path)
-                removed += 1
-        except OSError:
-            continue
-    return removed
 
+    def is_temp(name: str) -> bool:
+        return name.startswith(prefix) and name.endswith(".tmp")
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. EPERM: it exists, owned by someone else
-        return True
-    return True
+    def pid_of(name: str) -> int | None:
+        text = name[len(prefix) :].split(".", 1)[0]
+        return int(text) if text.isdigit() else None
+
+    return _cache.remove_stale_temps(str(target.parent), is_temp, pid_of)
 
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "param_names", "save_checkpoint"]

@@ -164,6 +164,7 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
         proc = _run(cmd, spec.cc)
         toolchain.count_object_compile()
         if proc.returncode != 0:
+            _cache.raise_if_out_of_space(folder, proc.stderr)  # full disk: private cache
             kept = os.path.join(folder, key + ".failed.c")
             os.replace(tmp_c, kept)
             raise CompileError(
@@ -196,6 +197,7 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
         ]
         proc = _run(cmd, spec.cc)
         if proc.returncode != 0:
+            _cache.raise_if_out_of_space(folder, proc.stderr)
             raise CompileError(
                 f"C backend: linking {len(objects)} units with {cmd[0]} failed (exit "
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
