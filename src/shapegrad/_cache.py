@@ -49,6 +49,9 @@ current_uid: Callable[[], int] = getattr(os, "getuid", lambda: -1)
 
 STALE_SECONDS = 3600.0  # a temp file older than this belongs to a killed writer
 _fallback: str | None = None
+# Cache directories this process gave up writing to (warned once): new entries go to the
+# fallback from then on; entries already there are still read (:func:`search_dirs`).
+_bypassed: set[str] = set()
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -290,8 +293,10 @@ def active_fallback() -> str | None:
 
 
 def bypass(path: str, problem: str) -> str:
-    """Warn that ``path`` is unusable (naming the fix) and return the private fallback."""
+    """Warn that ``path`` is unusable (naming the fix) and return the private fallback,
+    which serves this process's writes for ``path`` from now on."""
     fallback = fallback_dir()
+    _bypassed.add(path)
     warnings.warn(
         f"shapegrad cache: not using {path!r}: {problem}; to fix: {_fix_hint(path, problem)}. "
         f"Using a private temporary cache for this process instead ({fallback}).",
@@ -307,6 +312,8 @@ def private_dir(path: str) -> str:
     Example:
         >>> folder = private_dir(os.path.join(cache_home(), "c"))  # doctest: +SKIP
     """
+    if path in _bypassed:
+        return fallback_dir()
     problem = _problem(path)
     return path if problem is None else bypass(path, problem)
 
@@ -361,7 +368,15 @@ def atomic_write(
     Example:
         >>> atomic_write(os.path.join(folder, "entry"), b"data", checksum=True)  # doctest: +SKIP
     """
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=os.path.dirname(path) or ".")
+    tmp = _temp_file(os.path.dirname(path) or ".", content, prefix, suffix)
+    publish(tmp, path, mode, checksum=checksum, durable=durable)
+
+
+def _temp_file(
+    folder: str, content: bytes | Callable[[BinaryIO], None], prefix: str, suffix: str
+) -> str:
+    """A new temp file in ``folder`` holding ``content`` (removed again on any failure)."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             if isinstance(content, bytes):
@@ -371,7 +386,7 @@ def atomic_write(
     except BaseException:
         unlink_quietly(tmp)
         raise
-    publish(tmp, path, mode, checksum=checksum, durable=durable)
+    return tmp
 
 
 def publish(
@@ -381,27 +396,37 @@ def publish(
 
     ``mode`` is set whatever the umask (compilers honour it, and it may be 0);
     ``durable`` flushes the file to disk before the rename and the directory after it, so
-    a crash leaves the old file or the new one; ``checksum`` then writes the SHA-256 to
-    ``final + ".sha256"`` (the same way): file first, checksum second, so a reader that
-    sees the new checksum sees the new file. ``tmp`` is gone afterwards, whatever happens.
-    Returns the (device, inode) of the file published (to load exactly that one).
+    a crash leaves the old file or the new one; ``checksum`` writes the SHA-256 to
+    ``final + ".sha256"``, prepared before and renamed right after the file: file first,
+    checksum second, so a reader that sees the new checksum sees the new file (and two
+    processes publishing the same name leave a pair that agrees, but for a moment). ``tmp``
+    is gone afterwards, whatever happens. Returns the (device, inode) of the file
+    published (to load exactly that one).
     """
+    folder = os.path.dirname(final) or "."
+    sums: str | None = None
     try:
         os.chmod(tmp, mode)
         digest = _sync_and_hash(tmp, durable, checksum)
+        if digest is not None:
+            sums = _temp_file(folder, digest.encode("ascii"), ".tmp-", "")
+            os.chmod(sums, 0o600)
+            _sync_and_hash(sums, durable, False)
         st = os.lstat(tmp)
         os.replace(tmp, final)
+        if sums is not None:
+            try:
+                os.replace(sums, final + ".sha256")
+            except BaseException:
+                unlink_quietly(final)
+                raise
     except BaseException:
         unlink_quietly(tmp)
+        if sums is not None:
+            unlink_quietly(sums)
         raise
     if durable:
-        _sync_dir(os.path.dirname(final) or ".")
-    if digest is not None:
-        try:
-            atomic_write(final + ".sha256", digest.encode("ascii"), 0o600, durable=durable)
-        except BaseException:
-            unlink_quietly(final)
-            raise
+        _sync_dir(folder)
     return st.st_dev, st.st_ino
 
 

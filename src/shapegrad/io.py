@@ -289,7 +289,9 @@ def _open_regular(source: Path) -> IO[bytes]:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {source} does not exist") from None
     except OSError as exc:
-        raise CheckpointError(f"checkpoint {source} cannot be opened: {exc.strerror or exc}") from exc
+        raise CheckpointError(
+            f"checkpoint {source} cannot be opened: {exc.strerror or exc}"
+        ) from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
