@@ -210,9 +210,9 @@ def _atomic_write(target: Path, arrays: Arrays) -> None:
 _HEADER_ALLOWANCE = 1 << 16
 _METADATA_LIMIT = 16 << 20  # the JSON metadata (user notes included)
 _SECTIONS = ("params", "optimizer", "extra")
-# What a damaged file makes the zip and .npy readers raise: besides the usual, an unknown
-# compression method (NotImplementedError), the encryption flag (RuntimeError "encrypted"),
-# a mangled .npy header (tokenize.TokenError, SyntaxError), bad extra fields (struct.error).
+# What a damaged file makes the zip reader raise: besides the usual, an unknown compression
+# method or zip version (NotImplementedError), the encryption flag (RuntimeError
+# "encrypted"), bad extra fields (struct.error). .npy headers: _HEADER_ERRORS.
 _READ_ERRORS = (
     OSError,
     ValueError,
@@ -221,8 +221,6 @@ _READ_ERRORS = (
     zipfile.BadZipFile,
     zlib.error,
     RuntimeError,  # NotImplementedError and RecursionError included
-    tokenize.TokenError,
-    SyntaxError,
     struct.error,
     OverflowError,
 )
@@ -411,13 +409,7 @@ def _read_npy(
             f"{limit + _HEADER_ALLOWANCE} an array of its expected shape and dtype needs"
         )
     with archive.open(member) as handle:
-        version = npformat.read_magic(handle)
-        if version == (1, 0):
-            got_shape, fortran, got_dtype = npformat.read_array_header_1_0(handle)
-        elif version == (2, 0):
-            got_shape, fortran, got_dtype = npformat.read_array_header_2_0(handle)
-        else:
-            raise CheckpointError(f"{source}: entry {key!r} has unsupported .npy version {version}")
+        got_shape, fortran, got_dtype = _npy_header(source, key, handle)
         if got_dtype.hasobject:
             raise CheckpointError(f"{source}: entry {key!r} holds Python objects; not loaded")
         if shape is not None and dtype is not None and (got_shape, got_dtype) != (shape, dtype):
@@ -433,6 +425,27 @@ def _read_npy(
         raise CheckpointError(f"{source}: entry {key!r} is truncated (corrupted file?)")
     flat = np.frombuffer(data, dtype=got_dtype)
     return flat.reshape(got_shape, order="F" if fortran else "C").copy()
+
+
+# A damaged .npy header (a Python literal NumPy evaluates) can fail in any of these.
+_HEADER_ERRORS = (ValueError, TypeError, SyntaxError, tokenize.TokenError, RecursionError)
+
+
+def _npy_header(source: Path, key: str, handle: IO[bytes]) -> tuple[Any, bool, np.dtype[Any]]:
+    """(shape, fortran order, dtype) from the ``.npy`` header at ``handle``'s position."""
+    version = npformat.read_magic(handle)
+    if version not in ((1, 0), (2, 0)):
+        raise CheckpointError(f"{source}: entry {key!r} has unsupported .npy version {version}")
+    try:
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(handle)
+        else:
+            shape, fortran, dtype = npformat.read_array_header_2_0(handle)
+    except _HEADER_ERRORS as exc:
+        raise CheckpointError(
+            f"{source}: entry {key!r} has a damaged .npy header: {type(exc).__name__}: {exc}"
+        ) from exc
+    return shape, bool(fortran), dtype
 
 
 @dataclass
