@@ -185,10 +185,11 @@ def _sweep(
         except CheckpointError:
             outcomes["CheckpointError"] += 1
             continue
-        except Exception as exc:  # noqa: BLE001 - the point is to name anything else
+        except Exception as exc:  # the point is to name anything else
             pytest.fail(f"byte {offset} = {value:#04x}: {type(exc).__name__}: {exc}")
         assert ckpt.step == 7, (offset, value)
-        for got, want in zip([*ckpt.params, *ckpt.optimizer_state["m"]], [*params, *state["m"]]):
+        loaded = [*ckpt.params, *ckpt.optimizer_state["m"]]
+        for got, want in zip(loaded, [*params, *state["m"]], strict=True):
             np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"byte {offset}")
         outcomes["loaded"] += 1
     return outcomes
