@@ -603,3 +603,29 @@ def test_warm_cache_on_a_read_only_disk_is_used_as_it_is(tmp_path: Path) -> None
     finally:
         subprocess.run(["umount", "-l", str(cache)], check=False)
     assert sorted(os.listdir(cache)) == entries
+
+
+def test_ane_package_with_a_link_or_a_writable_file_inside_is_not_trusted(tmp_path: Path) -> None:
+    from shapegrad.backends.ane.package import _discard, _trusted_package
+
+    package = tmp_path / "fn-abc.mlpackage"
+    (package / "Data").mkdir(parents=True, mode=0o700)
+    package.chmod(0o700)
+    weights = package / "Data" / "weights.bin"
+    weights.write_bytes(b"w")
+    weights.chmod(0o600)
+    assert _trusted_package(package)
+    weights.chmod(0o666)  # anyone may rewrite the weights Core ML loads by path
+    assert not _trusted_package(package)
+    weights.chmod(0o600)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    (package / "Data" / "model").symlink_to(victim, target_is_directory=True)
+    assert not _trusted_package(package)
+    _discard(package)  # removes the package and the link in it, never what it points to
+    assert not package.exists() and (victim / "precious").read_text() == "keep"
+    package.symlink_to(victim, target_is_directory=True)  # the entry itself is a link
+    assert not _trusted_package(package)
+    _discard(package)
+    assert not package.is_symlink() and (victim / "precious").read_text() == "keep"
