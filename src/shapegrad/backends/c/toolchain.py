@@ -299,17 +299,22 @@ _load_count = 0
 def _private_copy(final: str, verified: _cache.TrustedFile) -> str:
     """A fresh path in this process's private ``.load-*`` directory naming exactly the
     ``verified`` file: a hard link when its inode is still the verified one, else a copy
-    of the verified bytes. Whatever replaced ``final`` since the check is never used."""
+    of the verified bytes. Whatever replaced ``final`` since the check is never used.
+
+    The directory is in ``final``'s folder (a hard link costs no copy), else (a read-only
+    or full disk) in the private fallback cache."""
+    try:
+        return _private_name(final, verified, os.path.dirname(final))
+    except OSError:
+        return _private_name(final, verified, _cache.fallback_dir())
+
+
+def _private_name(final: str, verified: _cache.TrustedFile, where: str) -> str:
     global _load_count
     with _load_lock:
         _load_count += 1
-        slot = os.path.join(_load_root(os.path.dirname(final)), str(_load_count))
-        try:
-            os.mkdir(slot, 0o700)
-        except FileNotFoundError:  # our directory was removed (stale-temp cleanup)
-            _load_roots.pop(os.path.dirname(final), None)
-            slot = os.path.join(_load_root(os.path.dirname(final)), str(_load_count))
-            os.mkdir(slot, 0o700)
+        slot = os.path.join(_load_root(where), str(_load_count))
+        os.mkdir(slot, 0o700)
     fresh = os.path.join(slot, os.path.basename(final))
     try:
         os.link(final, fresh, follow_symlinks=False)
@@ -327,14 +332,10 @@ def _private_copy(final: str, verified: _cache.TrustedFile) -> str:
 
 
 def _load_root(folder: str) -> str:
-    """This process's ``.load-*`` directory in ``folder`` (the private fallback when
-    ``folder`` cannot be written, e.g. a read-only disk)."""
+    """This process's ``.load-*`` directory in ``folder`` (made again if it was removed)."""
     root = _load_roots.get(folder)
     if root is None or not os.path.isdir(root):
-        try:
-            root = tempfile.mkdtemp(prefix=".load-", dir=folder)
-        except OSError:
-            root = tempfile.mkdtemp(prefix=".load-", dir=_cache.fallback_dir())
+        root = tempfile.mkdtemp(prefix=".load-", dir=folder)
         atexit.register(shutil.rmtree, root, True)
         _load_roots[folder] = root
     return root
