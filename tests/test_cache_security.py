@@ -486,6 +486,53 @@ def test_freshly_built_library_swapped_before_loading_is_refused(
     assert not marker.exists()
 
 
+@needs_root
+def test_object_swapped_for_another_users_before_the_link_is_never_linked(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shapegrad.backends.c import units
+
+    flags = ("-O2", "-fPIC")
+    tag = uuid.uuid4().hex[:8]  # a fresh library (no in-process memo)
+    spec = units.LinkSpec(
+        (
+            units.UnitSpec("a", f"int sg_a_{tag}(void) {{ return 7; }}\n", flags),
+            units.UnitSpec(
+                "b",
+                f"int sg_a_{tag}(void);\nint total(void) {{ return sg_a_{tag}() + 1; }}\n",
+                flags,
+            ),
+        ),
+        "cc",
+        (),
+    )
+    marker = tmp_path / "constructor-ran"
+    ctor = tmp_path / "ctor.c"
+    ctor.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void evil(void) {\n"
+        f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("pwned", f); fclose(f); }}\n}}\n'
+    )
+    subprocess.run(["cc", "-c", "-fPIC", str(ctor), "-o", str(tmp_path / "ctor.o")], check=True)
+    real_link = units._link
+
+    def swap_then_link(spec_: Any, objects: list[str], folder: str) -> str:
+        # The genuine object plus a constructor, with a matching checksum, owned by them.
+        evil = tmp_path / "evil.o"
+        subprocess.run(
+            ["ld", "-r", objects[0], str(tmp_path / "ctor.o"), "-o", str(evil)], check=True
+        )
+        Path(objects[0] + ".sha256").write_text(hashlib.sha256(evil.read_bytes()).hexdigest())
+        os.chown(evil, FOREIGN_UID, FOREIGN_UID)
+        os.replace(evil, objects[0])
+        return real_link(spec_, objects, folder)
+
+    monkeypatch.setattr(units, "_link", swap_then_link)
+    with pytest.raises(_cache.CacheError, match="changed after its check"):
+        units.library_for(spec)
+    assert not marker.exists()
+    assert list(cache.glob("*.so")) == []
+
+
 def _stale(path: Path, data: str = "old") -> Path:
     path.write_text(data)
     os.utime(path, (1, 1), follow_symlinks=False)

@@ -288,6 +288,23 @@ def load_path(final: str) -> str:
 _published: dict[str, tuple[int, int]] = {}
 
 
+def pinned_path(path: str) -> str:
+    """A private name for the cache entry ``path`` (an object file about to be linked): the
+    file this process published there, else one that is ours alone with a checksum that
+    agrees. Like a library, an object is never used by its shared name after its check.
+
+    Raises:
+        CacheError: ``path`` is neither.
+    """
+    identity = _published.get(path)
+    found = _cache.read_trusted(path, identity=identity) if identity is not None else None
+    if found is None:
+        found = _verified(path)
+    if found is None:
+        raise CacheError(f"C backend: the cache entry {path!r} changed after its check; not used")
+    return _private_copy(path, found)
+
+
 # Per cache directory, this process's directory of private names for the libraries it
 # loads: each load gets a new name, because dlopen hands back the object already loaded
 # for a name it has seen (a library rebuilt under the same name must load as itself).
