@@ -244,3 +244,35 @@ def test_header_byte_sweep_every_byte(tmp_path: Path) -> None:
     outcomes = _sweep(tmp_path, mutations, data, params)
     print(f"header sweep: {sum(outcomes.values())} damaged files: {dict(outcomes)}")
     assert outcomes["CheckpointError"] > 1000, outcomes
+
+
+def test_a_huge_declared_zip_directory_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    import tracemalloc
+
+    # A sparse 200 MiB file whose end record declares a 200 MiB table of contents: the zip
+    # reader would read all of it into memory at once.
+    path = tmp_path / "sparse.npz"
+    size = 200 << 20
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+        handle.seek(size)
+        handle.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, size, 0, 0))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="zip directory declares"):
+            sg.load_checkpoint(path, _params())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes allocated while refusing"
+
+
+def test_a_huge_zip64_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "zip64.npz"
+    huge = 1 << 40
+    record = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, huge, 0)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, 0, 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    path.write_bytes(record + locator + end)
+    with pytest.raises(CheckpointError, match=f"zip directory declares {huge} bytes"):
+        sg.load_checkpoint(path, _params())

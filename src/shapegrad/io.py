@@ -254,7 +254,7 @@ def load_checkpoint(
     handle = _open_regular(source)
     remove_stale_temps(source)
     try:
-        with handle, zipfile.ZipFile(handle) as archive:
+        with handle, zipfile.ZipFile(_directory_checked(source, handle)) as archive:
             members = _members(source, archive)
             info = _metadata(source, archive, members)
             names = param_names(params_like)
@@ -302,6 +302,40 @@ def _open_regular(source: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
+
+
+_DIRECTORY_LIMIT = 64 << 20  # the zip's table of contents: ~100 bytes per array
+_END = struct.Struct("<4s4H2LH")  # end of central directory record
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+
+
+def _directory_checked(source: Path, handle: IO[bytes]) -> IO[bytes]:
+    """``handle`` (rewound) once the size its zip end record declares for the table of
+    contents is sane: the zip reader reads that many bytes at once."""
+    size = handle.seek(0, os.SEEK_END)
+    tail_start = max(0, size - (_END.size + 0xFFFF + _END64_LOCATOR.size))
+    handle.seek(tail_start)
+    tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")
+    declared = 0
+    if at >= 0 and at + _END.size <= len(tail):
+        declared = _END.unpack_from(tail, at)[5]
+        locator = at - _END64_LOCATOR.size
+        if declared == 0xFFFFFFFF and locator >= 0:  # zip64: the size is in its own record
+            sig, _disk, offset, _disks = _END64_LOCATOR.unpack_from(tail, locator)
+            if sig == b"PK\x06\x07" and offset + _END64.size <= size:
+                handle.seek(offset)
+                record = handle.read(_END64.size)
+                if record[:4] == b"PK\x06\x06":
+                    declared = _END64.unpack(record)[8]
+    if declared > _DIRECTORY_LIMIT:
+        raise CheckpointError(
+            f"{source}: its zip directory declares {declared} bytes (more than "
+            f"{_DIRECTORY_LIMIT}); not a shapegrad checkpoint, or damaged"
+        )
+    handle.seek(0)
+    return handle
 
 
 def _check_declared(
