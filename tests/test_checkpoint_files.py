@@ -276,3 +276,23 @@ def test_a_huge_zip64_directory_is_refused(tmp_path: Path) -> None:
     path.write_bytes(record + locator + end)
     with pytest.raises(CheckpointError, match=f"zip directory declares {huge} bytes"):
         sg.load_checkpoint(path, _params())
+
+
+def test_stale_temps_are_removed_in_a_linked_folder_but_links_are_not_followed(
+    tmp_path: Path,
+) -> None:
+    from shapegrad.io import remove_stale_temps
+
+    real = tmp_path / "runs-on-big-disk"
+    real.mkdir()
+    runs = tmp_path / "runs"
+    runs.symlink_to(real, target_is_directory=True)  # a user's own folder link: fine
+    dead = real / ".c.npz.999999999.abcd.tmp"  # no such pid
+    dead.write_bytes(b"partial")
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    linked = real / ".c.npz.999999998.efgh.tmp"
+    linked.symlink_to(precious)
+    assert remove_stale_temps(runs / "c.npz") == 2
+    assert not dead.exists() and not linked.is_symlink()
+    assert precious.read_text() == "keep"

@@ -489,6 +489,8 @@ def remove_stale_temps(
     folder: str,
     is_temp: Callable[[str], bool],
     pid_of: Callable[[str], int | None] | None = None,
+    *,
+    folder_may_be_link: bool = False,
 ) -> int:
     """Delete temp entries in ``folder`` (``is_temp(name)``) that killed writers left;
     returns how many were removed.
@@ -496,11 +498,13 @@ def remove_stale_temps(
     An entry is stale when it is older than :data:`STALE_SECONDS`, or when ``pid_of``
     names the process that writes it and that process is gone. Younger entries may belong
     to a writer that is still running, so they are left alone. Nothing is followed: the
-    directory is opened once without following a link, and every entry is examined and
-    removed relative to that descriptor (a symlink entry is removed, not its target).
+    directory is opened once (without following a link, unless ``folder_may_be_link``: a
+    user's own folder, not a cache), and every entry is examined and removed relative to
+    that descriptor (a symlink entry is removed, not its target).
     """
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | (0 if folder_may_be_link else _NOFOLLOW)
     try:
-        dir_fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+        dir_fd = os.open(folder, flags)
     except OSError:
         return 0
     removed = 0

@@ -553,7 +553,8 @@ def remove_stale_temps(target: Path) -> int:
         text = name[len(prefix) :].split(".", 1)[0]
         return int(text) if text.isdigit() else None
 
-    return _cache.remove_stale_temps(str(target.parent), is_temp, pid_of)
+    # The folder is the user's choice and may be a link; its entries are never followed.
+    return _cache.remove_stale_temps(str(target.parent), is_temp, pid_of, folder_may_be_link=True)
 
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "param_names", "save_checkpoint"]
