@@ -249,14 +249,16 @@ def test_read_only_cache_falls_back_with_a_warning(
 def test_full_disk_leaves_no_partial_files_and_falls_back(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = _cache.write_private
+    # Every cache write is published through _cache.publish, whose flush to disk is where a
+    # full disk (delayed allocation) reports ENOSPC.
+    real_sync = _cache._sync_and_hash
 
-    def full(path: str, data: bytes, mode: int = 0o600) -> None:
+    def full(path: str, sync: bool, digest: bool) -> str | None:
         if path.startswith(str(cache)):
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(path, data, mode)
+        return real_sync(path, sync, digest)
 
-    monkeypatch.setattr(_cache, "write_private", full)
+    monkeypatch.setattr(_cache, "_sync_and_hash", full)
     fn, scale = _program()
     with pytest.warns(_cache.CacheWarning, match="No space left on device"):
         _check(fn, scale)
@@ -324,3 +326,353 @@ def test_ane_package_cache_trusts_only_private_packages(tmp_path: Path) -> None:
     with pytest.warns(_cache.CacheWarning, match="writable by group or others"):
         elsewhere = build_package(mil(), "fn", root)
     assert not elsewhere.path.is_relative_to(root)
+
+
+# --- issue 24, item 1: the cache swap attack ----------------------------------------------
+
+
+def _as_foreign_user(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the shell ``script`` as uid/gid 65534 (a real other user; needs root)."""
+
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(FOREIGN_UID)
+        os.setuid(FOREIGN_UID)
+
+    return subprocess.run(
+        ["/bin/sh", "-c", script, "sh", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=drop,
+        cwd="/",
+    )
+
+
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0,
+    reason="acting as another user (setuid) and mounting need root",
+)
+
+
+@pytest.fixture
+def traversable_tmp() -> Iterator[Path]:
+    """A directory other users can reach (pytest's tmp_path is below a 0700 directory)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="sg-shared-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_root
+def test_cache_below_a_directory_others_can_write_is_bypassed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, traversable_tmp: Path
+) -> None:
+    shared = traversable_tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by everyone, not sticky
+    xdg = shared / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    cache = xdg / "shapegrad"
+    fn, scale = _program()
+    marker = tmp_path / "constructor-ran"
+    lib = _plant(cache, _key(fn), marker)  # what a swap would put under the checked name
+    cache.chmod(0o700)
+    xdg.chmod(0o700)
+    # The threat is real: another user can rename our private cache away and put theirs.
+    moved = _as_foreign_user('mv "$1" "$2" && mv "$2" "$1"', str(xdg), str(shared / "theirs"))
+    assert moved.returncode == 0, moved.stderr
+    with pytest.warns(_cache.CacheWarning, match=r"ancestor .*shared.* not sticky"):
+        _check(fn, scale)
+    assert not marker.exists()
+    assert lib.exists()  # bypassed, not touched
+
+
+def test_cache_below_a_sticky_world_writable_directory_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shared = tmp_path / "sticky"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: others may not rename what is ours
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared / "xdg"))
+    fn, scale = _program()
+    before = toolchain.compile_count
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _cache.CacheWarning)
+        _check(fn, scale)
+    assert toolchain.compile_count == before + 1
+    assert (shared / "xdg" / "shapegrad" / f"{_key(fn)}.so").exists()
+
+
+@needs_root
+def test_cache_below_a_directory_of_another_user_is_bypassed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, FOREIGN_UID, FOREIGN_UID)  # they may rename anything in it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(theirs / "xdg"))
+    (theirs / "xdg" / "shapegrad").mkdir(parents=True, mode=0o700)
+    fn, scale = _program()
+    with pytest.warns(_cache.CacheWarning, match=r"ancestor .*theirs.* owned by uid 65534"):
+        _check(fn, scale)
+    assert list((theirs / "xdg" / "shapegrad").iterdir()) == []
+
+
+def _good_and_evil(cache: Path, tmp_path: Path) -> tuple[str, Path, Path]:
+    """A verified cached library for a fresh program, and an evil one with the same key
+    and a constructor that writes a marker; returns (key, evil library, marker)."""
+    fn, scale = _program()
+    key = _key(fn)
+    _check(fn, scale)  # the genuine library, in the cache
+    marker = tmp_path / "constructor-ran"
+    evil = _plant(tmp_path / "attacker", key, marker)
+    return key, evil, marker
+
+
+@pytest.mark.parametrize("swap", ["file", "directory"])
+def test_library_swapped_after_its_check_is_not_the_one_loaded(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    import ctypes
+
+    key, evil, marker = _good_and_evil(cache, tmp_path)
+    final = cache / f"{key}.so"
+    good = hashlib.sha256(final.read_bytes()).hexdigest()
+    real_read = _cache.read_trusted
+
+    def read_then_swap(path: str, *args: Any, **kwargs: Any) -> Any:
+        found = real_read(path, *args, **kwargs)
+        if path == f"{final}.sha256" and found is not None:  # both read: now swap
+            if swap == "file":
+                os.replace(evil, final)
+            else:
+                cache.rename(cache.parent / "mine")
+                cache.symlink_to(evil.parent, target_is_directory=True)
+        return found
+
+    monkeypatch.setattr(_cache, "read_trusted", read_then_swap)
+    path = toolchain.cached_library_by_key(key)
+    monkeypatch.undo()
+    assert path is not None
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == good
+    lib = ctypes.CDLL(path)
+    assert (ctypes.c_char * 33).in_dll(lib, "sg_key").value == key.encode()
+    assert not marker.exists()
+
+
+def test_freshly_built_library_swapped_before_loading_is_refused(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fn, scale = _program()
+    key = _key(fn)
+    marker = tmp_path / "constructor-ran"
+    evil = _plant(tmp_path / "attacker", key, marker)
+    os.chown(evil, FOREIGN_UID, FOREIGN_UID)  # the attacker's own file
+    real_publish = toolchain.publish
+
+    def publish_then_swap(tmp: str, final: str, mode: int) -> None:
+        real_publish(tmp, final, mode)
+        if final.endswith(f"{key}.so"):
+            os.replace(evil, final)
+
+    monkeypatch.setattr(toolchain, "publish", publish_then_swap)
+    with pytest.raises(_cache.CacheError, match="changed after it was built"):
+        sg.compile(fn, backend="c")(X)
+    assert not marker.exists()
+
+
+@needs_root
+def test_object_swapped_for_another_users_before_the_link_is_never_linked(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shapegrad.backends.c import units
+
+    flags = ("-O2", "-fPIC")
+    tag = uuid.uuid4().hex[:8]  # a fresh library (no in-process memo)
+    spec = units.LinkSpec(
+        (
+            units.UnitSpec("a", f"int sg_a_{tag}(void) {{ return 7; }}\n", flags),
+            units.UnitSpec(
+                "b",
+                f"int sg_a_{tag}(void);\nint total(void) {{ return sg_a_{tag}() + 1; }}\n",
+                flags,
+            ),
+        ),
+        "cc",
+        (),
+    )
+    marker = tmp_path / "constructor-ran"
+    ctor = tmp_path / "ctor.c"
+    ctor.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void evil(void) {\n"
+        f'  FILE *f = fopen("{marker}", "w"); if (f) {{ fputs("pwned", f); fclose(f); }}\n}}\n'
+    )
+    subprocess.run(["cc", "-c", "-fPIC", str(ctor), "-o", str(tmp_path / "ctor.o")], check=True)
+    real_link = units._link
+
+    def swap_then_link(spec_: Any, objects: list[str], folder: str) -> str:
+        # The genuine object plus a constructor, with a matching checksum, owned by them.
+        evil = tmp_path / "evil.o"
+        subprocess.run(
+            ["ld", "-r", objects[0], str(tmp_path / "ctor.o"), "-o", str(evil)], check=True
+        )
+        Path(objects[0] + ".sha256").write_text(hashlib.sha256(evil.read_bytes()).hexdigest())
+        os.chown(evil, FOREIGN_UID, FOREIGN_UID)
+        os.replace(evil, objects[0])
+        return real_link(spec_, objects, folder)
+
+    monkeypatch.setattr(units, "_link", swap_then_link)
+    with pytest.raises(_cache.CacheError, match="changed after its check"):
+        units.library_for(spec)
+    assert not marker.exists()
+    assert list(cache.glob("*.so")) == []
+
+
+def _stale(path: Path, data: str = "old") -> Path:
+    path.write_text(data)
+    os.utime(path, (1, 1), follow_symlinks=False)
+    return path
+
+
+def test_cleanup_of_a_folder_swapped_for_a_symlink_deletes_nothing_of_the_victim(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    theirs = _stale(victim / ".tmp-precious")
+    ours = _stale(folder / ".tmp-precious")
+
+    def swapping_is_temp(name: str) -> bool:
+        # The swap lands between listing the folder and deleting from it.
+        if folder.is_dir() and not folder.is_symlink():
+            folder.rename(tmp_path / "cache-moved")
+            folder.symlink_to(victim, target_is_directory=True)
+        return name.startswith(".tmp-")
+
+    assert _cache.remove_stale_temps(str(folder), swapping_is_temp) == 1
+    assert theirs.read_text() == "old"
+    assert not (tmp_path / "cache-moved" / ours.name).exists()  # ours, through our descriptor
+    # A folder that is a symlink when cleanup starts is not entered at all.
+    assert _cache.remove_stale_temps(str(folder), lambda n: n.startswith(".tmp-")) == 0
+    assert theirs.read_text() == "old"
+
+
+def test_cleanup_removes_links_not_what_they_point_to(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    precious = _stale(victim / "precious")
+    (folder / ".tmp-link").symlink_to(precious)
+    os.utime(folder / ".tmp-link", (1, 1), follow_symlinks=False)
+    load_dir = folder / ".load-abc"
+    load_dir.mkdir()
+    (load_dir / "inside").symlink_to(victim, target_is_directory=True)
+    os.utime(load_dir, (1, 1))
+    assert _cache.remove_stale_temps(str(folder), toolchain.is_temp) == 2
+    assert list(folder.iterdir()) == []
+    assert precious.read_text() == "old" and sorted(os.listdir(victim)) == ["precious"]
+
+
+# --- issue 24, item 13: full and read-only disks (real mounts; root only) ------------------
+
+
+def _mount(*args: str) -> None:
+    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount here ({proc.stderr.strip()}): the real-disk case needs it")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs, unmounted afterwards."""
+    point = tmp_path / "disk"
+    point.mkdir()
+    _mount("-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(point))
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` until only ``leave`` bytes (about) remain free."""
+    vfs = os.statvfs(disk)
+    free = vfs.f_bavail * vfs.f_frsize
+    (disk / "filler").write_bytes(b"\0" * max(0, free - leave))
+
+
+@needs_root
+def test_full_cache_disk_falls_back_to_the_private_cache(
+    tiny_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tiny_disk))
+    fn, scale = _program()
+    key = _key(fn)
+    cache = Path(toolchain.library_dir())
+    assert cache == tiny_disk / "shapegrad"
+    # Room for the source (about 8 KB) but not for the library (about 16 KB): the compiler
+    # itself fails, writing its output.
+    _fill(tiny_disk, 12 << 10)
+    before = set(os.listdir(cache))
+    with pytest.warns(_cache.CacheWarning, match="No space left on device"):
+        _check(fn, scale)
+    left = set(os.listdir(cache)) - before
+    assert left == set(), left  # no .failed.c, no temp file, no partial library
+    assert not (cache / f"{key}.so").exists()
+
+
+@needs_root
+def test_warm_cache_on_a_read_only_disk_is_used_as_it_is(tmp_path: Path) -> None:
+    assert _compiles(_child(tmp_path, 9.5)) == 1
+    cache = tmp_path / "shapegrad"
+    entries = sorted(os.listdir(cache))
+    _mount("--bind", str(cache), str(cache))
+    try:
+        _mount("-o", "remount,bind,ro", str(cache))
+        warm = _child(tmp_path, 9.5)
+        out, err = warm.communicate(timeout=300)
+        assert warm.returncode == 0, err[-2000:]
+        assert int(out.split("compiles")[-1]) == 0  # no recompile
+        assert "CacheWarning" not in err
+        cold = _child(tmp_path, 10.5)  # a program the read-only cache does not hold
+        out, err = cold.communicate(timeout=300)
+        assert cold.returncode == 0, err[-2000:]
+        assert int(out.split("compiles")[-1]) == 1
+        assert "CacheWarning" in err and "not writable" in err
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+    assert sorted(os.listdir(cache)) == entries
+
+
+def test_ane_package_with_a_link_or_a_writable_file_inside_is_not_trusted(tmp_path: Path) -> None:
+    from shapegrad.backends.ane.package import _discard, _trusted_package
+
+    package = tmp_path / "fn-abc.mlpackage"
+    (package / "Data").mkdir(parents=True, mode=0o700)
+    package.chmod(0o700)
+    weights = package / "Data" / "weights.bin"
+    weights.write_bytes(b"w")
+    weights.chmod(0o600)
+    assert _trusted_package(package)
+    weights.chmod(0o666)  # anyone may rewrite the weights Core ML loads by path
+    assert not _trusted_package(package)
+    weights.chmod(0o600)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    (package / "Data" / "model").symlink_to(victim, target_is_directory=True)
+    assert not _trusted_package(package)
+    _discard(package)  # removes the package and the link in it, never what it points to
+    assert not package.exists() and (victim / "precious").read_text() == "keep"
+    package.symlink_to(victim, target_is_directory=True)  # the entry itself is a link
+    assert not _trusted_package(package)
+    _discard(package)
+    assert not package.is_symlink() and (victim / "precious").read_text() == "keep"

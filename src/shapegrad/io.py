@@ -5,13 +5,16 @@ Every array is stored under a readable name built from the ParamList names
 next to a JSON ``__metadata__`` entry (format version, step, and the name,
 shape and dtype of every parameter). Loading never unpickles anything.
 
-Writes are atomic: the file is written to a temporary name in the same
-folder, flushed to disk, then moved over the target with ``os.replace``; a
-crash mid-save leaves the previous checkpoint untouched, and its temp file is
-removed by the next save or load of that checkpoint. Loading validates
-names, shapes and dtypes against the parameters you pass (and, through the
-ParamList, against its annotation) before inflating anything, and raises
-:class:`CheckpointError` saying what differs.
+Writes are atomic (``_cache.atomic_write``): the file is written to a temporary
+name in the same folder, flushed to disk, then moved over the target; a crash
+mid-save leaves the previous checkpoint untouched, and its temp file is removed
+by the next save or load of that checkpoint. Only regular files are written or
+read: a path naming a device, a FIFO or a directory is refused before it is
+touched (a save would replace the node, a load could read without end or block).
+Loading opens the file once, validates names, shapes and dtypes against the
+parameters you pass (and, through the ParamList, against its annotation) before
+inflating anything, reads no more than the sizes declared, and raises
+:class:`CheckpointError` saying what differs or what is damaged.
 
 Example:
     >>> sg.save_checkpoint("run.npz", params, opt_state, step=50)
@@ -22,9 +25,11 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
-import tempfile
-import time
+import stat
+import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -36,7 +41,7 @@ import numpy as np
 import numpy.lib.format as npformat
 import numpy.typing as npt
 
-from shapegrad import tree
+from shapegrad import _cache, tree
 from shapegrad.dtypes import bfloat16
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
@@ -155,10 +160,40 @@ def save_checkpoint(
         ],
         "user": dict(metadata or {}),
     }
-    arrays[_META_KEY] = np.array(json.dumps(info))
+    try:
+        arrays[_META_KEY] = np.array(json.dumps(info))
+    except (TypeError, ValueError) as exc:  # not JSON: an object, a circular reference
+        raise CheckpointError(
+            f"save_checkpoint: metadata must be JSON-serialisable (str, int, float, bool, "
+            f"None, lists and dicts with str keys): {exc}"
+        ) from exc
     target = Path(path)
+    _refuse_special(target, "save_checkpoint: cannot write to")
     _atomic_write(target, arrays)
     return target
+
+
+def _refuse_special(target: Path, what: str) -> None:
+    """Raise when ``target`` exists and is not a regular file (or a link to one)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CheckpointError(f"{what} {target}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{what} {target}: it is {_kind(mode)}, not a regular file")
+
+
+def _kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _write_npz(handle: IO[bytes], arrays: Arrays) -> None:
@@ -169,18 +204,14 @@ def _write_npz(handle: IO[bytes], arrays: Arrays) -> None:
 def _atomic_write(target: Path, arrays: Arrays) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(target)
-    prefix = f"{_temp_prefix(target)}{os.getpid()}."
-    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            _write_npz(handle, arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        # Never leave a half-written temp file behind; the old checkpoint is untouched.
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    # The temp name carries our pid, so a later save or load knows when it is stale.
+    _cache.atomic_write(
+        str(target),
+        lambda handle: _write_npz(handle, arrays),
+        0o600,
+        prefix=f"{_temp_prefix(target)}{os.getpid()}.",
+        suffix=".tmp",
+    )
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -189,7 +220,20 @@ def _atomic_write(target: Path, arrays: Arrays) -> None:
 _HEADER_ALLOWANCE = 1 << 16
 _METADATA_LIMIT = 16 << 20  # the JSON metadata (user notes included)
 _SECTIONS = ("params", "optimizer", "extra")
-_READ_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+# What a damaged file makes the zip reader raise: besides the usual, an unknown compression
+# method or zip version (NotImplementedError), the encryption flag (RuntimeError
+# "encrypted"), bad extra fields (struct.error). .npy headers: _HEADER_ERRORS.
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    EOFError,
+    zipfile.BadZipFile,
+    zlib.error,
+    RuntimeError,  # NotImplementedError and RecursionError included
+    struct.error,
+    OverflowError,
+)
 
 
 def load_checkpoint(
@@ -217,11 +261,10 @@ def load_checkpoint(
             mismatch (the message names the entry, the expected and the stored value).
     """
     source = Path(path)
-    if not source.exists():
-        raise CheckpointError(f"checkpoint {source} does not exist")
+    handle = _open_regular(source)
     remove_stale_temps(source)
     try:
-        with zipfile.ZipFile(source) as archive:
+        with handle, zipfile.ZipFile(_directory_checked(source, handle)) as archive:
             members = _members(source, archive)
             info = _metadata(source, archive, members)
             names = param_names(params_like)
@@ -243,6 +286,66 @@ def load_checkpoint(
     except _READ_ERRORS as exc:
         raise _unreadable(source, exc) from exc
     return Checkpoint(params, opt, info["step"], extra, info)
+
+
+def _open_regular(source: Path) -> IO[bytes]:
+    """``source`` opened for reading, once, when it is a regular file: a device or a FIFO
+    is refused before anything is read (opening does not block on a FIFO)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(source, flags)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {source} does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(
+            f"checkpoint {source} cannot be opened: {exc.strerror or exc}"
+        ) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(
+                f"checkpoint {source} is {_kind(mode)}, not a regular file; not read"
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_DIRECTORY_LIMIT = 64 << 20  # the zip's table of contents: ~100 bytes per array
+_END = struct.Struct("<4s4H2LH")  # end of central directory record
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+
+
+def _directory_checked(source: Path, handle: IO[bytes]) -> IO[bytes]:
+    """``handle`` (rewound) once the size its zip end record declares for the table of
+    contents is sane: the zip reader reads that many bytes at once."""
+    size = handle.seek(0, os.SEEK_END)
+    tail_start = max(0, size - (_END.size + 0xFFFF + _END64_LOCATOR.size))
+    handle.seek(tail_start)
+    tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")
+    declared = 0
+    if at >= 0 and at + _END.size <= len(tail):
+        declared = _END.unpack_from(tail, at)[5]
+        locator = at - _END64_LOCATOR.size
+        if declared == 0xFFFFFFFF and locator >= 0:  # zip64: the size is in its own record
+            sig, _disk, offset, _disks = _END64_LOCATOR.unpack_from(tail, locator)
+            if sig == b"PK\x06\x07" and offset + _END64.size <= size:
+                handle.seek(offset)
+                record = handle.read(_END64.size)
+                if record[:4] == b"PK\x06\x06":
+                    declared = _END64.unpack(record)[8]
+    if declared > _DIRECTORY_LIMIT:
+        raise CheckpointError(
+            f"{source}: its zip directory declares {declared} bytes (more than "
+            f"{_DIRECTORY_LIMIT}); not a shapegrad checkpoint, or damaged"
+        )
+    handle.seek(0)
+    return handle
 
 
 def _check_declared(
@@ -350,13 +453,7 @@ def _read_npy(
             f"{limit + _HEADER_ALLOWANCE} an array of its expected shape and dtype needs"
         )
     with archive.open(member) as handle:
-        version = npformat.read_magic(handle)
-        if version == (1, 0):
-            got_shape, fortran, got_dtype = npformat.read_array_header_1_0(handle)
-        elif version == (2, 0):
-            got_shape, fortran, got_dtype = npformat.read_array_header_2_0(handle)
-        else:
-            raise CheckpointError(f"{source}: entry {key!r} has unsupported .npy version {version}")
+        got_shape, fortran, got_dtype = _npy_header(source, key, handle)
         if got_dtype.hasobject:
             raise CheckpointError(f"{source}: entry {key!r} holds Python objects; not loaded")
         if shape is not None and dtype is not None and (got_shape, got_dtype) != (shape, dtype):
@@ -364,7 +461,7 @@ def _read_npy(
                 f"{source}: {key!r} is {got_dtype}{list(got_shape)} in the checkpoint but "
                 f"{dtype}{list(shape)} is expected"
             )
-        nbytes = int(np.prod(got_shape, dtype=np.int64)) * got_dtype.itemsize
+        nbytes = math.prod(got_shape) * got_dtype.itemsize  # exact: never wraps around
         if nbytes > limit:
             raise CheckpointError(f"{source}: entry {key!r} declares {nbytes} bytes of data")
         data = handle.read(nbytes)
@@ -372,6 +469,27 @@ def _read_npy(
         raise CheckpointError(f"{source}: entry {key!r} is truncated (corrupted file?)")
     flat = np.frombuffer(data, dtype=got_dtype)
     return flat.reshape(got_shape, order="F" if fortran else "C").copy()
+
+
+# A damaged .npy header (a Python literal NumPy evaluates) can fail in any of these.
+_HEADER_ERRORS = (ValueError, TypeError, SyntaxError, tokenize.TokenError, RecursionError)
+
+
+def _npy_header(source: Path, key: str, handle: IO[bytes]) -> tuple[Any, bool, np.dtype[Any]]:
+    """(shape, fortran order, dtype) from the ``.npy`` header at ``handle``'s position."""
+    version = npformat.read_magic(handle)
+    if version not in ((1, 0), (2, 0)):
+        raise CheckpointError(f"{source}: entry {key!r} has unsupported .npy version {version}")
+    try:
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(handle)
+        else:
+            shape, fortran, dtype = npformat.read_array_header_2_0(handle)
+    except _HEADER_ERRORS as exc:
+        raise CheckpointError(
+            f"{source}: entry {key!r} has a damaged .npy header: {type(exc).__name__}: {exc}"
+        ) from exc
+    return shape, bool(fortran), dtype
 
 
 @dataclass
@@ -423,8 +541,6 @@ def _rebuild(like: Any, section: str, names: list[str], loaded: dict[str, Tensor
 
 # --- temp files of killed saves --------------------------------------------------------
 
-_STALE_SECONDS = 3600.0
-
 
 def _temp_prefix(target: Path) -> str:
     return f".{target.name}."
@@ -435,38 +551,20 @@ def remove_stale_temps(target: Path) -> int:
 
     A temp name carries its writer's pid (``.<name>.<pid>.<random>.tmp``): it is stale
     when that process is gone, or (names without a pid, pids reused) when it is over
-    an hour old. Returns how many were removed.
+    an hour old (``_cache.remove_stale_temps``, which never follows a link). Returns how
+    many were removed.
     """
     prefix = _temp_prefix(target)
-    removed = 0
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-            continue
-        pid_text = entry.name[len(prefix) :].split(".", 1)[0]
-        try:
-            old = entry.stat(follow_symlinks=False).st_mtime < time.time() - _STALE_SECONDS
-            if old or (pid_text.isdigit() and not _alive(int(pid_text))):
-                os.unlink(entry.path)
-                removed += 1
-        except OSError:
-            continue
-    return removed
 
+    def is_temp(name: str) -> bool:
+        return name.startswith(prefix) and name.endswith(".tmp")
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. EPERM: it exists, owned by someone else
-        return True
-    return True
+    def pid_of(name: str) -> int | None:
+        text = name[len(prefix) :].split(".", 1)[0]
+        return int(text) if text.isdigit() else None
+
+    # The folder is the user's choice and may be a link; its entries are never followed.
+    return _cache.remove_stale_temps(str(target.parent), is_temp, pid_of, folder_may_be_link=True)
 
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "param_names", "save_checkpoint"]

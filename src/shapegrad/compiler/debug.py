@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 
+from shapegrad import _cache
 from shapegrad.compiler.passes import count_nodes
 from shapegrad.ir import Graph
 
@@ -29,10 +30,9 @@ def write_dump(folder: str, filename: str, text: str) -> str:
     """Write ``text`` to ``folder/filename`` atomically (temp file + rename); returns the path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, filename)
-    tmp = f"{path}.{os.getpid()}.tmp"  # per process: ranks of an MPI job dump together
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)  # atomic: parallel readers never see half a file
+    # Atomic (parallel readers, and the ranks of an MPI job dumping together, never see
+    # half a file); not flushed to disk: it is a debug dump.
+    _cache.atomic_write(path, text.encode("utf-8"), 0o644, durable=False)
     return path
 
 

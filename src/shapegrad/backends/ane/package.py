@@ -2,8 +2,11 @@
 
 The key hashes the MIL text, every constant's bytes, the compute precision,
 deployment target, compute units and the coremltools / shapegrad versions.
-Packages are written under a temporary name and renamed into place, so a
-parallel process never opens half a package. ``SHAPEGRAD_DEBUG=<dir>`` (or
+Packages are written under a temporary name and renamed into place
+(``_cache.publish_tree``), so a parallel process never opens half a package. Core ML
+loads a package by its path, so a package is used only when it and every file and
+directory in it are ours alone with no link anywhere (``_cache.trusted_tree``), in a
+cache directory no other user can rename (``_cache.private_dir`` checks every ancestor). ``SHAPEGRAD_DEBUG=<dir>`` (or
 ``CompileOptions.debug_dir``) receives the MIL text of every compiled program.
 """
 
@@ -123,9 +126,7 @@ def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -
     lowered_ops = mil.op_count()
     if _trusted_package(final):
         return Package(final, key, True, 0.0, lowered_ops, 0)
-    if os.path.lexists(final):  # someone else's or group-writable: never loaded, replaced
-        shutil.rmtree(final, ignore_errors=True)
-        _cache.unlink_quietly(str(final))
+    _discard(final)  # someone else's, group-writable or holding a link: replaced
     _cache.remove_stale_temps(str(folder), lambda entry: entry.startswith("."))
     start = time.perf_counter()
     model = convert(mil)
@@ -134,24 +135,35 @@ def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -
     try:
         staged = scratch / final.name
         model.save(str(staged))
-        _cache.secure_tree(str(staged))  # coremltools honours the umask, which may be 0
-        try:
-            os.rename(staged, final)  # atomic; fails if another process already won
-        except OSError:
-            if not final.exists():
-                raise
+        # coremltools honours the umask, which may be 0: publish_tree makes it private
+        _cache.publish_tree(str(staged), str(final))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Package(final, key, False, seconds, lowered_ops, mil.op_count())
 
 
 def _trusted_package(path: Path) -> bool:
-    """A saved package we may load: a real directory owned by us, not group/other-writable."""
+    """A saved package we may load: a real directory whose every entry is ours alone (not
+    group/other-writable, no symlink anywhere in it)."""
+    return _cache.trusted_tree(str(path))
+
+
+def _discard(path: Path) -> None:
+    """Remove an untrusted entry at ``path`` without following any link in it."""
+    folder = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and _cache.untrusted_reason(st) is None
+        st = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path.name, dir_fd=folder)
+        else:
+            os.unlink(path.name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+    except (OSError, NotImplementedError):
+        # Not removable safely here: leave it (never loaded); publishing over it then fails.
+        pass
+    finally:
+        os.close(folder)
 
 
 def dump_mil(mil: MilProgram, name: str, debug_dir: str | None) -> Path | None:
@@ -163,7 +175,6 @@ def dump_mil(mil: MilProgram, name: str, debug_dir: str | None) -> Path | None:
     path = Path(folder) / f"{name}.mil.txt"
     header = f"# {name}: {mil.op_count()} MIL ops, precision {mil.precision}\n"
     header += "".join(f"# {prim}: {kind}\n" for prim, kind in mil.lowering.items())
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(header + mil.text() + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = (header + mil.text() + "\n").encode("utf-8")
+    _cache.atomic_write(str(path), text, 0o644, durable=False)  # a debug dump: readable
     return path

@@ -211,10 +211,13 @@ def load(library: Library) -> Any:
 
 def _cache_path(path: str) -> str:
     """The cache entry behind a path handed out for ``dlopen`` (``toolchain.load_path``
-    hands a second loader a link in a ``.load-*`` scratch folder beside the entry)."""
+    hands out a private link somewhere inside a ``.load-*`` scratch folder beside the
+    entry)."""
     folder = os.path.dirname(path)
-    if os.path.basename(folder).startswith(".load-"):
-        return os.path.join(os.path.dirname(folder), os.path.basename(path))
+    while folder and folder != os.path.dirname(folder):
+        if os.path.basename(folder).startswith(".load-"):
+            return os.path.join(os.path.dirname(folder), os.path.basename(path))
+        folder = os.path.dirname(folder)
     return path
 
 

@@ -10,10 +10,11 @@ signature it was built for.
 
 Format: ``<key>.manifest`` in the private cache directory; the first line is the SHA-256
 (hex) of the rest, which is JSON (data only, never pickle; constants as base64 bytes with
-dtype and shape). Written atomically (``_cache.write_private``). Read only when it is
-ours alone (``_cache.trusted_file``), its checksum matches, it parses, its format and key
-agree and it describes the graph being compiled; anything else reads as "no manifest"
-and the caller compiles in full (and writes a fresh one).
+dtype and shape). Written atomically (``_cache.atomic_write``). Read once through one
+descriptor (``_cache.read_trusted``), and used only when that file is ours alone, its
+checksum matches, it parses, its format and key agree and it describes the graph being
+compiled; anything else reads as "no manifest" and the caller compiles in full (and
+writes a fresh one). A cache on a read-only disk is read as it is.
 """
 
 from __future__ import annotations
@@ -170,6 +171,15 @@ def _path(key: str) -> str:
     return os.path.join(toolchain.library_dir(), key + ".manifest")
 
 
+def _stored(key: str) -> bytes | None:
+    """The first trusted manifest file for ``key`` in the directories searched."""
+    for folder in toolchain.library_dirs():
+        found = _cache.read_trusted(os.path.join(folder, key + ".manifest"))
+        if found is not None:
+            return found.data
+    return None
+
+
 def write(key: str, info: RuntimeInfo, graph: Graph) -> None:
     """Store the manifest for ``key`` (best effort: a cache that cannot be written only
     costs the next process a full compile)."""
@@ -180,18 +190,16 @@ def write(key: str, info: RuntimeInfo, graph: Graph) -> None:
     ).encode("utf-8")
     data = hashlib.sha256(body).hexdigest().encode("ascii") + b"\n" + body
     with contextlib.suppress(OSError):
-        _cache.write_private(_path(key), data)
+        _cache.atomic_write(_path(key), data)
 
 
 def read(key: str, graph: Graph) -> RuntimeInfo | None:
     """The stored runtime info for ``key`` when it is trusted, intact and describes
     ``graph``; None otherwise (never raises for a bad file)."""
-    path = _path(key)
-    if not _cache.trusted_file(path):
+    data = _stored(key)
+    if data is None:
         return None
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
         digest, _, body = data.partition(b"\n")
         if hashlib.sha256(body).hexdigest().encode("ascii") != digest:
             return None
@@ -201,7 +209,7 @@ def read(key: str, graph: Graph) -> RuntimeInfo | None:
         if doc.get("signature") != signature_of(graph):
             return None
         return RuntimeInfo.from_json(doc["runtime"])
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return None
 
 

@@ -6,11 +6,16 @@
 * Cache: ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``). The key
   hashes the generated source, the compiler's ``--version``, the flags, the CPU
   (``-march=native`` code is CPU-specific) and the shapegrad version. The library
-  is ``<key>.so`` with its SHA-256 in ``<key>.sha256``; both are written to temp
-  files and ``os.replace``d (atomic), so concurrent processes never load half a
-  library. A library whose checksum does not match (truncated, corrupted) is
-  rebuilt. The key is also compiled into the library (``sg_key``) and checked
-  after ``dlopen``.
+  is ``<key>.so`` with its SHA-256 in ``<key>.sha256``; both are published atomically
+  (``_cache.publish``), so concurrent processes never load half a library. A library
+  whose checksum does not match (truncated, corrupted) is rebuilt. The key is also
+  compiled into the library (``sg_key``) and checked after ``dlopen``.
+* Loading: a cached library is opened once and checked through that descriptor (ours
+  alone, checksum, complete ELF); what ``dlopen`` receives is a private name for that
+  same file (a hard link whose inode is the checked one, else a copy of the checked
+  bytes) in this process's ``.load-*`` directory, so swapping the cache entry after the
+  check changes nothing. A cache on a read-only disk is read as it is; new libraries
+  then go to the private fallback cache.
 
 Flag choice (measured on the 2-core dev box with benchmarks/train_step.py and
 ``gcc -ftime-report``; gcc 12): ``-O2 -ftree-vectorize -fpeel-loops -march=native``.
@@ -107,10 +112,11 @@ def compiler_version(cc: str) -> str:
         raise CompilerNotFound(missing_compiler_message(cc))
     st = os.stat(exe)
     ident = f"{cc}|{os.path.realpath(exe)}|{st.st_size}|{st.st_mtime_ns}"
-    memo = os.path.join(library_dir(), "cc-" + hashlib.sha256(ident.encode()).hexdigest()[:24])
-    remembered = _read_trusted(memo)
-    if remembered is not None:
-        return remembered.decode("utf-8", "replace")
+    name = "cc-" + hashlib.sha256(ident.encode()).hexdigest()[:24]
+    for folder in library_dirs():
+        remembered = _read_trusted(os.path.join(folder, name))
+        if remembered is not None:
+            return remembered.decode("utf-8", "replace")
     try:
         out = subprocess.run(
             [*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30
@@ -119,14 +125,9 @@ def compiler_version(cc: str) -> str:
         raise CompilerNotFound(missing_compiler_message(cc)) from exc
     text = out.stdout or out.stderr
     version = text.strip() or cc
-    _atomic_write(memo, version)
+    with contextlib.suppress(OSError):  # best effort: it is only a memo
+        _cache.atomic_write(os.path.join(library_dir(), name), version.encode("utf-8"))
     return version
-
-
-def _atomic_write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, mode 0600 (best effort: it is only a memo)."""
-    with contextlib.suppress(OSError):
-        _cache.write_private(path, text.encode("utf-8"))
 
 
 @lru_cache(maxsize=1)
@@ -286,32 +287,101 @@ def library_is_complete(data: bytes) -> bool:
 
 def _read_trusted(path: str) -> bytes | None:
     """The bytes of ``path`` when it is a regular file that is ours alone, else None."""
-    if not _cache.trusted_file(path):
-        return None
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-# Library paths handed out in this process: dlopen returns the already-loaded object for a
-# path it has seen, so a library rebuilt under the same name must be loaded from a new one.
-_handed_out: set[str] = set()
+    found = _cache.read_trusted(path)
+    return None if found is None else found.data
 
 
 def load_path(final: str) -> str:
-    if final not in _handed_out:
-        _handed_out.add(final)
-        return final
-    scratch = tempfile.mkdtemp(prefix=".load-", dir=os.path.dirname(final))
-    atexit.register(shutil.rmtree, scratch, True)
-    fresh = os.path.join(scratch, os.path.basename(final))
+    """The private path to ``dlopen`` for the library just published at ``final``: the very
+    file :func:`publish` moved there, else (a concurrent build of the same key replaced it)
+    the file there when it is ours alone (see the module docstring).
+
+    Raises:
+        CacheError: ``final`` is neither, or not a complete library.
+    """
+    found = _cache.read_trusted(final, identity=_published.get(final))
+    if found is None:  # another of our processes published the same key since: ours alone?
+        found = _cache.read_trusted(final)
+    if found is None or not library_is_complete(found.data):
+        raise CacheError(
+            f"C backend: the library {final!r} changed after it was built (it is not a "
+            "complete library that is yours alone any more); not loaded"
+        )
+    return _private_copy(final, found)
+
+
+# (device, inode) of every file this process published, by path: the library to load.
+_published: dict[str, tuple[int, int]] = {}
+
+
+def pinned_path(path: str) -> str:
+    """A private name for the cache entry ``path`` (an object file about to be linked): the
+    file this process published there, else one that is ours alone with a checksum that
+    agrees. Like a library, an object is never used by its shared name after its check.
+
+    Raises:
+        CacheError: ``path`` is neither.
+    """
+    identity = _published.get(path)
+    found = _cache.read_trusted(path, identity=identity) if identity is not None else None
+    if found is None:
+        found = _verified(path)
+    if found is None:
+        raise CacheError(f"C backend: the cache entry {path!r} changed after its check; not used")
+    return _private_copy(path, found)
+
+
+# Per cache directory, this process's directory of private names for the libraries it
+# loads: each load gets a new name, because dlopen hands back the object already loaded
+# for a name it has seen (a library rebuilt under the same name must load as itself).
+_load_roots: dict[str, str] = {}
+_load_lock = threading.Lock()
+_load_count = 0
+
+
+def _private_copy(final: str, verified: _cache.TrustedFile) -> str:
+    """A fresh path in this process's private ``.load-*`` directory naming exactly the
+    ``verified`` file: a hard link when its inode is still the verified one, else a copy
+    of the verified bytes. Whatever replaced ``final`` since the check is never used.
+
+    The directory is in ``final``'s folder (a hard link costs no copy), else (a read-only
+    or full disk) in the private fallback cache."""
     try:
-        os.link(final, fresh)
+        return _private_name(final, verified, os.path.dirname(final))
     except OSError:
-        shutil.copyfile(final, fresh)
+        return _private_name(final, verified, _cache.fallback_dir())
+
+
+def _private_name(final: str, verified: _cache.TrustedFile, where: str) -> str:
+    global _load_count
+    with _load_lock:
+        _load_count += 1
+        slot = os.path.join(_load_root(where), str(_load_count))
+        os.mkdir(slot, 0o700)
+    fresh = os.path.join(slot, os.path.basename(final))
+    try:
+        os.link(final, fresh, follow_symlinks=False)
+        st = os.lstat(fresh)
+        if (st.st_dev, st.st_ino) == (verified.device, verified.inode):
+            return fresh
+        os.unlink(fresh)  # the name now points at another file: not that one
+    except OSError:
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(fresh, flags, 0o700)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(verified.data)
     return fresh
+
+
+def _load_root(folder: str) -> str:
+    """This process's ``.load-*`` directory in ``folder`` (made again if it was removed)."""
+    root = _load_roots.get(folder)
+    if root is None or not os.path.isdir(root):
+        root = tempfile.mkdtemp(prefix=".load-", dir=folder)
+        atexit.register(shutil.rmtree, root, True)
+        _load_roots[folder] = root
+    return root
 
 
 @lru_cache(maxsize=1)
@@ -335,31 +405,49 @@ def cached_library(spec: BuildSpec) -> str | None:
 
 
 def cached_library_by_key(key: str) -> str | None:
-    """:func:`cached_library` for a library known only by its key (a manifest names it)."""
+    """:func:`cached_library` for a library known only by its key (a manifest names it):
+    the private load path of the verified file (see the module docstring), or None."""
     if not _KEY.match(key):
         return None
-    path = os.path.join(library_dir(), key + ".so")
-    data = verified_bytes(path)
-    return load_path(path) if data is not None and library_is_complete(data) else None
+    for folder in library_dirs():
+        path = os.path.join(folder, key + ".so")
+        found = _verified(path)
+        if found is not None and library_is_complete(found.data):
+            return _private_copy(path, found)
+    return None
 
 
 _KEY = re.compile(r"^[0-9a-f]{32}$")
+_CHECKSUM_BYTES = 256  # a hex SHA-256 and a newline; anything longer is not one
+
+
+def _verified(path: str) -> _cache.TrustedFile | None:
+    """``path`` read once, when it and ``path.sha256`` are ours alone and agree."""
+    found = _cache.read_trusted(path)
+    expected = _cache.read_trusted(path + ".sha256", _CHECKSUM_BYTES)
+    if found is None or expected is None:
+        return None
+    if hashlib.sha256(found.data).hexdigest() != expected.data.decode("ascii", "replace").strip():
+        return None
+    return found
 
 
 def verified_bytes(path: str) -> bytes | None:
     """The bytes of ``path`` when it and ``path.sha256`` are ours alone and agree."""
-    data, expected = _read_trusted(path), _read_trusted(path + ".sha256")
-    if data is None or expected is None:
-        return None
-    if hashlib.sha256(data).hexdigest() != expected.decode("ascii", "replace").strip():
-        return None
-    return data
+    found = _verified(path)
+    return None if found is None else found.data
 
 
 def library_dir() -> str:
-    """:func:`cache_dir` when it is a usable private directory, else (with a
-    :class:`CacheWarning`) this process's private temporary cache."""
+    """Where new libraries are written: :func:`cache_dir` when it is a usable private
+    directory, else (with a :class:`CacheWarning`) this process's private temporary cache."""
     return _cache.private_dir(cache_dir())
+
+
+def library_dirs() -> list[str]:
+    """Where cached libraries are looked up: :func:`cache_dir` when it is trusted (even on
+    a read-only disk, without a warning), then the private fallback when one is in use."""
+    return _cache.search_dirs(cache_dir())
 
 
 def full_source(spec: BuildSpec) -> str:
@@ -434,6 +522,7 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
             ) from exc
         compile_count += 1
         if proc.returncode != 0:
+            _cache.raise_if_out_of_space(folder, proc.stderr)  # full disk: private cache
             kept = os.path.join(folder, key + ".failed" + spec.suffix)
             os.replace(tmp_c, kept)
             raise CompileError(
@@ -448,17 +537,9 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
 
 
 def publish(tmp: str, final: str, mode: int) -> None:
-    """Move a freshly built ``tmp`` to ``final`` with ``mode`` and write its checksum."""
-    os.chmod(tmp, mode)  # the compiler honours the umask, which may be 0
-    with open(tmp, "rb") as handle:
-        digest = hashlib.sha256(handle.read()).hexdigest()
-    # File first, checksum second: a reader that sees the new checksum sees the new file.
-    os.replace(tmp, final)
-    try:
-        _cache.write_private(final + ".sha256", digest.encode("ascii"))
-    except BaseException:
-        _cache.unlink_quietly(final)
-        raise
+    """Move a freshly built ``tmp`` to ``final`` with ``mode`` and write its checksum
+    (``_cache.publish``: file first, checksum second)."""
+    _published[final] = _cache.publish(tmp, final, mode, checksum=True)
 
 
 def library_for(spec: BuildSpec) -> tuple[str, bool]:

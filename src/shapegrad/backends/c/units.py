@@ -13,7 +13,8 @@ Keys: an object's key hashes its source, flags, compiler identity, CPU and the s
 version (as :class:`~shapegrad.backends.c.toolchain.BuildSpec` does for a library); the
 library's key hashes its objects' keys, the compiler and the link line. Objects and the
 library are written atomically with a SHA-256 next to them and are read only when they
-are ours alone (the rules of ``_cache.py``).
+are ours alone (the rules of ``_cache.py``); the linker gets a private name for each
+checked object (``toolchain.pinned_path``), never the shared one.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
         proc = _run(cmd, spec.cc)
         toolchain.count_object_compile()
         if proc.returncode != 0:
+            _cache.raise_if_out_of_space(folder, proc.stderr)  # full disk: private cache
             kept = os.path.join(folder, key + ".failed.c")
             os.replace(tmp_c, kept)
             raise CompileError(
@@ -177,9 +179,11 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
 
 
 def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
-    """Link ``objects`` (plus the key unit) into the cached library; returns its load path."""
+    """Link ``objects`` (plus the key unit) into the cached library; returns its load path.
+    The linker reads each object through a private name for the file that was checked."""
     key = spec.key
     final = os.path.join(folder, key + ".so")
+    objects = [toolchain.pinned_path(path) for path in objects]
     fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
     tmp_so = tmp_c[:-2] + ".so"
     try:
@@ -196,6 +200,7 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
         ]
         proc = _run(cmd, spec.cc)
         if proc.returncode != 0:
+            _cache.raise_if_out_of_space(folder, proc.stderr)
             raise CompileError(
                 f"C backend: linking {len(objects)} units with {cmd[0]} failed (exit "
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
