@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
@@ -22,6 +23,7 @@ CHILD = """
 import sys
 import numpy as np
 import shapegrad as sg
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 seed = int(sys.argv[1])
 x = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -29,7 +31,7 @@ fn = sg.compile(lambda x: (sg.tanh(x * float(seed)) @ x.T).sum(axis=0), backend=
 got = fn(x).numpy()
 want = (np.tanh(x * seed) @ x.T).sum(axis=0)
 assert np.allclose(got, want, rtol=1e-5, atol=1e-5), (got, want)
-print("compiles", toolchain.compile_count)
+print("compiles", native.compile_count)
 """
 
 
@@ -114,9 +116,9 @@ def test_cache_key_depends_on_source_flags_and_compiler(monkeypatch: pytest.Monk
 
 def test_cache_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert toolchain.cache_dir() == str(tmp_path / "shapegrad")
+    assert native.cache_dir() == str(tmp_path / "shapegrad")
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert toolchain.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "shapegrad")
+    assert native.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "shapegrad")
 
 
 def test_tracing_the_same_function_twice_gives_identical_source() -> None:

@@ -25,6 +25,7 @@ import pytest
 
 import shapegrad as sg
 from shapegrad import _cache
+from shapegrad.backends import native
 from shapegrad.backends.base import CompileOptions
 from shapegrad.backends.c import generate, toolchain
 from shapegrad.backends.c.render import uses_blas
@@ -103,11 +104,11 @@ def test_untrusted_entry_in_a_private_cache_is_rebuilt_not_loaded(cache: Path, d
         elsewhere = cache.parent / "elsewhere.so"
         lib.rename(elsewhere)
         lib.symlink_to(elsewhere)
-    before = toolchain.compile_count
+    before = native.compile_count
     with warnings.catch_warnings():
         warnings.simplefilter("error", _cache.CacheWarning)
         _check(fn, scale)
-    assert toolchain.compile_count == before + 1
+    assert native.compile_count == before + 1
     assert not marker.exists()
     assert _cache.trusted_file(str(lib))
 
@@ -147,6 +148,7 @@ CHILD = """
 import sys
 import numpy as np
 import shapegrad as sg
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 seed = float(sys.argv[1])
 x = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -154,7 +156,7 @@ fn = sg.compile(lambda x: (sg.tanh(x * seed) @ x.T).sum(axis=0), backend="c")
 got = fn(x).numpy()
 want = (np.tanh(x * np.float32(seed)) @ x.T).sum(axis=0)
 assert np.allclose(got, want, rtol=1e-5, atol=1e-5), (got, want)
-print("compiles", toolchain.compile_count)
+print("compiles", native.compile_count)
 """
 
 
@@ -198,7 +200,7 @@ def test_concurrent_compiles_over_a_damaged_entry_all_succeed(tmp_path: Path) ->
     assert all(_compiles(p) in (0, 1) for p in procs)
     data = lib.read_bytes()
     assert hashlib.sha256(data).hexdigest() == Path(str(lib) + ".sha256").read_text().strip()
-    assert toolchain.library_is_complete(data)
+    assert native.library_is_complete(data)
     assert sorted(p.suffix for p in (tmp_path / "shapegrad").iterdir() if p.suffix != "") == [
         ".manifest",  # the keyed cache's entry (backends/c/manifest.py)
         ".sha256",
@@ -217,9 +219,9 @@ def test_library_rebuilt_in_the_same_process_loads_from_a_fresh_path(cache: Path
     lib_b = cache / f"{_key(fn_b)}.so"
     shutil.copyfile(lib_a, lib_b)
     shutil.copyfile(str(lib_a) + ".sha256", str(lib_b) + ".sha256")
-    before = toolchain.compile_count
+    before = native.compile_count
     _check(fn_b, scale_b)
-    assert toolchain.compile_count == before + 1
+    assert native.compile_count == before + 1
 
 
 def test_cache_path_that_is_a_file_falls_back_to_a_private_temp_cache(cache: Path) -> None:
@@ -284,9 +286,9 @@ def test_complete_library_check_rejects_every_truncation(cache: Path) -> None:
     _check(fn, scale)
     (lib,) = (p for p in cache.glob("*.so") if p.name.startswith(_key(fn)))
     data = lib.read_bytes()
-    assert toolchain.library_is_complete(data)
+    assert native.library_is_complete(data)
     for cut in (0, 3, 40, 63, 64, len(data) // 4, len(data) // 2, len(data) - 1):
-        assert not toolchain.library_is_complete(data[:cut]), cut
+        assert not native.library_is_complete(data[:cut]), cut
 
 
 def test_ane_cache_honours_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -400,11 +402,11 @@ def test_cache_below_a_sticky_world_writable_directory_is_used(
     shared.chmod(0o1777)  # like /tmp: others may not rename what is ours
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared / "xdg"))
     fn, scale = _program()
-    before = toolchain.compile_count
+    before = native.compile_count
     with warnings.catch_warnings():
         warnings.simplefilter("error", _cache.CacheWarning)
         _check(fn, scale)
-    assert toolchain.compile_count == before + 1
+    assert native.compile_count == before + 1
     assert (shared / "xdg" / "shapegrad" / f"{_key(fn)}.so").exists()
 
 
@@ -456,7 +458,7 @@ def test_library_swapped_after_its_check_is_not_the_one_loaded(
         return found
 
     monkeypatch.setattr(_cache, "read_trusted", read_then_swap)
-    path = toolchain.cached_library_by_key(key)
+    path = native.cached_library_by_key(key)
     monkeypatch.undo()
     assert path is not None
     assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == good
@@ -473,14 +475,14 @@ def test_freshly_built_library_swapped_before_loading_is_refused(
     marker = tmp_path / "constructor-ran"
     evil = _plant(tmp_path / "attacker", key, marker)
     os.chown(evil, FOREIGN_UID, FOREIGN_UID)  # the attacker's own file
-    real_publish = toolchain.publish
+    real_publish = native.publish
 
     def publish_then_swap(tmp: str, final: str, mode: int) -> None:
         real_publish(tmp, final, mode)
         if final.endswith(f"{key}.so"):
             os.replace(evil, final)
 
-    monkeypatch.setattr(toolchain, "publish", publish_then_swap)
+    monkeypatch.setattr(native, "publish", publish_then_swap)
     with pytest.raises(_cache.CacheError, match="changed after it was built"):
         sg.compile(fn, backend="c")(X)
     assert not marker.exists()
@@ -576,7 +578,7 @@ def test_cleanup_removes_links_not_what_they_point_to(tmp_path: Path) -> None:
     load_dir.mkdir()
     (load_dir / "inside").symlink_to(victim, target_is_directory=True)
     os.utime(load_dir, (1, 1))
-    assert _cache.remove_stale_temps(str(folder), toolchain.is_temp) == 2
+    assert _cache.remove_stale_temps(str(folder), native.is_temp) == 2
     assert list(folder.iterdir()) == []
     assert precious.read_text() == "old" and sorted(os.listdir(victim)) == ["precious"]
 
@@ -616,7 +618,7 @@ def test_full_cache_disk_falls_back_to_the_private_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tiny_disk))
     fn, scale = _program()
     key = _key(fn)
-    cache = Path(toolchain.library_dir())
+    cache = Path(native.library_dir())
     assert cache == tiny_disk / "shapegrad"
     # Room for the source (about 8 KB) but not for the library (about 16 KB): the compiler
     # itself fails, writing its output.

@@ -24,6 +24,7 @@ import pytest
 import shapegrad as sg
 import shapegrad.backends.c as cbackend
 import shapegrad.jit as jit
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain, units
 from shapegrad.compiler.graphkey import graph_text
 
@@ -78,12 +79,12 @@ def test_manifest_hit_skips_optimize_lowering_and_rendering(
 ) -> None:
     full = _lower(step, W, X, IDX)
     assert not full.from_cache and len(_manifests(cache)) == 1
-    compiles = toolchain.compile_count
+    compiles = native.compile_count
     with monkeypatch.context() as m:
         _forbid_lowering(m)
         hit = _lower(step, W, X, IDX)
         assert hit.from_cache and hit.optimize_seconds == 0.0
-        assert toolchain.compile_count == compiles
+        assert native.compile_count == compiles
         got = hit.executable([W, X, IDX])
     want = full.executable([W, X, IDX])
     for a, b in zip(got, want, strict=True):
@@ -226,6 +227,7 @@ def test_a_warm_cache_in_a_fresh_process_skips_lowering(tmp_path: Path) -> None:
     child = """
 import numpy as np, shapegrad as sg
 import shapegrad.backends.c as cb
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 def f(x):
     return sg.tanh(x @ x.T + 1.0).sum(axis=0)
@@ -234,7 +236,7 @@ fast = sg.compile(f, backend="c")
 got = fast(x).numpy()
 want = np.tanh(x @ x.T + 1.0).sum(axis=0)
 assert np.allclose(got, want, rtol=1e-5), (got, want)
-print("hit", fast.lower(x).from_cache, "compiles", toolchain.compile_count)
+print("hit", fast.lower(x).from_cache, "compiles", native.compile_count)
 """
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(ROOT / "src"))
     outs = [
@@ -265,13 +267,13 @@ def test_multi_unit_build_matches_the_single_unit(cache: Path) -> None:
     w = (rng.normal(size=(6, 16, 16)) / 4).astype(np.float32)
     b = (rng.normal(size=(6, 16)) / 4).astype(np.float32)
     x, y = _f32(8, 16, seed=4), _f32(8, 16, seed=5)
-    objects = toolchain.object_compile_count
+    objects = native.object_compile_count
     one = sg.compile(sg.value_and_grad(mlp_loss), backend="c", split_min_lines=10**9)
     many = sg.compile(sg.value_and_grad(mlp_loss), backend="c", unit_lines=40, split_min_lines=0)
     v1, g1 = one((w, b), x, y)
-    assert toolchain.object_compile_count == objects  # one unit: no object files
+    assert native.object_compile_count == objects  # one unit: no object files
     v2, g2 = many((w, b), x, y)
-    made = toolchain.object_compile_count - objects
+    made = native.object_compile_count - objects
     assert made >= 4  # the step unit and several kernel units
     assert float(v1) == float(v2)
     for a, c in zip(g1, g2, strict=True):
@@ -311,18 +313,18 @@ def test_an_edited_unit_is_the_only_one_compiled_again(cache: Path) -> None:
         lib = ffi.dlopen(path)
         return int(lib.total())
 
-    runs, objects = toolchain.compile_count, toolchain.object_compile_count
+    runs, objects = native.compile_count, native.object_compile_count
     path, cached = units.library_for(spec(2))
     assert not cached and total(path) == 42
-    assert toolchain.object_compile_count - objects == 3
-    assert toolchain.compile_count - runs == 4  # three units and the link
-    runs, objects = toolchain.compile_count, toolchain.object_compile_count
+    assert native.object_compile_count - objects == 3
+    assert native.compile_count - runs == 4  # three units and the link
+    runs, objects = native.compile_count, native.object_compile_count
     path, cached = units.library_for(spec(5))  # unit "b" edited
     assert not cached and total(path) == 45
-    assert toolchain.object_compile_count - objects == 1  # only "b"
-    assert toolchain.compile_count - runs == 2  # "b" and the link
-    runs = toolchain.compile_count
-    assert units.library_for(spec(5))[1] and toolchain.compile_count == runs  # a library hit
+    assert native.object_compile_count - objects == 1  # only "b"
+    assert native.compile_count - runs == 2  # "b" and the link
+    runs = native.compile_count
+    assert units.library_for(spec(5))[1] and native.compile_count == runs  # a library hit
 
 
 def test_a_unit_that_fails_to_compile_names_the_unit(cache: Path) -> None:
@@ -334,7 +336,7 @@ def test_a_unit_that_fails_to_compile_names_the_unit(cache: Path) -> None:
         toolchain.compiler(),
         (),
     )
-    with pytest.raises(toolchain.CompileError, match="unit kernels0"):
+    with pytest.raises(native.CompileError, match="unit kernels0"):
         units.library_for(bad)
 
 
@@ -349,9 +351,9 @@ def test_a_damaged_object_is_compiled_again(cache: Path) -> None:
     obj.write_bytes(b"garbage")  # checksum no longer matches
     for lib in cache.glob("*.so"):
         lib.unlink()
-    objects = toolchain.object_compile_count
+    objects = native.object_compile_count
     units.library_for(spec)
-    assert toolchain.object_compile_count - objects == 1
+    assert native.object_compile_count - objects == 1
 
 
 def test_units_share_state_and_the_profile(cache: Path) -> None:

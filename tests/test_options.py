@@ -189,13 +189,13 @@ def test_cflags_replace_the_environment_flags(
 def test_the_cache_dir_variable_moves_every_backends_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from shapegrad.backends import native
     from shapegrad.backends.ane.package import cache_root
-    from shapegrad.backends.c import toolchain
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("SHAPEGRAD_CACHE_DIR", str(tmp_path / "mine"))
     assert _cache.cache_home() == str(tmp_path / "mine")
-    assert toolchain.cache_dir() == str(tmp_path / "mine")
+    assert native.cache_dir() == str(tmp_path / "mine")
     assert cache_root() == tmp_path / "mine" / "ane"
     x = np.arange(5, dtype=np.float32)
     fn = sg.compile(lambda x: sg.exp(x) - 0.375, backend="c")

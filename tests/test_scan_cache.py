@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = """
 import sys
 import numpy as np, shapegrad as sg
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 from shapegrad.nn.transformer import BlockStack, block_init, transformer_stack
 
@@ -46,7 +47,7 @@ want_value, want_grads = step(stack, sg.tensor(x))          # eager: NumPy + tap
 assert np.allclose(value.numpy(), want_value.numpy(), rtol=1e-4, atol=1e-6), (value, want_value)
 for g, w in zip(grads, want_grads, strict=True):
     assert np.allclose(g.numpy(), w.numpy(), rtol=1e-3, atol=1e-5), np.abs(g.numpy() - w.numpy()).max()
-print("hit", lowered.from_cache, "compiles", toolchain.compile_count, "value", repr(float(value.numpy())))
+print("hit", lowered.from_cache, "compiles", native.compile_count, "value", repr(float(value.numpy())))
 """
 
 

@@ -16,8 +16,8 @@ import pytest
 
 import shapegrad as sg
 import shapegrad.backends.c as cbackend
+from shapegrad.backends import native
 from shapegrad.backends.c import executable as cexecutable
-from shapegrad.backends.c import toolchain
 from shapegrad.compiler import loops as L
 from shapegrad.jit import Lowered, Traced
 
@@ -115,17 +115,17 @@ def test_c_build_compiles_into_the_cache_without_loading(
         return sg.value_and_grad(loss)(params, x * 0.8125, y)
 
     fast = sg.compile(step, backend="c", unit_lines=40, split_min_lines=0)  # several units
-    compiles = toolchain.compile_count + toolchain.object_compile_count
+    compiles = native.compile_count + native.object_compile_count
     path = fast.trace(*args).lower().build()
     assert Path(path).parent == tmp_path / "shapegrad" and path.endswith(".so")
-    assert toolchain.compile_count + toolchain.object_compile_count > compiles
+    assert native.compile_count + native.object_compile_count > compiles
     key = Path(path).stem
     assert key not in cexecutable._LIBS  # built, not loaded
-    assert toolchain.cached_library_by_key(key) is not None  # checksummed, complete, ours
+    assert native.cached_library_by_key(key) is not None  # checksummed, complete, ours
     # compiling the same function now finds the library: no compiler runs
-    compiles = toolchain.compile_count + toolchain.object_compile_count
+    compiles = native.compile_count + native.object_compile_count
     exe = fast.trace(*args).lower().compile()
-    assert toolchain.compile_count + toolchain.object_compile_count == compiles
+    assert native.compile_count + native.object_compile_count == compiles
     assert key in cexecutable._LIBS
     scaled = (args[0], args[1] * np.float32(0.8125), args[2])
     _check(exe(_flat(*args)), *scaled)
@@ -135,6 +135,7 @@ BUILD_THEN_LOAD = """
 import sys
 import numpy as np
 import shapegrad as sg
+from shapegrad.backends import native
 from shapegrad.backends.c import toolchain
 x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
 fast = sg.compile(lambda x: (sg.sin(x) * 0.6875).sum(axis=1), backend="c")
@@ -143,7 +144,7 @@ if sys.argv[1] == "build":
 else:
     got = fast(x).numpy()
     assert np.allclose(got, (np.sin(x) * 0.6875).sum(axis=1), rtol=1e-5), got
-    print("compiles", toolchain.compile_count, "from_cache", fast.lower(x).from_cache)
+    print("compiles", native.compile_count, "from_cache", fast.lower(x).from_cache)
 """
 
 

@@ -31,7 +31,6 @@ Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user)
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import shutil
 import time
@@ -75,6 +74,7 @@ from shapegrad.backends.c.toolchain import (
     missing_compiler_message,
 )
 from shapegrad.backends.c.units import LinkSpec, UnitSpec
+from shapegrad.backends.native import cache_entry
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.graphkey import Unkeyable, canonical_text
@@ -209,18 +209,6 @@ def load(library: Library) -> Any:
         return load_library(path, library.key)
 
 
-def _cache_path(path: str) -> str:
-    """The cache entry behind a path handed out for ``dlopen`` (``toolchain.load_path``
-    hands out a private link somewhere inside a ``.load-*`` scratch folder beside the
-    entry)."""
-    folder = os.path.dirname(path)
-    while folder and folder != os.path.dirname(folder):
-        if os.path.basename(folder).startswith(".load-"):
-            return os.path.join(os.path.dirname(folder), os.path.basename(path))
-        folder = os.path.dirname(folder)
-    return path
-
-
 def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
     """What the C backend adds to a traced graph's key: everything besides the graph that
     decides the program, its source and its library (without running the compiler; the
@@ -309,7 +297,7 @@ class CBackend:
         assert isinstance(program, L.Program)
         library = compile_units(generated.units, program, options.of(COptions))
         self._store_manifest(graph, program, library, options)
-        return _cache_path(library.path)
+        return cache_entry(library.path)
 
     def _store_manifest(
         self, graph: Graph, program: L.Program, library: Library, options: CompileOptions

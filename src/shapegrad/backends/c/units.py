@@ -10,11 +10,11 @@ holding ``sg_key`` (the library's key, checked after ``dlopen``), so no object n
 know the key of the library it ends up in.
 
 Keys: an object's key hashes its source, flags, compiler identity, CPU and the shapegrad
-version (as :class:`~shapegrad.backends.c.toolchain.BuildSpec` does for a library); the
+version (as :class:`~shapegrad.backends.c.native.BuildSpec` does for a library); the
 library's key hashes its objects' keys, the compiler and the link line. Objects and the
 library are written atomically with a SHA-256 next to them and are read only when they
 are ours alone (the rules of ``_cache.py``); the linker gets a private name for each
-checked object (``toolchain.pinned_path``), never the shared one.
+checked object (``native.pinned_path``), never the shared one.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from shapegrad import _cache
-from shapegrad.backends.c import toolchain
-from shapegrad.backends.c.toolchain import CacheError, CompileError, CompilerNotFound
+from shapegrad.backends import native
+from shapegrad.backends.native import CacheError, CompileError
 
 
 @dataclass(frozen=True)
@@ -53,12 +52,12 @@ class LinkSpec:
     def object_key(self, unit: UnitSpec) -> str:
         return _digest(
             unit.source,
-            toolchain.compiler_version(self.cc),
+            native.compiler_version(self.cc),
             self.cc,
             " ".join(unit.flags),
             "-fPIC -c",
-            toolchain.cpu_identity(),
-            toolchain.VERSION,
+            native.cpu_identity(),
+            native.VERSION,
         )
 
     @property
@@ -97,12 +96,12 @@ def library_for(spec: LinkSpec) -> tuple[str, bool]:
     its objects (each from the cache or compiled now, in parallel).
 
     Raises:
-        CompilerNotFound / CompileError / CacheError: as ``toolchain.build_library``.
+        CompilerNotFound / CompileError / CacheError: as ``native.build_library``.
     """
-    found = toolchain.cached_library_by_key(spec.key)
+    found = native.cached_library_by_key(spec.key)
     if found is not None:
         return found, True
-    folder = toolchain.library_dir()
+    folder = native.library_dir()
     try:
         return _build_in(spec, folder), False
     except OSError as exc:
@@ -122,18 +121,18 @@ def library_for(spec: LinkSpec) -> tuple[str, bool]:
 
 def remove_library(key: str) -> None:
     """Drop a cached library (it failed to load although its checksum matched)."""
-    path = os.path.join(toolchain.library_dir(), key + ".so")
+    path = os.path.join(native.library_dir(), key + ".so")
     _cache.unlink_quietly(path + ".sha256")
     _cache.unlink_quietly(path)
 
 
 def _build_in(spec: LinkSpec, folder: str) -> str:
-    _cache.remove_stale_temps(folder, toolchain.is_temp)
+    _cache.remove_stale_temps(folder, native.is_temp)
     objects = [os.path.join(folder, spec.object_key(u) + ".o") for u in spec.units]
     missing = [
         (u, path)
         for u, path in zip(spec.units, objects, strict=True)
-        if toolchain.verified_bytes(path) is None
+        if native.verified_bytes(path) is None
     ]
     # Largest first: the pool's last task is then a small one.
     missing.sort(key=lambda item: -len(item[0].source))
@@ -142,15 +141,6 @@ def _build_in(spec: LinkSpec, folder: str) -> str:
         for future in [pool.submit(_compile_object, spec, u, p) for u, p in missing]:
             future.result()  # re-raises the first failure (the others still finish)
     return _link(spec, objects, folder)
-
-
-def _run(cmd: list[str], cc: str) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except OSError as exc:
-        raise CompilerNotFound(toolchain.missing_compiler_message(cc)) from exc
-    toolchain.count_compile()
-    return proc
 
 
 def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
@@ -162,8 +152,11 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(unit.source)
         cmd = [*shlex.split(spec.cc), *unit.flags, "-fPIC", "-c", tmp_c, "-o", tmp_o]
-        proc = _run(cmd, spec.cc)
-        toolchain.count_object_compile()
+        limit = native.compile_time_limit(600.0)
+        proc = native.run_compiler(
+            cmd, spec.cc, limit, tmp_c, os.path.join(folder, key + ".failed.c")
+        )
+        native.count_object_compile()
         if proc.returncode != 0:
             _cache.raise_if_out_of_space(folder, proc.stderr)  # full disk: private cache
             kept = os.path.join(folder, key + ".failed.c")
@@ -172,7 +165,7 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
                 f"C backend: {cmd[0]} failed on unit {unit.name} ({kept}, exit "
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
             )
-        toolchain.publish(tmp_o, final, 0o600)
+        native.publish(tmp_o, final, 0o600)
     finally:
         _cache.unlink_quietly(tmp_c)
         _cache.unlink_quietly(tmp_o)
@@ -183,7 +176,7 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
     The linker reads each object through a private name for the file that was checked."""
     key = spec.key
     final = os.path.join(folder, key + ".so")
-    objects = [toolchain.pinned_path(path) for path in objects]
+    objects = [native.pinned_path(path) for path in objects]
     fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
     tmp_so = tmp_c[:-2] + ".so"
     try:
@@ -198,15 +191,18 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
             tmp_so,
             *spec.link,
         ]
-        proc = _run(cmd, spec.cc)
+        limit = native.compile_time_limit(600.0)
+        proc = native.run_compiler(
+            cmd, spec.cc, limit, tmp_c, os.path.join(folder, key + ".failed.c")
+        )
         if proc.returncode != 0:
             _cache.raise_if_out_of_space(folder, proc.stderr)
             raise CompileError(
                 f"C backend: linking {len(objects)} units with {cmd[0]} failed (exit "
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
             )
-        toolchain.publish(tmp_so, final, 0o700)
+        native.publish(tmp_so, final, 0o700)
     finally:
         _cache.unlink_quietly(tmp_c)
         _cache.unlink_quietly(tmp_so)
-    return toolchain.load_path(final)
+    return native.load_path(final)

@@ -32,7 +32,6 @@ from shapegrad.backends.base import (
     register_backend,
 )
 from shapegrad.backends.c import collectives
-from shapegrad.backends.c.toolchain import BuildSpec, full_source
 from shapegrad.backends.cuda.options import CudaOptions
 from shapegrad.backends.cuda.render import launches_per_step, render_cuda, uses_cublas
 from shapegrad.backends.cuda.toolchain import (
@@ -42,6 +41,7 @@ from shapegrad.backends.cuda.toolchain import (
     make_spec,
     nvcc,
 )
+from shapegrad.backends.native import BuildSpec, cache_entry, full_source
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.pipeline import dump_program, lower_program, stage_dumper
 from shapegrad.compiler.target import Target
@@ -120,7 +120,7 @@ class CudaBackend:
         option, else ``$SHAPEGRAD_CUDA_ARCH``, else ``sm_90`` (part of the cache key: a GPU
         of another architecture builds its own).
         """
-        return build_program(graph, options, DEFAULT_ARCH).path
+        return cache_entry(build_program(graph, options, DEFAULT_ARCH).path)
 
 
 @dataclass(frozen=True)

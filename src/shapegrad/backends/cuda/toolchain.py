@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 
-from shapegrad.backends.c.toolchain import BuildSpec, compile_time_limit, library_for
+from shapegrad.backends.native import BuildSpec, compile_time_limit, library_for
 
 CUDA_FLAGS = ("-O3", "-std=c++17", "-x", "cu")
 DEFAULT_ARCH = "sm_90"
