@@ -42,6 +42,8 @@ from shapegrad.backends.cuda.render import (
     INCLUDES,
     TREE_MAX_OUTPUTS,
     TREE_MIN_REDUCED,
+    TREE_MIN_REDUCED_WIDE,
+    TREE_WIDE_OUTPUTS,
     launches_per_step,
     render_cuda,
     render_cuda_unit,
@@ -259,7 +261,10 @@ def report(times: dict[tuple[str, tuple[int, ...], str], float]) -> None:
             None,
         )
         print(f"  outputs {outputs:>7}: {first if first is not None else 'never (in range)'}")
-    print(f"current TREE_MIN_REDUCED = {TREE_MIN_REDUCED}, TREE_MAX_OUTPUTS = {TREE_MAX_OUTPUTS}")
+    print(
+        f"current TREE_MIN_REDUCED = {TREE_MIN_REDUCED} (up to {TREE_WIDE_OUTPUTS} outputs), "
+        f"TREE_MIN_REDUCED_WIDE = {TREE_MIN_REDUCED_WIDE}, TREE_MAX_OUTPUTS = {TREE_MAX_OUTPUTS}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

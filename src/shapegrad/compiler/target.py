@@ -243,9 +243,11 @@ C_TARGET = Target(name="c", tuning=CTuning(), exp_underflow_to_zero=True)
 # inputs still run first (one small kernel), so a failing step changes nothing.
 CUDA_TARGET = Target(
     name="cuda",
-    # A guess awaiting a GPU measurement: benchmarks/cuda_thresholds.py times products as
-    # generated loops and as cuBLAS calls and prints the crossover.
-    contract_min_macs=1 << 15,
+    # Measured (benchmarks/cuda_thresholds.py, H200, 2026-11-26; per step, K=32 steps in
+    # one CUDA graph): generated loops beat cuBLAS up to 524288 multiply-adds (128x64x64:
+    # 2.31 vs 6.09 us; 64^3: 2.27 vs 3.11), cuBLAS wins from 2097152 (128^3: 4.28 vs 4.50;
+    # 256^3: 6.3 vs 111). The threshold sits between the two.
+    contract_min_macs=1 << 20,
     contract_dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
     row_form=False,

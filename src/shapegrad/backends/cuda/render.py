@@ -49,12 +49,17 @@ from shapegrad.compiler import loops as L
 from shapegrad.dtypes import DType
 
 BLOCK = 256
-# A Reduce runs as a block tree when it reduces at least this many elements into at most
-# this many output points; otherwise each thread reduces one output point by itself.
-# Guesses awaiting a GPU measurement: benchmarks/cuda_thresholds.py times both forms
-# over (outputs, reduced) and prints where the tree starts to win.
-TREE_MIN_REDUCED = 256
-TREE_MAX_OUTPUTS = 1 << 16
+# A Reduce runs as a block tree when it reduces at least TREE_MIN_REDUCED elements into at
+# most TREE_WIDE_OUTPUTS output points, or at least TREE_MIN_REDUCED_WIDE elements into at
+# most TREE_MAX_OUTPUTS; otherwise each thread reduces one output point by itself.
+# Measured (benchmarks/cuda_thresholds.py, H200, 2026-11-26, sums per step): with up to
+# 4096 outputs the tree wins from 64 reduced elements (16 x 64: 1.36 vs 1.95 us; 4096 x
+# 64: 4.1 vs 9.5) and loses at 16; with 65536 and 262144 outputs it wins only from 256
+# (65536 x 256: 59.8 vs 69.6; 65536 x 64: 43.8 vs 18.0 for one thread per output).
+TREE_MIN_REDUCED = 64
+TREE_WIDE_OUTPUTS = 4096
+TREE_MIN_REDUCED_WIDE = 256
+TREE_MAX_OUTPUTS = 1 << 18
 ATOMIC_DTYPES = frozenset({"float32", "float64", "float16", "int32"})
 
 INCLUDES = r"""#include <stdint.h>
@@ -132,6 +137,7 @@ class CudaRenderer(CStyleRenderer):
     types = CUDA_TYPES
     # Block-tree thresholds (class attributes so benchmarks/cuda_thresholds.py can vary them)
     tree_min_reduced = TREE_MIN_REDUCED
+    tree_min_reduced_wide = TREE_MIN_REDUCED_WIDE
     tree_max_outputs = TREE_MAX_OUTPUTS
 
     def __init__(self, program: L.Program, parent: CudaRenderer | None = None) -> None:
@@ -150,6 +156,7 @@ class CudaRenderer(CStyleRenderer):
         if parent is not None:
             self.lines = parent.lines
             self.tree_min_reduced = parent.tree_min_reduced
+            self.tree_min_reduced_wide = parent.tree_min_reduced_wide
             self.tree_max_outputs = parent.tree_max_outputs
         self._io = "io" if parent is not None else "local"
         self._prefix = f"l{len(self.layer_functions)}_" if parent is not None else ""
@@ -241,7 +248,9 @@ class CudaRenderer(CStyleRenderer):
         self._names[0] += 1
         chain, body = _grid_chain(part, self._atomic_ok(part))
         outputs = math.prod(v.var.extent for v in chain)
-        tree = _tree_reduce(body, outputs, self.tree_min_reduced, self.tree_max_outputs)
+        tree = _tree_reduce(
+            body, outputs, self.tree_min_reduced, self.tree_max_outputs, self.tree_min_reduced_wide
+        )
         self._atomic = {
             s.buffer
             for loop in chain
@@ -622,13 +631,19 @@ class _ThreadCheck(L.Stmt):
 
 
 def _tree_reduce(
-    body: tuple[L.Stmt, ...], outputs: int, min_reduced: int, max_outputs: int
+    body: tuple[L.Stmt, ...],
+    outputs: int,
+    min_reduced: int,
+    max_outputs: int,
+    wide_min_reduced: int,
 ) -> L.Reduce | None:
     """The Reduce to run as a block tree, when the thread body is ``Reduce; stores``."""
     if not body or not isinstance(body[0], L.Reduce):
         return None
     r = body[0]
     reduced = math.prod(v.extent for v in r.vars)
+    if outputs > TREE_WIDE_OUTPUTS:  # many outputs: threads are busy enough on their own
+        min_reduced = wide_min_reduced
     if reduced < min_reduced or outputs > max_outputs:
         return None
     if any(isinstance(s, L.Reduce) for s in L.walk(body[1:])):
@@ -669,6 +684,7 @@ def render_cuda_unit(
     r = CudaRenderer(program)
     if tree is not None:
         r.tree_min_reduced, r.tree_max_outputs = tree
+        r.tree_min_reduced_wide = tree[0]  # one rule for every width when forced
     head = [f"/* shapegrad generated (CUDA): program {_comment_safe(program.name)} */"]
     head.append(HELPERS.format(q="static __device__ __forceinline__"))
     head.append(BLOCK_REDUCE)
