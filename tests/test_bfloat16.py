@@ -169,7 +169,10 @@ def test_cuda_products_of_bfloat16_go_to_tensor_cores() -> None:
     from shapegrad.backends.cuda import generate
     from shapegrad.backends.cuda import toolchain as tc
 
-    a, b, c = _inputs(4)
+    rng = np.random.default_rng(4)  # large enough for cuBLAS (CUDA_TARGET.contract_min_macs)
+    a = (rng.standard_normal((128, 512)) * 0.1).astype(BF16)
+    b = (rng.standard_normal((512, 64)) * 0.1).astype(BF16)
+    c = (rng.standard_normal(64) * 0.1).astype(BF16)
     graph = sg.compile(_f, backend="numpy").lower(a, b, c).graph
     _program, source = generate(graph)
     gemm = source.split("cublasGemmStridedBatchedEx(blas, ")[1].split(");")[0]
@@ -221,3 +224,25 @@ def test_op_table_sample_compiled_agrees_with_eager(case: Any) -> None:
 @pytest.mark.parametrize("case", _op_table_cases(1))
 def test_op_table_compiled_agrees_with_eager(case: Any) -> None:
     _agree_in_bfloat16(case)
+
+
+def test_c_products_of_bfloat16_go_to_blas_widened_and_equal_eager() -> None:
+    """OpenBLAS has no bfloat16 product: a large one runs as a float32 sgemm between
+    casts (the widen_library_products stage), eager's float32-and-round-once."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((128, 256)).astype(BF16)
+    b = rng.standard_normal((256, 64)).astype(BF16)
+
+    def product(x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+        return x @ y
+
+    lowered = sg.compile(product, backend="c").trace(a, b).lower()
+    assert "sgemm" in lowered.source
+    got = sg.compile(product, backend="c")(a, b)
+    want = (sg.tensor(a) @ sg.tensor(b)).numpy()
+    # float32 sums in another order (two BLAS blockings) may cross a rounding boundary:
+    # at most one bfloat16 ulp apart, and rarely
+    ulps = np.abs(_bits(got).astype(np.int32) - _bits(want).astype(np.int32))
+    assert ulps.max() <= 1 and np.count_nonzero(ulps) < 0.01 * ulps.size
+    small = sg.compile(product, backend="c").trace(a[:4, :8], b[:8, :4]).lower()
+    assert "sgemm" not in small.source  # below contract_min_macs: a loop nest, float32 sums

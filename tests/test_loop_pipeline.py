@@ -57,6 +57,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
     names = [s.name for s in LOOP_PIPELINE]
     assert names == [
         "choose_conv_algorithm",
+        "widen_library_products",
         "plan_fusion",
         "build_kernels",
         "schedule_outputs_early",

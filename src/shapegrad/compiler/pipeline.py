@@ -10,6 +10,8 @@ stage                     what it does
 ========================  ==========================================================
 choose_conv_algorithm     im2col or Winograd for each ``conv2d(algorithm="auto")``, by
                           the target's rule (``conv_algorithm.py``; its dump: the graph)
+widen_library_products    a product of a type the target's library lacks (bfloat16 on C)
+                          runs in its accumulator type and is rounded once (``widen.py``)
 plan_fusion               which values get a buffer, which are recomputed inline, which
                           reductions take their elementwise consumer as an epilogue
 build_kernels             one kernel of loop IR per materialized value (``lower.py``)
@@ -56,6 +58,7 @@ from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
+from shapegrad.compiler.widen import widen_library_products
 from shapegrad.ir import Graph
 
 
@@ -101,6 +104,10 @@ class LoopStageStat:
 
 def stage_choose_conv_algorithm(unit: LoopUnit) -> LoopUnit:
     return replace(unit, graph=choose_conv_algorithm(unit.graph, unit.target))
+
+
+def stage_widen_library_products(unit: LoopUnit) -> LoopUnit:
+    return replace(unit, graph=widen_library_products(unit.graph, unit.target))
 
 
 def stage_plan_fusion(unit: LoopUnit) -> LoopUnit:
@@ -155,6 +162,7 @@ def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
 
 LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("choose_conv_algorithm", stage_choose_conv_algorithm),
+    LoopStage("widen_library_products", stage_widen_library_products),
     LoopStage("plan_fusion", stage_plan_fusion),
     LoopStage("build_kernels", stage_build_kernels),
     LoopStage("schedule_outputs_early", stage_schedule_outputs_early, optional=True),
