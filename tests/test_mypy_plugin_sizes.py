@@ -23,6 +23,7 @@ from shapegrad.mypy_plugin import sizes as S
 from shapegrad.mypy_plugin.algebra import Mismatch, Operand
 from shapegrad.mypy_plugin.literals import UNKNOWN
 from shapegrad.mypy_plugin.optable import OP_FULLNAMES
+from shapegrad.mypy_plugin.parsing import parse_spec
 from shapegrad.mypy_plugin.rules import FUNCTION_RULES
 from shapegrad.mypy_plugin.spec import (
     Expr,
@@ -31,7 +32,6 @@ from shapegrad.mypy_plugin.spec import (
     TShape,
     decode,
     encode,
-    parse_spec,
     show_item,
 )
 

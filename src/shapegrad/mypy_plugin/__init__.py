@@ -81,11 +81,12 @@ from .aliases import simple_alias, spec_at
 from .call import Call
 from .calls import instantiate
 from .carrier import TENSOR, attach, is_tensor
-from .env import SHAPE_ERROR, Env
+from .env import SHAPE_ERROR, Env, describe
 from .optable import OP_FULLNAMES
+from .parsing import parse_spec
 from .returns import check_module
 from .rules import FUNCTION_RULES, METHOD_RULES, Rule
-from .spec import dtype_of_annotation, parse_spec
+from .spec import dtype_of_annotation
 
 __all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
 
@@ -207,6 +208,8 @@ class ShapePlugin(Plugin):
         return _guarded(self._user_method, _default)
 
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
+        if fullname == f"{TENSOR}.shape":
+            return _guarded(_record_shape, lambda ctx: ctx.default_attr_type)
         if fullname != f"{TENSOR}.T":
             return None
         return _guarded(self._transpose_attribute, lambda ctx: ctx.default_attr_type)
@@ -300,6 +303,22 @@ class ShapePlugin(Plugin):
             errors._watchers = watchers
 
 
+def _record_shape(ctx: AttributeContext) -> Type:
+    if isinstance(ctx.context, MemberExpr) and not ctx.is_lvalue:
+        Env(ctx.api).record_shape(ctx.context)
+    return ctx.default_attr_type
+
+
+def _reveal_shape(ctx: FunctionContext) -> Type:
+    """``sg.reveal_shape(x)``: a note with the shape the plugin infers for ``x`` (like reveal_type)."""
+    if not ctx.args or not ctx.args[0]:
+        return ctx.default_return_type
+    env = Env(ctx.api)
+    expr, typ = ctx.args[0][0], ctx.arg_types[0][0]
+    ctx.api.msg.note(f'Revealed shape is "{describe(env, expr, typ)}"', ctx.context)
+    return typ
+
+
 def _default(ctx: FunctionContext | MethodContext) -> Type:
     return ctx.default_return_type
 
@@ -343,6 +362,7 @@ def _guarded(
 
 
 _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
+    "shapegrad.typing.reveal_shape": _reveal_shape,
     T.VALUE_AND_GRAD: lambda ctx: T.differentiate(ctx, with_value=True),
     T.GRAD: lambda ctx: T.differentiate(ctx, with_value=False),
     T.COMPILE: T.compile_fn,

@@ -10,7 +10,7 @@ when it checks subtyping, so without this plugin the same code is plain
 
 from __future__ import annotations
 
-from mypy.nodes import Decorator, TypeInfo
+from mypy.nodes import Decorator, FuncItem, TypeInfo
 from mypy.nodes import Var as MypyVar
 from mypy.types import (
     CallableType,
@@ -87,30 +87,49 @@ def tensor_items(typ: Type | None) -> list[tuple[str, TShape]]:
     return []
 
 
-def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
-    """The named dims in some annotations (a function signature: its rigid names).
+SIGNATURE = "s"  # the source tag of a function's own parameter annotations
 
-    A parameter whose class has shaped fields or properties (a ParamList subclass,
-    a dataclass of weights; ``self`` too) brings those names: within one signature
-    one letter is one dim, as ``sg.typechecked`` binds it at run time.
+
+def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
+    """The named dims in some annotations (a function signature: its rigid names)."""
+    return frozenset(signature_sources(types))
+
+
+def signature_sources(types: list[Type]) -> dict[Sym | Var, frozenset[str]]:
+    """The named dims of some annotations, each with the sources that declare it.
+
+    A source is :data:`SIGNATURE` for the annotations themselves, or a class's
+    fullname for the shaped fields, properties and elements of a parameter's class
+    (a ParamList subclass, a Module, a dataclass of weights; ``self`` too): within
+    one signature one letter is one dim, as ``sg.typechecked`` binds it at run
+    time, but two *different* letters are only known to differ when one source
+    declares both (a Module's ``d_in`` and a function's ``i`` may be the same size).
     """
-    names: set[Sym | Var] = set()
+    out: dict[Sym | Var, set[str]] = {}
+
+    def add(names: set[Sym | Var] | frozenset[Sym | Var], source: str) -> None:
+        for n in names:
+            out.setdefault(n, set()).add(source)
+
     for typ in types:
         proper = get_proper_type(typ)
         if isinstance(proper, UnionType):
-            names |= signature_names(list(proper.items))
+            for n, sources in signature_sources(list(proper.items)).items():
+                out.setdefault(n, set()).update(sources)
             continue
+        info = _class_of(proper)
+        owned = info is not None and not info.fullname.startswith("builtins.")
+        source = info.fullname if owned and info is not None else SIGNATURE
         own: set[Sym | Var] = set()
         for _, shape in tensor_items(proper):
             own |= names_in(shape)
-        info = _class_of(proper)
+        add(own, source)
         if info is not None:
             fields, returned = member_names(info)
-            own |= fields
-            declared = {n.name for n in own}
-            own |= {n for n in returned if n.name in declared}
-        names |= own
-    return frozenset(names)
+            add(fields, info.fullname)
+            declared = {n.name for n in own | fields}
+            add({n for n in returned if n.name in declared}, info.fullname)
+    return {n: frozenset(s) for n, s in out.items()}
 
 
 def _class_of(proper: ProperType) -> TypeInfo | None:
@@ -122,6 +141,7 @@ def _class_of(proper: ProperType) -> TypeInfo | None:
 
 
 Names = frozenset[Sym | Var]
+_RIGID_CACHE: dict[int, tuple[FuncItem, dict[Sym | Var, frozenset[str]]]] = {}
 _MEMBER_CACHE: dict[int, tuple[TypeInfo, tuple[Names, Names]]] = {}
 _LIBRARY = ("builtins.", "typing.", "shapegrad.", "numpy.", "collections.", "abc.")
 
@@ -187,3 +207,39 @@ def tuple_items(typ: Type | None) -> list[Type] | None:
     if isinstance(proper, Instance) and proper.type.tuple_type is not None:
         proper = proper.type.tuple_type
     return list(proper.items) if isinstance(proper, TupleType) else None
+
+
+def rigid_names(func: FuncItem) -> dict[Sym | Var, frozenset[str]]:
+    """The named dims of ``func``'s parameters (cached per function object).
+
+    A name written only in the return annotation is bound by the returned value
+    (as jaxtyping does), so it is not rigid, unless an ``int`` parameter of that
+    name gives its size (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
+    """
+    cached = _RIGID_CACHE.get(id(func))
+    if cached is not None and cached[0] is func:
+        return cached[1]
+    sig = func.type
+    names: dict[Sym | Var, frozenset[str]] = {}
+    if isinstance(sig, CallableType):
+        sized = {
+            name
+            for name, typ in zip(sig.arg_names, sig.arg_types, strict=True)
+            if name and _is_int(typ)
+        }
+        names = signature_sources(list(sig.arg_types))
+        for n in signature_names([sig.ret_type]):
+            if n.name in sized:
+                names[n] = names.get(n, frozenset()) | {SIGNATURE}
+    _RIGID_CACHE[id(func)] = (func, names)
+    return names
+
+
+def _is_int(typ: Type) -> bool:
+    proper = get_proper_type(typ)
+    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
+
+
+def owner_key(func: FuncItem) -> str:
+    """A stable name for a function as the owner of its rigid dims."""
+    return f"{func.fullname or func.name}:{func.line}"

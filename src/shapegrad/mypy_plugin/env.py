@@ -10,56 +10,22 @@ from mypy.literals import literal
 from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
 from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
-from mypy.types import CallableType, Instance, Type, get_proper_type
+from mypy.types import Instance, TupleType, Type, get_proper_type
 
 from .algebra import Operand
-from .carrier import shape_of, signature_names
+from .carrier import UNKNOWN, is_tensor, owner_key, rigid_names, shape_of
 from .intsize import ModuleIndex, module_index, size_of
 from .literals import label
-from .spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
+from .spec import Item, Rigid, TShape, add_rigid, restrict, show
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
 
 _SCALARS = ("builtins.int", "builtins.float", "builtins.bool")
-_RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
 # Per stack of enclosing functions (by identity): the rigid names and the owner key.
 _SCOPES: dict[tuple[int, ...], tuple[tuple[FuncItem, ...], Rigid, str]] = {}
 _RESTRICTED: dict[tuple[TShape, tuple[int, ...]], TShape] = {}
-
-
-def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
-    """The named dims of ``func``'s parameters (cached per function object).
-
-    A name written only in the return annotation is bound by the returned value
-    (as jaxtyping does), so it is not rigid, unless an ``int`` parameter of that
-    name gives its size (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
-    """
-    cached = _RIGID_CACHE.get(id(func))
-    if cached is not None and cached[0] is func:
-        return cached[1]
-    sig = func.type
-    names: frozenset[Sym | Var] = frozenset()
-    if isinstance(sig, CallableType):
-        sized = {
-            name
-            for name, typ in zip(sig.arg_names, sig.arg_types, strict=True)
-            if name and _is_int(typ)
-        }
-        names = signature_names(list(sig.arg_types)) | frozenset(
-            n for n in signature_names([sig.ret_type]) if n.name in sized
-        )
-    _RIGID_CACHE[id(func)] = (func, names)
-    return names
-
-
-def _is_int(typ: Type) -> bool:
-    proper = get_proper_type(typ)
-    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
-
-
-def owner_key(func: FuncItem) -> str:
-    """A stable name for a function as the owner of its rigid dims."""
-    return f"{func.fullname or func.name}:{func.line}"
+# `x.shape` expressions as checked: (the node, the dims of `x` there, the scope key).
+_SHAPE_AT: dict[int, tuple[MemberExpr, tuple[Item, ...] | None, tuple[int, ...]]] = {}
 
 
 @dataclass
@@ -126,6 +92,23 @@ class Env:
         shape = self.shape(self.flow_type(expr, self.type_of(expr)))
         return shape.dims if shape is not None and shape.fixed else None
 
+    def record_shape(self, member: MemberExpr) -> None:
+        """Remember the dims of ``x`` where ``x.shape`` is read (its attribute hook).
+
+        ``B, C, H, W = x.shape`` followed by ``x = ...``: a later ``W`` is the old
+        ``x``'s size, so sizes unpacked from ``.shape`` are read as of that line.
+        """
+        if len(_SHAPE_AT) > 65536:
+            _SHAPE_AT.clear()
+        _SHAPE_AT[id(member)] = (member, self.dims_of(member.expr), self._key)
+
+    def shape_dims(self, member: MemberExpr) -> tuple[Item, ...] | None:
+        """The dims ``member`` (an ``x.shape`` expression) read where it was checked."""
+        seen = _SHAPE_AT.get(id(member))
+        if seen is None or seen[0] is not member or seen[2] != self._key:
+            return None  # not checked here (yet): unknown, never a stale size
+        return seen[1]
+
     def operand(self, expr: Expression | None, typ: Type | None) -> Operand | None:
         """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
         typ = self.flow_type(expr, typ)
@@ -147,3 +130,18 @@ class Env:
 
     def fail(self, message: str, context: Context) -> None:
         self.api.fail(message, context, code=SHAPE_ERROR)
+
+
+def describe(env: Env, expr: Expression | None, typ: Type | None) -> str:
+    """What the plugin knows of a value, for ``sg.reveal_shape``: ``float[b, 784]``,
+    ``([b, 10], [])`` for a tuple, ``unknown`` for a tensor of unknown shape."""
+    typ = env.flow_type(expr, typ)
+    proper = get_proper_type(typ) if typ is not None else None
+    if isinstance(proper, TupleType):
+        return "(" + ", ".join(describe(env, None, item) for item in proper.items) + ")"
+    if proper is None or not is_tensor(proper):
+        return "not a Tensor"
+    shape = env.shape(typ)
+    if shape is None or shape == UNKNOWN:
+        return "unknown"
+    return f"{shape.dtype or ''}{show(shape.dims)}"

@@ -41,6 +41,7 @@ from .env import Env
 from .intsize import size_of
 from .literals import label
 from .optable import OP_FULLNAMES
+from .rules import FUNCTION_RULES, METHOD_RULES
 from .spec import Expr, Item, Sym, TShape, restrict
 
 _MAX_DEPTH = 3
@@ -85,6 +86,9 @@ class InlineEnv(Env):
     def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
         found = self.operand(expr, None)
         return found.shape.dims if found is not None and found.shape.fixed else None
+
+    def shape_dims(self, member: MemberExpr) -> tuple[Item, ...] | None:
+        return self.dims_of(member.expr)  # the helper's locals, as evaluated here
 
     def size(self, expr: Expression | None) -> Item:
         if isinstance(expr, NameExpr) and isinstance(expr.node, Var) and expr.node not in self.ints:
@@ -159,8 +163,6 @@ class InlineEnv(Env):
     def _method(
         self, name: str, receiver: Expression, formals: list[str], args: list[list[Expression]]
     ) -> TShape | None:
-        from .rules import METHOD_RULES
-
         rule = METHOD_RULES.get(name)
         x = self.operand(receiver, None)
         if rule is None or x is None or x.scalar is not None:
@@ -170,8 +172,6 @@ class InlineEnv(Env):
         return rule(Call(self, names, args, types, x))
 
     def _call(self, expr: CallExpr) -> TShape | None:
-        from .rules import FUNCTION_RULES, METHOD_RULES
-
         callee = get_proper_type(self.type_of(expr.callee))
         if not isinstance(callee, CallableType):
             raise Unknown

@@ -36,8 +36,8 @@ from mypy.nodes import (
 )
 from mypy.types import CallableType, TupleType, Type, get_proper_type
 
-from .carrier import tensor_items
-from .env import SHAPE_ERROR, owner_key, rigid_names
+from .carrier import owner_key, rigid_names, tensor_items
+from .env import SHAPE_ERROR
 from .literals import label
 from .spec import Rigid, add_rigid, restrict, show
 from .unify import compare

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 from functools import lru_cache
 
-from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
+from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item, sources
 
 __all__ = [
     "add", "differ", "floordiv", "mul", "neg", "normal", "parse", "product", "show_item", "sub",
@@ -137,7 +137,10 @@ def differ(a: Item, b: Item) -> bool:
     """True when ``a`` and ``b`` are certainly different sizes.
 
     Their difference must be nonzero and free of opaque ints; rigid names count
-    as arbitrary sizes (``b`` differs from ``784`` and from ``t``).
+    as arbitrary sizes (``b`` differs from ``784`` and from ``t``) when one source
+    declares them all: names a function's signature and a parameter's class (a
+    Module's fields) declare apart may be one size (``i`` and ``d_in``), and a
+    name only a class declares is not known to differ from a literal.
     """
     if isinstance(a, int) and isinstance(b, int):
         return a != b
@@ -146,7 +149,15 @@ def differ(a: Item, b: Item) -> bool:
     diff = _poly(sub(a, b))
     if diff is None or not diff:
         return False
-    return not any(is_opaque(sym) for mono in diff for sym, _ in mono)
+    syms = {sym for mono in diff for sym, _ in mono}
+    if any(is_opaque(sym) for sym in syms):
+        return False
+    if not syms:
+        return True
+    common = frozenset.intersection(*(sources(sym) for sym in syms))
+    if not common:
+        return False
+    return () not in diff or any(tag == "s" for _, tag in common)
 
 
 def substitute(item: Item, value: Callable[[Sym], Item]) -> Item:
