@@ -30,6 +30,7 @@ DOGFOOD = [
 ]
 _REPORT = re.compile(r"^(?P<file>[^:]+\.py):(?P<line>\d+): (?P<kind>error|note): (?P<msg>.*)$")
 _EXPECT = re.compile(r"^\s*#\s*E:\s*(?P<msg>.+?)\s*$")
+_EXPECT_NOTE = re.compile(r"^\s*#\s*N:\s*(?P<msg>.+?)\s*$")
 
 Findings = dict[str, list[tuple[int, str]]]
 
@@ -45,6 +46,16 @@ def expected(path: Path) -> list[tuple[int, str]]:
         match = _EXPECT.match(text)
         if match:
             out.append((number + 1, f"{match['msg']}  [shapegrad-shape]"))
+    return out
+
+
+def expected_notes(path: Path) -> list[tuple[int, str]]:
+    """``(line, note)`` from the ``# N: note`` comments (``sg.reveal_shape`` output)."""
+    out = []
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        match = _EXPECT_NOTE.match(text)
+        if match:
+            out.append((number + 1, match["msg"]))
     return out
 
 
@@ -91,6 +102,18 @@ def test_fixture_reports_exactly_the_expected_errors(
 ) -> None:
     findings, output = with_plugin
     assert findings[path.name] == expected(path), output
+
+
+def test_reveal_shape_notes_the_inferred_shapes(with_plugin: tuple[Findings, str]) -> None:
+    _, output = with_plugin
+    path = FIXTURES / "good_reveal.py"
+    notes = [
+        (int(m["line"]), m["msg"])
+        for line in output.splitlines()
+        if (m := _REPORT.match(line)) and m["kind"] == "note" and m["file"].endswith(path.name)
+    ]
+    assert notes == expected_notes(path), output
+    assert len(notes) >= 6
 
 
 def test_realistic_corpus_has_no_false_positives(with_plugin: tuple[Findings, str]) -> None:

@@ -314,7 +314,8 @@ def _reveal_shape(ctx: FunctionContext) -> Type:
     if not ctx.args or not ctx.args[0]:
         return ctx.default_return_type
     env = Env(ctx.api)
-    expr, typ = ctx.args[0][0], ctx.arg_types[0][0]
+    expr = ctx.args[0][0]
+    typ = env.type_of(expr) or ctx.arg_types[0][0]  # as checked, not as fitted to _T
     ctx.api.msg.note(f'Revealed shape is "{describe(env, expr, typ)}"', ctx.context)
     return typ
 

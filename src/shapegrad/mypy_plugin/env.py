@@ -12,7 +12,7 @@ from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
 from mypy.types import Instance, TupleType, Type, get_proper_type
 
-from .algebra import Operand
+from .algebra import Operand, with_hint
 from .carrier import UNKNOWN, is_tensor, owner_key, rigid_names, shape_of
 from .intsize import ModuleIndex, module_index, size_of
 from .literals import label
@@ -129,7 +129,7 @@ class Env:
         return self.api.named_generic_type("builtins.str", [])
 
     def fail(self, message: str, context: Context) -> None:
-        self.api.fail(message, context, code=SHAPE_ERROR)
+        self.api.fail(with_hint(message), context, code=SHAPE_ERROR)
 
 
 def describe(env: Env, expr: Expression | None, typ: Type | None) -> str:

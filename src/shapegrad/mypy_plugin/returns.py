@@ -36,6 +36,7 @@ from mypy.nodes import (
 )
 from mypy.types import CallableType, TupleType, Type, get_proper_type
 
+from .algebra import with_hint
 from .carrier import owner_key, rigid_names, tensor_items
 from .env import SHAPE_ERROR
 from .literals import label
@@ -216,4 +217,4 @@ def _report(
                     f"{subject} has shape {show(value.dims)}, but the annotation says "
                     f"{show(declared.dims)} ({reason})"
                 )
-            api.fail(message, stmt, code=SHAPE_ERROR)
+            api.fail(with_hint(message), stmt, code=SHAPE_ERROR)
