@@ -72,21 +72,33 @@ from mypy.plugin import (
     Plugin,
     ReportConfigContext,
 )
-from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
+from mypy.types import (
+    AnyType,
+    Instance,
+    RawExpressionType,
+    Type,
+    TypeOfAny,
+    UnboundType,
+    get_proper_type,
+)
 
 from . import algebra as A
 from . import transforms as T
 from .algebra import Mismatch
 from .aliases import simple_alias, spec_at
+from .attributes import PARAMLIST_ATTRIBUTE, module_field, paramlist_name
 from .call import Call
 from .calls import instantiate
-from .carrier import TENSOR, attach, is_tensor
+from .carrier import TENSOR, attach, attach_all, is_tensor
 from .env import SHAPE_ERROR, Env, describe
+from .inline import receiver_fields
+from .library import LIBRARY_FUNCTIONS, MODULE_CALLS, LibraryRule, ModuleRule
+from .literals import label
 from .optable import OP_FULLNAMES
 from .parsing import parse_spec
 from .returns import check_module
 from .rules import FUNCTION_RULES, METHOD_RULES, Rule
-from .spec import dtype_of_annotation
+from .spec import TShape, dtype_of_annotation
 
 __all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
 
@@ -190,6 +202,9 @@ class ShapePlugin(Plugin):
         transform = _TRANSFORMS.get(fullname)
         if transform is not None:
             return _guarded(transform, _default)
+        library = LIBRARY_FUNCTIONS.get(fullname)
+        if library is not None:
+            return _guarded(lambda ctx: self._apply_library(library, ctx), _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
         return _guarded(self._user_function, _default)
@@ -203,16 +218,24 @@ class ShapePlugin(Plugin):
             return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
         if fullname in T.TRAINER_METHODS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
+        if name == "__call__" and cls in MODULE_CALLS:
+            module_rule = MODULE_CALLS[cls]
+            return _guarded(lambda ctx: self._module_call(module_rule, ctx), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
         return _guarded(self._user_method, _default)
 
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
+        keep: Callable[[AttributeContext], Type] = lambda ctx: ctx.default_attr_type  # noqa: E731
         if fullname == f"{TENSOR}.shape":
-            return _guarded(_record_shape, lambda ctx: ctx.default_attr_type)
-        if fullname != f"{TENSOR}.T":
+            return _guarded(_record_shape, keep)
+        if fullname == f"{TENSOR}.T":
+            return _guarded(self._transpose_attribute, keep)
+        if fullname.startswith(PARAMLIST_ATTRIBUTE):
+            return _guarded(paramlist_name, keep)
+        if fullname.startswith(_SKIP_PREFIXES) or fullname.startswith(f"{TENSOR}."):
             return None
-        return _guarded(self._transpose_attribute, lambda ctx: ctx.default_attr_type)
+        return _guarded(module_field, keep)
 
     # --- hook bodies ----------------------------------------------------------------------
 
@@ -239,6 +262,34 @@ class ShapePlugin(Plugin):
             shape = None
         self._after_hook(ctx.api)
         return attach(ctx.default_return_type, shape, env.str_type())
+
+    def _apply_library(self, rule: LibraryRule, ctx: FunctionContext) -> Type:
+        env = Env(ctx.api)
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types)
+        try:
+            shapes = rule(call)
+        except Mismatch as err:
+            env.fail(str(err), ctx.context)
+            shapes = ()
+        self._after_hook(ctx.api)
+        return attach_all(ctx.default_return_type, shapes, env.str_type())
+
+    def _module_call(self, rule: ModuleRule, ctx: MethodContext) -> Type:
+        """``layer(x)`` for a library Module: its fields (in the caller's terms) and ``x``."""
+        env = Env(ctx.api)
+        receiver = ctx.context.callee if isinstance(ctx.context, CallExpr) else None
+        owner = get_proper_type(ctx.type)
+        fields: dict[str, TShape] = {}
+        if receiver is not None and isinstance(owner, Instance):
+            fields = receiver_fields(env, receiver, owner.type)
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, None, label(receiver))
+        try:
+            shapes = rule(call, fields)
+        except Mismatch as err:
+            env.fail(str(err), ctx.context)
+            shapes = ()
+        self._after_hook(ctx.api)
+        return attach_all(ctx.default_return_type, shapes, env.str_type())
 
     def _user_function(self, ctx: FunctionContext) -> Type:
         return self._instantiate_user_callee(ctx)
@@ -368,6 +419,8 @@ _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
     T.GRAD: lambda ctx: T.differentiate(ctx, with_value=False),
     T.COMPILE: T.compile_fn,
     T.TRAINER: T.make_trainer,
+    T.SCAN: T.scan,
+    T.CHECKPOINT: T.checkpoint,
 }
 
 

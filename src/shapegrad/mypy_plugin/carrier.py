@@ -10,7 +10,7 @@ when it checks subtyping, so without this plugin the same code is plain
 
 from __future__ import annotations
 
-from mypy.nodes import Decorator, FuncItem, TypeInfo
+from mypy.nodes import AssignmentStmt, CallExpr, Decorator, DictExpr, FuncItem, StrExpr, TypeInfo
 from mypy.nodes import Var as MypyVar
 from mypy.types import (
     CallableType,
@@ -24,6 +24,7 @@ from mypy.types import (
     get_proper_type,
 )
 
+from .sizes import parse
 from .spec import Sym, TShape, Var, decode, encode, names_in
 
 TENSOR = "shapegrad.tensor.Tensor"
@@ -59,8 +60,9 @@ def attach(typ: Type, shape: TShape | None, str_type: Instance) -> Type:
     proper = get_proper_type(typ)
     if not isinstance(proper, Instance) or not is_tensor(proper):
         return typ
-    attrs = ExtraAttrs({KEY: LiteralType(encode(shape or UNKNOWN), str_type)})
-    return Instance(
+    text = encode(shape or UNKNOWN)
+    attrs = ExtraAttrs({KEY: LiteralType(text, str_type)})
+    made = Instance(
         proper.type,
         proper.args,
         proper.line,
@@ -68,6 +70,44 @@ def attach(typ: Type, shape: TShape | None, str_type: Instance) -> Type:
         last_known_value=proper.last_known_value,
         extra_attrs=attrs,
     )
+    if len(_ATTACHED) > 1 << 19:
+        _ATTACHED.clear()
+    _ATTACHED[id(made)] = (made, text)
+    return made
+
+
+# Every Instance made by `attach`, with its shape. mypy's union simplification sets
+# `extra_attrs = None` on the instance it keeps when the items' extras differ (a
+# tuple's fallback is the union of its items): that instance may be a variable's own
+# type, whose shape is then lost everywhere. `erased_shape` reads it back.
+_ATTACHED: dict[int, tuple[Instance, str]] = {}
+
+
+def erased_shape(typ: Type | None) -> TShape | None:
+    """The shape :func:`attach` gave ``typ`` if mypy has since erased it in place, else None.
+
+    Only for a variable whose type is its own (a parameter, or assigned once):
+    a merged variable may share the erased instance, and for it erasure is right.
+    """
+    proper = get_proper_type(typ) if typ is not None else None
+    if not isinstance(proper, Instance) or proper.extra_attrs is not None:
+        return None
+    found = _ATTACHED.get(id(proper))
+    if found is None or found[0] is not proper:
+        return None
+    return decode(found[1])
+
+
+def attach_all(typ: Type, shapes: tuple[TShape | None, ...], str_type: Instance) -> Type:
+    """``typ`` with ``shapes`` attached: to a tensor, or to a tuple's tensor items in order."""
+    proper = get_proper_type(typ)
+    if isinstance(proper, TupleType):
+        items = list(proper.items)
+        tensors = [i for i, item in enumerate(items) if is_tensor(item)]
+        for k, i in enumerate(tensors):
+            items[i] = attach(items[i], shapes[k] if k < len(shapes) else None, str_type)
+        return proper.copy_modified(items=items)
+    return attach(typ, shapes[0] if shapes else None, str_type)
 
 
 def tensor_items(typ: Type | None) -> list[tuple[str, TShape]]:
@@ -160,6 +200,7 @@ def member_names(info: TypeInfo) -> tuple[Names, Names]:
     for klass in info.mro:
         if klass.fullname.startswith(_LIBRARY):
             continue
+        names |= _renamed_dims(klass)
         for sym in klass.names.values():
             node = sym.node
             if isinstance(node, MypyVar):
@@ -174,6 +215,23 @@ def member_names(info: TypeInfo) -> tuple[Names, Names]:
     result = (frozenset(names), frozenset(returned))
     _MEMBER_CACHE[id(info)] = (info, result)
     return result
+
+
+def _renamed_dims(klass: TypeInfo) -> set[Sym | Var]:
+    """Names a class gives its sub-modules' dims: ``field(dims={"d_in": "d", "d_out": "4*d"})``."""
+    out: set[Sym | Var] = set()
+    for stmt in klass.defn.defs.body:
+        if not isinstance(stmt, AssignmentStmt) or not isinstance(stmt.rvalue, CallExpr):
+            continue
+        call = stmt.rvalue
+        if "dims" not in call.arg_names:
+            continue
+        mapping = call.args[call.arg_names.index("dims")]
+        if isinstance(mapping, DictExpr):
+            for _, value in mapping.items:
+                if isinstance(value, StrExpr):
+                    out |= names_in(TShape((parse(value.value, ""),)))
+    return out
 
 
 def attach_fn(typ: Type, fn: CallableType) -> Type:

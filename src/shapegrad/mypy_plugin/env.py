@@ -13,7 +13,7 @@ from mypy.plugin import CheckerPluginInterface
 from mypy.types import Instance, TupleType, Type, get_proper_type
 
 from .algebra import Operand, with_hint
-from .carrier import UNKNOWN, is_tensor, owner_key, rigid_names, shape_of
+from .carrier import UNKNOWN, attach, erased_shape, is_tensor, owner_key, rigid_names, shape_of
 from .intsize import ModuleIndex, module_index, size_of
 from .literals import label
 from .spec import Item, Rigid, TShape, add_rigid, restrict, show
@@ -85,8 +85,31 @@ class Env:
         ):
             current = self.api.binder.get(expr)
             if current is not None:
-                return current
-        return typ
+                typ = current
+        return self._unerased(expr, typ)
+
+    def _unerased(self, expr: Expression | None, typ: Type | None) -> Type | None:
+        """``typ`` with its shape back if mypy erased it in place (see ``carrier.erased_shape``)."""
+        proper = get_proper_type(typ) if typ is not None else None
+        items = proper.items if isinstance(proper, TupleType) else [typ]
+        if typ is None or not isinstance(expr, NameExpr) or not any(map(erased_shape, items)):
+            return typ
+        var, index = expr.node, self.module_index()
+        if not isinstance(var, MypyVar) or index is None:
+            return typ
+        sources = index.sources.get(var, [])
+        own = (var in index.params and not sources) or (
+            len(sources) == 1 and sources[0] is not None
+        )
+        if not own:
+            return typ
+        if isinstance(proper, TupleType):
+            return proper.copy_modified(items=[self._restored(t) for t in proper.items])
+        return self._restored(typ)
+
+    def _restored(self, typ: Type) -> Type:
+        shape = erased_shape(typ)
+        return typ if shape is None else attach(typ, shape, self.str_type())
 
     def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
         shape = self.shape(self.flow_type(expr, self.type_of(expr)))

@@ -20,6 +20,7 @@ from mypy.nodes import (
     Expression,
     FuncDef,
     IndexExpr,
+    IntExpr,
     MemberExpr,
     NameExpr,
     OpExpr,
@@ -308,7 +309,9 @@ def dims_mapping(env: Env, receiver: Expression) -> dict[str, Item] | None:
                     return None
                 mapping: dict[str, Item] = {}
                 for key, value in dims.items:
-                    if isinstance(key, StrExpr) and isinstance(value, StrExpr):
+                    if isinstance(key, StrExpr) and isinstance(value, IntExpr):
+                        mapping[key.value] = value.value
+                    elif isinstance(key, StrExpr) and isinstance(value, StrExpr):
                         parsed = sizes.parse(value.value, "")
                         mapping[key.value] = restrict(TShape((parsed,)), env.rigid).dims[0]
                 return mapping

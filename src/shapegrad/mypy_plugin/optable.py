@@ -15,7 +15,7 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "stop_gradient", "sum", "mean", "max", "min", "var", "logsumexp", "softmax",
         "log_softmax", "argmax", "maximum", "minimum", "pow", "where", "matmul", "reshape",
         "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "layer_norm",
-        "one_hot", "embedding",
+        "one_hot", "embedding", "squeeze", "expand_dims", "unsqueeze",
     ),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",
