@@ -6,7 +6,8 @@ one site at a time with edits people make by mistake: a dropped or spurious
 that drops or repeats a size, a shifted slice, a changed literal size, two
 arguments swapped. A mutant is a *real bug* when running its ``run()`` raises;
 it is *caught* when mypy with the plugin reports a ``shapegrad-shape`` error in
-it. The mutants are checked in one mypy run.
+it, and *reported on its line* when that error is on the mutated line or on the
+line its run-time error names. The mutants are checked in one mypy run.
 
 Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N] [--plugin P --src DIR]
 (``--plugin shapegrad.mypy_plugin --src OTHER/src`` measures another version of the plugin.)
@@ -120,7 +121,7 @@ def main() -> None:
                 reported.setdefault(name, []).append(line)
                 lines.setdefault(name, set()).add(int(line.split(":")[1]))
         sys.path.insert(0, str(ROOT / "src"))
-        real = caught = false_alarm = located = same_line = 0
+        real = caught = false_alarm = located = same_line = on_line = 0
         rows: dict[str, list[int]] = {}
         missed: list[str] = []
         for f, m in zip(files, found, strict=True):
@@ -129,6 +130,8 @@ def main() -> None:
             if bug and hit and where is not None:
                 located += 1
                 same_line += where in lines[f.name]
+            if bug and hit and (m.line in lines[f.name] or where in lines[f.name]):
+                on_line += 1
             stats = rows.setdefault(m.operator, [0, 0, 0])
             if bug:
                 real += 1
@@ -150,6 +153,8 @@ def main() -> None:
         for name, (n, c, fa) in sorted(rows.items()):
             print(f"| {name} | {n} | {c} | {fa} |")
         print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.0f}%) | {false_alarm} |")
+        print(f"real bugs reported on their line (the mutated line or the one the run-time "
+              f"error names): {on_line} ({100 * on_line / max(real, 1):.0f}%)")  # fmt: skip
         print(f"caught bugs whose run-time error names a line: {located}; "
               f"mypy reports that same line for {same_line}")  # fmt: skip
         if args.show_missed:

@@ -68,12 +68,14 @@ from mypy.plugin import (
     AttributeContext,
     CheckerPluginInterface,
     FunctionContext,
+    FunctionSigContext,
     MethodContext,
     Plugin,
     ReportConfigContext,
 )
 from mypy.types import (
     AnyType,
+    FunctionLike,
     Instance,
     RawExpressionType,
     Type,
@@ -208,6 +210,13 @@ class ShapePlugin(Plugin):
         if fullname.startswith(_SKIP_PREFIXES):
             return None
         return _guarded(self._user_function, _default)
+
+    def get_function_signature_hook(
+        self, fullname: str
+    ) -> Callable[[FunctionSigContext], FunctionLike] | None:
+        if fullname == T.TRAINER:
+            return _guarded(T.trainer_signature, lambda ctx: ctx.default_signature)
+        return None
 
     def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
         cls, _, name = fullname.rpartition(".")
@@ -390,19 +399,22 @@ def _receiver(context: Context, reverse: bool) -> Expression | None:
     return None
 
 
-_Ctx = TypeVar("_Ctx", FunctionContext, MethodContext, AttributeContext, AnalyzeTypeContext)
+_Ctx = TypeVar(
+    "_Ctx", FunctionContext, MethodContext, AttributeContext, AnalyzeTypeContext, FunctionSigContext
+)
 
 
-def _guarded(
-    hook: Callable[[_Ctx], Type], fallback: Callable[[_Ctx], Type]
-) -> Callable[[_Ctx], Type]:
+_R = TypeVar("_R", Type, FunctionLike)
+
+
+def _guarded(hook: Callable[[_Ctx], _R], fallback: Callable[[_Ctx], _R]) -> Callable[[_Ctx], _R]:
     """``hook`` that degrades to mypy's own answer if a shape rule has a bug.
 
     A checker that crashes the user's type check is worse than one that knows
     less; ``SHAPEGRAD_PLUGIN_DEBUG=1`` re-raises (the tests set it).
     """
 
-    def run(ctx: _Ctx) -> Type:
+    def run(ctx: _Ctx) -> _R:
         try:
             return hook(ctx)
         except Exception:

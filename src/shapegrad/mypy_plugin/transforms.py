@@ -11,11 +11,12 @@ and ``.stats`` still type-check), and ``ScalarTrainer(loss, params)`` remembers
 
 from __future__ import annotations
 
-from mypy.nodes import TempNode, TupleExpr, TypeInfo
-from mypy.plugin import FunctionContext, MethodContext
+from mypy.nodes import ARG_STAR, ARG_STAR2, TempNode, TupleExpr, TypeInfo
+from mypy.plugin import FunctionContext, FunctionSigContext, MethodContext
 from mypy.types import (
     AnyType,
     CallableType,
+    FunctionLike,
     Instance,
     NoneType,
     TupleType,
@@ -121,6 +122,28 @@ def make_trainer(ctx: FunctionContext) -> Type:
             name = (fn.name or "loss").split(" of ")[0]
             check_call(Env(ctx.api), ctx.context, fn, *laid, ctx.default_return_type, name)
     return attach_fn(ctx.default_return_type, fn)
+
+
+def trainer_signature(ctx: FunctionSigContext) -> FunctionLike:
+    """``ScalarTrainer(loss, ...)`` also takes a loss returning ``(loss, new_params)``.
+
+    The runtime annotation says ``Callable[..., Tensor]``; the documented BatchNorm
+    pattern returns the updated state too, so the loss parameter accepts any callable
+    (its inputs are still checked, see :func:`make_trainer`).
+    """
+    sig = ctx.default_signature
+    if "loss_fn" not in sig.arg_names:
+        return sig
+    anything = AnyType(TypeOfAny.special_form)
+    loose = CallableType(
+        [anything, anything],
+        [ARG_STAR, ARG_STAR2],
+        [None, None],
+        anything,
+        ctx.api.named_generic_type("builtins.function", []),
+    )
+    slot = sig.arg_names.index("loss_fn")
+    return sig.copy_modified(arg_types=[*sig.arg_types[:slot], loose, *sig.arg_types[slot + 1 :]])
 
 
 def _fn_type_at(ctx: FunctionContext, name: str, position: int) -> CallableType | None:
