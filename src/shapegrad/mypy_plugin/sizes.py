@@ -157,7 +157,31 @@ def differ(a: Item, b: Item) -> bool:
     common = frozenset.intersection(*(sources(sym) for sym in syms))
     if not common:
         return False
-    return () not in diff or any(tag == "s" for _, tag in common)
+    if () in diff and not any(tag == "s" for _, tag in common):
+        return False
+    return _unrelated(a, b, diff, syms)
+
+
+def _unrelated(a: Item, b: Item, diff: Poly, syms: set[Sym]) -> bool:
+    """Whether two sizes that differ as polynomials differ for every size of their names.
+
+    Distinct names are distinct dims (``i`` vs ``o``), and a product is not one of
+    its factors (``b * t`` vs ``b``, ``4 * d`` vs ``d``); but equating a compound size
+    with other names (``z2 // 2`` vs ``z``, ``e - d // 2`` vs ``d // 2``) is a relation
+    the code may rely on (``z2`` is ``2 * z``): not a proven contradiction.
+    """
+    pa, pb = _poly(a), _poly(b)
+    if pa is None or pb is None or len(pa) != 1 or len(pb) != 1:
+        return len(syms) <= 1
+    ((ma, ca),) = pa.items()
+    ((mb, cb),) = pb.items()
+    ratio = _times(ma, tuple((s, -p) for s, p in mb))
+    if not ratio:
+        return ca != cb
+    powers = [p for _, p in ratio]
+    if all(p > 0 for p in powers) or all(p < 0 for p in powers):
+        return True
+    return isinstance(a, Sym) and isinstance(b, Sym)
 
 
 def substitute(item: Item, value: Callable[[Sym], Item]) -> Item:
