@@ -12,9 +12,7 @@ class Embeddings(sg.ParamList[Float[Tensor, "v d"], Float[Tensor, "tmax d"], Flo
 
 
 @sg.typechecked
-def logits(
-    emb: Embeddings, blocks: BlockStack, ids: Int[Tensor, "b t"]
-) -> Float[Tensor, "b t v"]:
+def logits(emb: Embeddings, blocks: BlockStack, ids: Int[Tensor, "b t"]) -> Float[Tensor, "b t v"]:
     tokens, positions, unembed = emb
     x = sg.nn.embed(tokens, positions, ids)
     x = sg.nn.transformer_stack(blocks, x, heads=2, causal=True)

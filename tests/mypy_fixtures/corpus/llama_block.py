@@ -17,7 +17,9 @@ class RMSNorm(Module):
         return x * scale * self.gain
 
 
-def rotate(x: Float[Tensor, "b t h e"], cos: Float[Tensor, "t e"], sin: Float[Tensor, "t e"]) -> Tensor:
+def rotate(
+    x: Float[Tensor, "b t h e"], cos: Float[Tensor, "t e"], sin: Float[Tensor, "t e"]
+) -> Tensor:
     half = x.shape[-1] // 2
     swapped = sg.concat([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + swapped * sin[:, None, :]
@@ -52,7 +54,9 @@ class Block(Module):
 
 def rope_tables(t: int, e: int) -> tuple[Float[Tensor, "t e"], Float[Tensor, "t e"]]:
     angles = np.arange(t)[:, None] * (1e-2 ** (np.arange(e) / e))[None, :]
-    return sg.tensor(np.cos(angles).astype(np.float32)), sg.tensor(np.sin(angles).astype(np.float32))
+    return sg.tensor(np.cos(angles).astype(np.float32)), sg.tensor(
+        np.sin(angles).astype(np.float32)
+    )
 
 
 def run() -> float:
