@@ -30,7 +30,7 @@ def conv_block(x: Float[Tensor, "n ci h w"], m: Conv) -> Tensor:
 
 @sg.typechecked
 def fixed_width(x: Float[Tensor, "b 6"], m: Dense) -> Tensor:
-    return x @ m.w.T
+    return x @ m.w.T  # the module's d_in may be 6
 
 
 def run() -> float:

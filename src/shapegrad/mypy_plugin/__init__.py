@@ -61,6 +61,7 @@ from mypy.nodes import (
     MemberExpr,
     MypyFile,
     OpExpr,
+    TypeInfo,
     UnaryExpr,
 )
 from mypy.plugin import (
@@ -227,8 +228,8 @@ class ShapePlugin(Plugin):
             return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
         if fullname in T.TRAINER_METHODS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
-        if name == "__call__" and cls in MODULE_CALLS:
-            module_rule = MODULE_CALLS[cls]
+        module_rule = self._module_rule(cls) if name == "__call__" else None
+        if module_rule is not None:
             return _guarded(lambda ctx: self._module_call(module_rule, ctx), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
@@ -245,6 +246,21 @@ class ShapePlugin(Plugin):
         if fullname.startswith(_SKIP_PREFIXES) or fullname.startswith(f"{TENSOR}."):
             return None
         return _guarded(module_field, keep)
+
+    def _module_rule(self, cls: str) -> ModuleRule | None:
+        """The rule of a library Module's ``__call__``, for it or a subclass not overriding it."""
+        if cls in MODULE_CALLS:
+            return MODULE_CALLS[cls]
+        if cls.startswith(_SKIP_PREFIXES):
+            return None
+        found = self.lookup_fully_qualified(cls)
+        info = found.node if found is not None else None
+        if not isinstance(info, TypeInfo):
+            return None
+        for klass in info.mro:
+            if "__call__" in klass.names:
+                return MODULE_CALLS.get(klass.fullname)
+        return None
 
     # --- hook bodies ----------------------------------------------------------------------
 

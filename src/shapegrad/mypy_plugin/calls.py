@@ -18,6 +18,7 @@ from mypy.nodes import (
     ARG_STAR2,
     CallExpr,
     Context,
+    Decorator,
     Expression,
     FakeInfo,
     FuncDef,
@@ -156,6 +157,8 @@ def _through_helper(
     """A plain-``Tensor`` result of a small helper: its shape from the helper's body."""
     shape = shape_of(result)
     definition = callee.definition
+    if isinstance(definition, Decorator) and len(definition.decorators) == 1:
+        definition = definition.func  # `@sg.typechecked def helper(...)`: keeps the signature
     tree = getattr(env.api, "tree", None)
     if (
         tree is None

@@ -138,12 +138,14 @@ def signature_names(types: list[Type]) -> frozenset[Sym | Var]:
 def signature_sources(types: list[Type]) -> dict[Sym | Var, frozenset[str]]:
     """The named dims of some annotations, each with the sources that declare it.
 
-    A source is :data:`SIGNATURE` for the annotations themselves, or a class's
-    fullname for the shaped fields, properties and elements of a parameter's class
-    (a ParamList subclass, a Module, a dataclass of weights; ``self`` too): within
-    one signature one letter is one dim, as ``sg.typechecked`` binds it at run
-    time, but two *different* letters are only known to differ when one source
-    declares both (a Module's ``d_in`` and a function's ``i`` may be the same size).
+    A source is :data:`SIGNATURE` for the annotations themselves (a tuple's or
+    ParamList's elements included: ``sg.typechecked`` binds them with the other
+    arguments), or a class's fullname for the shaped fields and properties of a
+    parameter's class (a Module, a dataclass of weights; ``self`` too), which are
+    bound apart, when the object was built. Within one signature one letter is one
+    dim; two *different* letters are only known to differ when one source declares
+    both (a Module's ``d_in`` and a function's ``i`` may be the same size), and a
+    name only a class declares is not known to differ from a literal.
     """
     out: dict[Sym | Var, set[str]] = {}
 
@@ -158,12 +160,10 @@ def signature_sources(types: list[Type]) -> dict[Sym | Var, frozenset[str]]:
                 out.setdefault(n, set()).update(sources)
             continue
         info = _class_of(proper)
-        owned = info is not None and not info.fullname.startswith("builtins.")
-        source = info.fullname if owned and info is not None else SIGNATURE
         own: set[Sym | Var] = set()
         for _, shape in tensor_items(proper):
             own |= names_in(shape)
-        add(own, source)
+        add(own, SIGNATURE)  # a ParamList's elements too: sg.typechecked binds them with the rest
         if info is not None:
             fields, returned = member_names(info)
             add(fields, info.fullname)

@@ -16,6 +16,7 @@ from mypy.nodes import (
     ARG_POS,
     AssignmentStmt,
     CallExpr,
+    Decorator,
     DictExpr,
     Expression,
     FuncDef,
@@ -92,7 +93,12 @@ class InlineEnv(Env):
         return self.dims_of(member.expr)  # the helper's locals, as evaluated here
 
     def size(self, expr: Expression | None) -> Item:
-        if isinstance(expr, NameExpr) and isinstance(expr.node, Var) and expr.node not in self.ints:
+        if (
+            isinstance(expr, NameExpr)
+            and isinstance(expr.node, Var)
+            and expr.node not in self.ints
+            and "." not in expr.node.fullname  # a module-level constant (`P = 4`) is followed
+        ):
             return None  # another local or parameter of the helper: not followed
         return size_of(self, expr)
 
@@ -186,6 +192,8 @@ class InlineEnv(Env):
         if op is not None:
             return FUNCTION_RULES[op](Call(self, formals, args, types, None))
         definition = callee.definition
+        if isinstance(definition, Decorator) and len(definition.decorators) == 1:
+            definition = definition.func
         tree = getattr(self.api, "tree", None)
         if (
             isinstance(definition, FuncDef)
