@@ -154,7 +154,11 @@ def _through_helper(
     result: Type,
     receiver: Expression | None,
 ) -> Type:
-    """A plain-``Tensor`` result of a small helper: its shape from the helper's body."""
+    """A plain-``Tensor`` result of a small helper: its shape from the helper's body.
+
+    Also the dims of an annotated result that no argument binds (``-> Float[Tensor,
+    "b n p"]`` where only ``b`` is a parameter's): the body's value fills them in.
+    """
     shape = shape_of(result)
     definition = callee.definition
     if isinstance(definition, Decorator) and len(definition.decorators) == 1:
@@ -167,11 +171,11 @@ def _through_helper(
         or not isinstance(definition, FuncDef)
         or not definition.fullname.startswith(tree.fullname + ".")
         or shape is None
-        or shape.fixed
+        or (shape.fixed and None not in shape.dims)
         or any(isinstance(d, Var) and d.name for d in shape.dims)
-        or len(shape.dims) != 1
+        or (not shape.fixed and len(shape.dims) != 1)
     ):
-        return result
+        return result  # known, or a variadic the body would not make more precise
     operands = [
         env.operand(group[0], types[0]) if group else None
         for group, types in zip(args, arg_types, strict=True)
@@ -186,9 +190,18 @@ def _through_helper(
     try:
         inferred = helper_result(env, definition, callee, operands, fields=fields)
     except Mismatch as err:
-        env.fail(f"{_callee_name(context, callee)}(...) fails inside: {err}", context)
+        if not shape.fixed:  # an annotated body is checked on its own; only fill dims in
+            env.fail(f"{_callee_name(context, callee)}(...) fails inside: {err}", context)
         return result
-    return result if inferred is None else attach(result, inferred, env.str_type())
+    if inferred is None:
+        return result
+    if shape.fixed:  # dims the return annotation names but no argument binds: from the body
+        if not inferred.fixed or len(inferred.dims) != len(shape.dims):
+            return result
+        inferred = shape.with_dims(
+            [d if d is not None else i for d, i in zip(shape.dims, inferred.dims, strict=True)]
+        )
+    return attach(result, inferred, env.str_type())
 
 
 def _is_int(typ: Type) -> bool:

@@ -261,7 +261,9 @@ def add_rigid(rigid: Rigid, owner: str, names: Mapping[Sym | Var, frozenset[str]
 
     Within one signature a name means one dim whether it was written there or came
     from a module-level alias (scope ``""``), so both spellings map to one
-    canonical name owned by the function; an inner function's names shadow outer ones.
+    canonical name owned by the function. An inner function's name that the enclosing
+    function also declares is the same dim (closures such as ``sg.scan`` bodies are
+    written in their enclosing function's dims).
     ``names`` maps each name to the sources declaring it (see ``carrier.signature_sources``);
     the canonical name's scope records them (``owner#s+pkg.Linear``) so that
     :func:`sources` can tell whether two names are known to be different dims.
@@ -276,8 +278,11 @@ def add_rigid(rigid: Rigid, owner: str, names: Mapping[Sym | Var, frozenset[str]
         if n.name is None:
             continue
         variadic = isinstance(n, Var)
+        outer = rigid.get((n.name, "", variadic))
         canonical: Sym | Var = (
-            Var(n.name, owner)
+            outer  # a closure's `b` is its enclosing function's `b` (a scan body's carry dims)
+            if outer is not None
+            else Var(n.name, owner)
             if variadic
             else Sym(n.name, f"{owner}#{'+'.join(sorted(tags[n.name])) or 's'}")
         )
