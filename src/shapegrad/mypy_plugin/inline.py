@@ -126,6 +126,14 @@ class InlineEnv(Env):
             return
         if (
             isinstance(target, TupleExpr)
+            and isinstance(value, TupleExpr)
+            and len(target.items) == len(value.items)
+        ):  # `gh, gw = H // P, W // P`
+            for t, v in zip(target.items, value.items, strict=True):
+                self.assign(t, v)
+            return
+        if (
+            isinstance(target, TupleExpr)
             and isinstance(value, MemberExpr)
             and value.name == "shape"
             and all(isinstance(t, NameExpr) and isinstance(t.node, Var) for t in target.items)
