@@ -16,29 +16,39 @@ statically known stays unknown and is never reported.
 
 Semantics: a dim name is bound per call, like a type variable, and is *rigid*
 inside the function whose parameters declare it (``b`` is not ``784``, ``b * t``
-is not ``b``); a name written only in a body or return annotation is bound by
-the value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be
-read are unknown and never reported. Sizes are symbolic (``sizes``): products,
-sums and exact division of named dims, from specs (``3*c``) and from Python ints
-(``B, T, C = x.shape``, ``C // n_head``; see ``intsize``). A plain ``Tensor`` is
-marked unknown explicitly, so rebinding a variable never brings back a stale
-shape (``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile`` and
-``ScalarTrainer`` keep the wrapped function's signature (``transforms``); a
-small plain-``Tensor`` helper gets its result shape from its body (``inline``).
+is not ``b``); a ParamList's or tuple's elements share the signature's names
+(``sg.typechecked`` binds them together); a Module's fields are another source:
+a function's ``i`` and a field's ``d_in`` may be one size, so only names one
+source declares are known to differ; a closure's names are its enclosing
+function's. A name written only in a body or return annotation is bound by the
+value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be read are
+unknown and never reported (a false alarm is worse than a miss). Sizes are
+symbolic (``sizes``): products, sums and exact division of named dims, from specs
+(``3*c``) and from Python ints (``B, T, C = x.shape``, read as of that line;
+``C // n_head``; see ``intsize``). A plain ``Tensor`` is marked unknown
+explicitly, so rebinding a variable never brings back a stale shape
+(``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile``/``checkpoint``/
+``scan`` and ``ScalarTrainer`` keep the wrapped function's signature
+(``transforms``); the library's layers have rules (``library``); a small helper's
+result shape comes from its body (``inline``); ``sg.reveal_shape(x)`` notes what
+is known.
 
 Known limits: returns/assignments are checked once per module after mypy's
 first pass, for modules that call a shapegrad op or an annotated function; a
-variable reassigned inside ``if``/``for`` is unknown after the merge; shapes in
-Python lists, NumPy arrays and helpers with branches, loops or comprehensions
-are not followed; ``einsum`` with ``...`` and calling an overloaded function or
-an arbitrary object stay unknown; ``//`` on symbolic sizes is taken as exact.
+variable reassigned inside ``if``/``for`` is unknown after the merge unless the
+branches agree; shapes in Python lists, NumPy arrays and helpers with branches,
+loops or comprehensions are not followed; ``einsum`` with ``...`` and calling an
+overloaded function or an arbitrary object stay unknown; ``//`` on symbolic sizes
+is taken as exact; an item of a tuple type alias whose items' shapes differ is
+unknown (mypy erases it in place, see ``carrier.erased_shape``).
 
-Modules: ``spec`` (shapes and jaxtyping specs), ``sizes`` (size algebra),
+Modules: ``spec`` (shapes), ``parsing`` (jaxtyping specs), ``sizes`` (size algebra),
 ``carrier`` (shapes inside mypy types), ``algebra``/``layers`` (op rules on
 shapes), ``unify`` (matching and instantiation), ``rules`` (ops by name),
-``optable`` (where ops are defined), ``intsize`` (sizes in ints), ``calls``
-(user functions), ``inline`` (plain helpers), ``transforms`` (grad/compile/
-trainer), ``returns`` (whole-body checks).
+``optable`` (where ops are defined), ``library`` (shapegrad's layers),
+``attributes`` (sub-module fields, ParamList names), ``intsize`` (sizes in ints),
+``calls`` (user functions), ``inline`` (small helpers), ``transforms``
+(grad/compile/trainer/scan/checkpoint), ``returns`` (whole-body checks).
 """
 
 from __future__ import annotations
