@@ -14,6 +14,13 @@ def repeat_relu(x: Tensor, times: int) -> Tensor:
 
 
 @sg.typechecked
+def features(x: Float[Tensor, "b 784"], ws: list[Tensor]) -> Float[Tensor, "b f"]:
+    for w in ws:  # a loop: the body is not evaluated; `f` is a fresh dim at each call
+        x = sg.relu(x @ w)
+    return x
+
+
+@sg.typechecked
 def head(x: Float[Tensor, "b 784"], w: Float[Tensor, "10 784"]) -> Float[Tensor, "b 10"]:
     # N: Revealed shape is "float[b, 784]"
     sg.reveal_shape(x)
@@ -27,6 +34,10 @@ def head(x: Float[Tensor, "b 784"], w: Float[Tensor, "10 784"]) -> Float[Tensor,
     sg.reveal_shape(repeat_relu(x, 2))
     # N: Revealed shape is "(float[b, 10], float[b, 10])"
     sg.reveal_shape((logits, 2 * logits))
+    # N: Revealed shape is "float[b, f]"
+    feats = sg.reveal_shape(features(x, [w.T]))
+    # N: Revealed shape is "float[b, f]"
+    sg.reveal_shape(feats + feats)  # one fresh dim: equal to itself, never known to differ
     # N: Revealed shape is "float[b, 10]"
     return sg.reveal_shape(logits)
 

@@ -32,7 +32,7 @@ from .carrier import attach, shape_of, tensor_items
 from .env import Env
 from .inline import dims_mapping, helper_result, receiver_fields
 from .literals import label
-from .spec import Sym, Var, names_in
+from .spec import Item, Sym, Var, names_in
 from .unify import Binder
 
 
@@ -117,7 +117,8 @@ def check_call(
     ]
     if not any(wants) and not ret_items:
         return _through_helper(env, context, callee, args, arg_types, default_return, receiver)
-    binder = Binder(name or _callee_name(context, callee))
+    fresh = f"~{env.owner}@{context.line}:{context.column}"  # opaque: see spec.is_opaque
+    binder = Binder(name or _callee_name(context, callee), fresh)
     mapping = dims_mapping(env, receiver) if receiver is not None else None
     try:
         for dim, size in (mapping or {}).items():  # a sub-module's dims, renamed by its field
@@ -142,7 +143,7 @@ def check_call(
         env.fail(str(err), context)
         return default_return
     result = _rewrite(default_return, binder, env)
-    return _through_helper(env, context, callee, args, arg_types, result, receiver)
+    return _through_helper(env, context, callee, args, arg_types, result, receiver, fresh)
 
 
 def _through_helper(
@@ -153,6 +154,7 @@ def _through_helper(
     arg_types: list[list[Type]],
     result: Type,
     receiver: Expression | None,
+    fresh: str | None = None,
 ) -> Type:
     """A plain-``Tensor`` result of a small helper: its shape from the helper's body.
 
@@ -171,7 +173,7 @@ def _through_helper(
         or not isinstance(definition, FuncDef)
         or not definition.fullname.startswith(tree.fullname + ".")
         or shape is None
-        or (shape.fixed and None not in shape.dims)
+        or (shape.fixed and not any(_open(d, fresh) for d in shape.dims))
         or any(isinstance(d, Var) and d.name for d in shape.dims)
         or (not shape.fixed and len(shape.dims) != 1)
     ):
@@ -199,9 +201,14 @@ def _through_helper(
         if not inferred.fixed or len(inferred.dims) != len(shape.dims):
             return result
         inferred = shape.with_dims(
-            [d if d is not None else i for d, i in zip(shape.dims, inferred.dims, strict=True)]
+            [i if _open(d, fresh) else d for d, i in zip(shape.dims, inferred.dims, strict=True)]
         )
     return attach(result, inferred, env.str_type())
+
+
+def _open(dim: Item, fresh: str | None) -> bool:
+    """A result dim the body may tell: unknown, or a fresh dim of this call."""
+    return dim is None or (isinstance(dim, Sym) and fresh is not None and dim.scope == fresh)
 
 
 def _is_int(typ: Type) -> bool:
