@@ -177,9 +177,9 @@ def main() -> None:
         print("|---|---|---|---|")
         for name, (n, c, fa) in sorted(rows.items()):
             print(f"| {name} | {n} | {c} | {fa} |")
-        print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.0f}%) | {false_alarm} |")
+        print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.1f}%) | {false_alarm} |")
         print(f"real bugs reported on their line (the mutated line or the one the run-time "
-              f"error names): {on_line} ({100 * on_line / max(real, 1):.0f}%)")  # fmt: skip
+              f"error names): {on_line} ({100 * on_line / max(real, 1):.1f}%)")  # fmt: skip
         print(f"caught bugs whose run-time error names a line: {located}; "
               f"mypy reports that same line for {same_line}")  # fmt: skip
         if args.show_missed:

@@ -16,12 +16,14 @@ from mypy.nodes import (
     ARG_POS,
     AssignmentStmt,
     CallExpr,
+    ComparisonExpr,
     Decorator,
     DictExpr,
     Expression,
     FuncDef,
     IndexExpr,
     IntExpr,
+    ListComprehension,
     MemberExpr,
     NameExpr,
     OpExpr,
@@ -126,6 +128,22 @@ class InlineEnv(Env):
             return
         if (
             isinstance(target, TupleExpr)
+            and target.items
+            and isinstance(value, ListComprehension)
+            and len(value.generator.indices) == 1
+            and not any(value.generator.condlists)
+        ):  # `q, k, v = [x @ w[:, i * C : (i + 1) * C] for i in range(3)]`: each element
+            # is the expression with the loop variable unknown (it runs once per target)
+            for t in target.items:
+                if not isinstance(t, NameExpr) or not isinstance(t.node, Var):
+                    raise Unknown
+                shape = self.evaluate(value.generator.left_expr)
+                if shape is None:
+                    raise Unknown
+                self.tensors[t.node] = shape
+            return
+        if (
+            isinstance(target, TupleExpr)
             and isinstance(value, TupleExpr)
             and len(target.items) == len(value.items)
         ):  # `gh, gw = H // P, W // P`
@@ -155,6 +173,13 @@ class InlineEnv(Env):
             return self.tensors[expr.node]
         if isinstance(expr, OpExpr) and expr.op in _OPERATORS:
             return self._method(_OPERATORS[expr.op], expr.left, ["other"], [[expr.right]])
+        if (
+            isinstance(expr, ComparisonExpr)
+            and len(expr.operators) == 1
+            and expr.operators[0] in _OPERATORS
+        ):
+            method = _OPERATORS[expr.operators[0]]
+            return self._method(method, expr.operands[0], ["other"], [[expr.operands[1]]])
         if isinstance(expr, UnaryExpr) and expr.op == "-":
             return self._method("__neg__", expr.expr, [], [])
         if isinstance(expr, IndexExpr):
