@@ -39,8 +39,9 @@ variable reassigned inside ``if``/``for`` is unknown after the merge unless the
 branches agree; shapes in Python lists, NumPy arrays and helpers with branches,
 loops or comprehensions are not followed; ``einsum`` with ``...`` and calling an
 overloaded function or an arbitrary object stay unknown; ``//`` on symbolic sizes
-is taken as exact; an item of a tuple type alias whose items' shapes differ is
-unknown (mypy erases it in place, see ``carrier.erased_shape``).
+is taken as exact; the first tensor of a tuple whose items' shapes differ is
+unknown in a variable assigned twice (mypy erases it in place; see
+``carrier.erased_shape`` and ``Env.flow_type`` for the cases read back).
 
 Modules: ``spec`` (shapes), ``parsing`` (jaxtyping specs), ``sizes`` (size algebra),
 ``carrier`` (shapes inside mypy types), ``algebra``/``layers`` (op rules on
@@ -174,6 +175,7 @@ def _shaped_tensor(
     if scope is None:
         scope = getattr(getattr(ctx.api, "tvar_scope", None), "namespace", "") or ""
     tensor = ctx.api.named_type(TENSOR, [])
+    tensor.set_line(ctx.type.line, ctx.type.column)  # where its spec is (env._restored)
     return attach(tensor, parse_spec(spec, dtype, scope), ctx.api.named_type("builtins.str", []))
 
 

@@ -7,15 +7,26 @@ from dataclasses import dataclass, field
 from mypy.checker import TypeChecker
 from mypy.errorcodes import ErrorCode
 from mypy.literals import literal
-from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
+from mypy.nodes import (
+    LITERAL_TYPE,
+    Context,
+    Expression,
+    FuncItem,
+    IndexExpr,
+    MemberExpr,
+    NameExpr,
+    TypeAlias,
+)
 from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
-from mypy.types import Instance, TupleType, Type, get_proper_type
+from mypy.types import Instance, TupleType, Type, TypeAliasType, get_proper_type
 
 from .algebra import Operand, with_hint
+from .aliases import spec_at
 from .carrier import UNKNOWN, attach, erased_shape, is_tensor, owner_key, rigid_names, shape_of
 from .intsize import ModuleIndex, module_index, size_of
 from .literals import label
+from .parsing import parse_spec
 from .spec import Item, Rigid, TShape, add_rigid, restrict, show
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
@@ -92,23 +103,50 @@ class Env:
         """``typ`` with its shape back if mypy erased it in place (see ``carrier.erased_shape``)."""
         proper = get_proper_type(typ) if typ is not None else None
         items = proper.items if isinstance(proper, TupleType) else [typ]
-        if typ is None or not isinstance(expr, NameExpr) or not any(map(erased_shape, items)):
+        if typ is None or not isinstance(expr, NameExpr) or not any(map(_erased, items)):
             return typ
         var, index = expr.node, self.module_index()
         if not isinstance(var, MypyVar) or index is None:
             return typ
         sources = index.sources.get(var, [])
-        own = (var in index.params and not sources) or (
-            len(sources) == 1 and sources[0] is not None
-        )
-        if not own:
+        if not _own(var, index):
             return typ
+        # A parameter annotated with a type alias: its items are copies of the alias's,
+        # read back from the alias's source text.
+        alias = var.type.alias if isinstance(var.type, TypeAliasType) else None
         if isinstance(proper, TupleType):
-            return proper.copy_modified(items=[self._restored(t) for t in proper.items])
-        return self._restored(typ)
+            return proper.copy_modified(items=[self._restored(t, alias) for t in proper.items])
+        restored = self._restored(typ, alias)
+        source = sources[0] if len(sources) == 1 else None
+        if (
+            _erased(restored)
+            and source is not None
+            and isinstance(source[0], NameExpr)
+            and isinstance(source[0].node, MypyVar)
+            and _own(source[0].node, index)  # its value now is its value at the unpacking
+        ):
+            # `w1, w2 = params`: the item of the (restored) tuple it was unpacked from
+            whole = get_proper_type(self.flow_type(source[0], self.type_of(source[0])))
+            k = source[1]
+            if (
+                isinstance(whole, TupleType)
+                and k is not None
+                and -len(whole.items) <= k < len(whole.items)
+            ):
+                item = whole.items[k]
+                if not _erased(item) and shape_of(item) is not None:
+                    return attach(typ, shape_of(item), self.str_type())
+        return restored
 
-    def _restored(self, typ: Type) -> Type:
+    def _restored(self, typ: Type, alias: TypeAlias | None = None) -> Type:
         shape = erased_shape(typ)
+        proper = get_proper_type(typ)
+        if shape is None and alias is not None and _erased(proper) and isinstance(proper, Instance):
+            modules = self.api.modules if isinstance(self.api, TypeChecker) else {}
+            tree = modules.get(alias.module)
+            found = spec_at(tree, proper.line, proper.column) if tree is not None else None
+            if found is not None:
+                shape = parse_spec(found[1], found[0], alias.fullname)
         return typ if shape is None else attach(typ, shape, self.str_type())
 
     def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
@@ -153,6 +191,18 @@ class Env:
 
     def fail(self, message: str, context: Context) -> None:
         self.api.fail(with_hint(message), context, code=SHAPE_ERROR)
+
+
+def _own(var: MypyVar, index: ModuleIndex) -> bool:
+    """A parameter never reassigned, or a variable assigned once: its type is its own."""
+    sources = index.sources.get(var, [])
+    return (var in index.params and not sources) or (len(sources) == 1 and sources[0] is not None)
+
+
+def _erased(typ: Type | None) -> bool:
+    """A tensor type whose shape marker mypy removed (every attached type has one)."""
+    proper = get_proper_type(typ) if typ is not None else None
+    return isinstance(proper, Instance) and proper.extra_attrs is None and is_tensor(proper)
 
 
 def describe(env: Env, expr: Expression | None, typ: Type | None) -> str:
