@@ -104,16 +104,24 @@ def test_fixture_reports_exactly_the_expected_errors(
     assert findings[path.name] == expected(path), output
 
 
-def test_reveal_shape_notes_the_inferred_shapes(with_plugin: tuple[Findings, str]) -> None:
+REVEALING = [p for p in _fixture_files() if expected_notes(p)]
+
+
+@pytest.mark.parametrize("path", REVEALING, ids=lambda p: p.stem)
+def test_reveal_shape_notes_the_inferred_shapes(
+    path: Path, with_plugin: tuple[Findings, str]
+) -> None:
     _, output = with_plugin
-    path = FIXTURES / "good_reveal.py"
     notes = [
         (int(m["line"]), m["msg"])
         for line in output.splitlines()
         if (m := _REPORT.match(line)) and m["kind"] == "note" and m["file"].endswith(path.name)
     ]
     assert notes == expected_notes(path), output
-    assert len(notes) >= 6
+
+
+def test_reveal_fixtures_exist() -> None:
+    assert len(REVEALING) >= 2 and sum(len(expected_notes(p)) for p in REVEALING) >= 20
 
 
 def test_realistic_corpus_has_no_false_positives(with_plugin: tuple[Findings, str]) -> None:
