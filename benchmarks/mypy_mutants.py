@@ -6,7 +6,8 @@ one site at a time with edits people make by mistake: a dropped or spurious
 that drops or repeats a size, a shifted slice, a changed literal size, two
 arguments swapped. A mutant is a *real bug* when running its ``run()`` raises;
 it is *caught* when mypy with the plugin reports a ``shapegrad-shape`` error in
-it. The mutants are checked in one mypy run.
+it, and *reported on its line* when that error is on the mutated line (for an
+edited signature annotation: in that function), or on the line its run-time error names. The mutants are checked in one mypy run.
 
 Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N] [--plugin P --src DIR]
 (``--plugin shapegrad.mypy_plugin --src OTHER/src`` measures another version of the plugin.)
@@ -15,6 +16,7 @@ Usage: python benchmarks/mypy_mutants.py [--show-missed] [--limit N] [--plugin P
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib.util
 import io
@@ -72,8 +74,28 @@ def mutants() -> list[Mutant]:
     return out
 
 
-def run_time_failure(path: Path) -> tuple[bool, int | None]:
-    """(does ``run()`` fail, the mutant's line the error names if it names one)."""
+def own_lines(m: Mutant, annotation: bool) -> set[int]:
+    """The lines a report of mutant ``m`` may name: its own; for an edit of a function's
+    annotations (its signature), or a bug that fails that function's own annotation check
+    at run time (``annotation``), the lines of the function holding the edit (mypy reports
+    where the body or a ``return`` contradicts the annotation, as jaxtyping does)."""
+    for node in ast.walk(ast.parse(m.text)):
+        if not isinstance(node, ast.FunctionDef) or node.lineno > m.line:
+            continue
+        end = node.end_lineno or node.lineno
+        in_signature = m.line < node.body[0].lineno
+        innermost = not any(
+            isinstance(c, ast.FunctionDef) and c.lineno <= m.line <= (c.end_lineno or c.lineno)
+            for c in ast.walk(node) if c is not node
+        )  # fmt: skip
+        if m.line <= end and (in_signature or (annotation and innermost)):
+            return set(range(node.lineno, end + 1))
+    return {m.line}
+
+
+def run_time_failure(path: Path) -> tuple[bool, int | None, bool]:
+    """(does ``run()`` fail, the mutant's line the error names if it names one, whether
+    the failure is an annotation check of ``sg.typechecked``)."""
     spec = importlib.util.spec_from_file_location(f"mutant_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -81,10 +103,10 @@ def run_time_failure(path: Path) -> tuple[bool, int | None]:
         with contextlib.redirect_stdout(io.StringIO()):
             spec.loader.exec_module(module)
             value = module.run()
-        return not math.isfinite(float(value)), None
+        return not math.isfinite(float(value)), None, False
     except Exception as err:
         where = re.search(re.escape(path.name) + r":(\d+)", str(err))
-        return True, int(where[1]) if where else None
+        return True, int(where[1]) if where else None, type(err).__name__ == "ShapeTypeError"
 
 
 def main() -> None:
@@ -120,15 +142,21 @@ def main() -> None:
                 reported.setdefault(name, []).append(line)
                 lines.setdefault(name, set()).add(int(line.split(":")[1]))
         sys.path.insert(0, str(ROOT / "src"))
-        real = caught = false_alarm = located = same_line = 0
+        real = caught = false_alarm = located = same_line = on_line = 0
         rows: dict[str, list[int]] = {}
         missed: list[str] = []
         for f, m in zip(files, found, strict=True):
-            bug, where = run_time_failure(f)
+            bug, where, annotation = run_time_failure(f)
             hit = f.name in reported
             if bug and hit and where is not None:
                 located += 1
                 same_line += where in lines[f.name]
+            if bug and hit and (lines[f.name] & own_lines(m, annotation) or where in lines[f.name]):
+                on_line += 1
+            elif bug and hit:
+                missed.append(f"ELSEWHERE: {m.source.name}:{m.line} {m.operator}: run time "
+                              f"{where}, mypy {sorted(lines[f.name])}: "
+                              f"{reported[f.name][0].split(': ', 2)[-1]}")  # fmt: skip
             stats = rows.setdefault(m.operator, [0, 0, 0])
             if bug:
                 real += 1
@@ -149,7 +177,9 @@ def main() -> None:
         print("|---|---|---|---|")
         for name, (n, c, fa) in sorted(rows.items()):
             print(f"| {name} | {n} | {c} | {fa} |")
-        print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.0f}%) | {false_alarm} |")
+        print(f"| total | {real} | {caught} ({100 * caught / max(real, 1):.1f}%) | {false_alarm} |")
+        print(f"real bugs reported on their line (the mutated line or the one the run-time "
+              f"error names): {on_line} ({100 * on_line / max(real, 1):.1f}%)")  # fmt: skip
         print(f"caught bugs whose run-time error names a line: {located}; "
               f"mypy reports that same line for {same_line}")  # fmt: skip
         if args.show_missed:

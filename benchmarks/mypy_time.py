@@ -1,7 +1,7 @@
 """How long mypy takes with and without shapegrad's plugin: cold cache, warm cache, and after an edit.
 
-Targets: the static-checking fixtures (tests/mypy_fixtures, corpus included) and
-a generated ~1,000-line model file (transformer blocks, CNNs, training steps).
+Targets: the realistic corpus (tests/mypy_fixtures/corpus), all static-checking
+fixtures (corpus included) and a generated ~1,000-line model file (transformer blocks, CNNs, training steps).
 Each cell is the median CPU time (user + system) of a `python -m mypy` subprocess, with
 the median wall time in parentheses; CPU time is what the plugin adds, wall time
 also counts waiting for a core on a shared machine. Runs with and without the
@@ -13,7 +13,7 @@ plugin are interleaved so that background load hits both alike.
 
 Also reports the import time of the plugin entry points.
 
-Usage: python benchmarks/mypy_time.py [--repeat 3] [--cold-repeat 1] [--only fixtures,model]
+Usage: python benchmarks/mypy_time.py [--repeat 3] [--cold-repeat 1] [--only corpus,fixtures,model]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def run_mypy(config: Path, cache: Path, targets: list[Path]) -> Timing:
 def _edit(targets: list[Path], k: int) -> None:
     """Change one checked file's content so that mypy must check it again."""
     for t in targets:
-        f = t if t.is_file() else sorted(t.rglob("good_*.py"))[0]
+        f = t if t.is_file() else (sorted(t.rglob("good_*.py")) or sorted(t.glob("*.py")))[0]
         f.write_text(f.read_text() + f"\n# edit {k}\n")
 
 
@@ -204,7 +204,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cold-repeat", type=int, default=1)
-    parser.add_argument("--only", default="fixtures,model")
+    parser.add_argument("--only", default="corpus,fixtures,model")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -212,7 +212,9 @@ def main() -> None:
         shutil.copytree(FIXTURES, fixtures, ignore=shutil.ignore_patterns("*.ini"))
         model = work / "model_1000.py"
         model.write_text(model_source())
+        corpus = fixtures / "corpus"
         cases = {
+            "corpus": ([corpus], f"corpus ({len(list(corpus.glob('*.py')))} files)"),
             "fixtures": ([fixtures], f"fixtures ({len(list(fixtures.rglob('*.py')))} files)"),
             "model": ([model], f"model file ({model.read_text().count(chr(10))} lines)"),
         }

@@ -102,11 +102,7 @@ CORE_SUBLAYERS: list[tuple[str, set[str]]] = [
 
 # Known cycles being removed (each names its owner); nothing may be added here, and an
 # entry that no longer exists fails the test (delete it).
-KNOWN_CYCLES: list[set[str]] = [
-    # mypy plugin: sizes <-> spec and env <-> intsize (issue 23, the plugin's own change)
-    {"shapegrad.mypy_plugin.sizes", "shapegrad.mypy_plugin.spec"},
-    {"shapegrad.mypy_plugin.env", "shapegrad.mypy_plugin.intsize"},
-]
+KNOWN_CYCLES: list[set[str]] = []  # none left; nothing may be added here
 
 
 # Known violations being removed (each names its issue); nothing may be added here.

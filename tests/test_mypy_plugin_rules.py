@@ -15,7 +15,8 @@ from shapegrad.mypy_plugin import algebra as A
 from shapegrad.mypy_plugin import layers as L
 from shapegrad.mypy_plugin import sizes
 from shapegrad.mypy_plugin.algebra import Mismatch, Operand
-from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, parse_spec, restrict
+from shapegrad.mypy_plugin.parsing import parse_spec
+from shapegrad.mypy_plugin.spec import Sym, TShape, Var, decode, encode, restrict
 from shapegrad.mypy_plugin.unify import Binder, compare
 
 RNG = np.random.default_rng(0)

@@ -23,6 +23,7 @@ from shapegrad.mypy_plugin import sizes as S
 from shapegrad.mypy_plugin.algebra import Mismatch, Operand
 from shapegrad.mypy_plugin.literals import UNKNOWN
 from shapegrad.mypy_plugin.optable import OP_FULLNAMES
+from shapegrad.mypy_plugin.parsing import parse_spec
 from shapegrad.mypy_plugin.rules import FUNCTION_RULES
 from shapegrad.mypy_plugin.spec import (
     Expr,
@@ -31,7 +32,6 @@ from shapegrad.mypy_plugin.spec import (
     TShape,
     decode,
     encode,
-    parse_spec,
     show_item,
 )
 
@@ -89,8 +89,28 @@ def test_algebra_agrees_with_integer_arithmetic() -> None:
         points = [{s: int(RNG.integers(1, 1000)) for s in (B, T, C)} for _ in range(4)]
         same = all(value(a, p) == value(b, p) for p in points)
         assert same == (a == b or (isinstance(a, int) and a == b)), (a, b)
-        assert S.differ(a, b) == (not same), (show_item(a), show_item(b))
+        # "certainly different" is sound: never claimed for sizes that can be equal
+        # (a compound size equated with other names is a relation, not a contradiction).
+        if same:
+            assert not S.differ(a, b), (show_item(a), show_item(b))
+        if S.differ(a, b):
+            assert all(value(a, p) != value(b, p) for p in points), (show_item(a), show_item(b))
         assert decode(encode(TShape((a, b)))) == TShape((a, b))
+
+
+def test_what_certainly_differs() -> None:
+    assert S.differ(B, T)  # distinct names of one signature: distinct dims (type variables)
+    assert S.differ(S.mul(B, T), B) and S.differ(S.mul(4, C), C) and S.differ(T, S.sub(T, 1))
+    assert S.differ(S.mul(S.mul(B, T), C), S.mul(B, C))  # a reshape that drops t
+    assert S.differ(B, 784)
+    # A compound size against other names is a relation the code may rely on.
+    assert not S.differ(S.floordiv(C, 2), T)  # `z2 // 2` vs `z`
+    assert not S.differ(S.mul(B, S.sub(T, S.floordiv(C, 2))), S.mul(B, S.floordiv(C, 2)))
+    # Different sources (a signature's names vs a class's fields) may be one size.
+    sig, cls = Sym("i", "m.f:1#s"), Sym("d_in", "m.f:1#m.Dense")
+    assert not S.differ(sig, cls) and not S.differ(cls, 784)
+    both = Sym("d_out", "m.f:1#m.Dense+s")
+    assert S.differ(both, cls) and S.differ(both, 784)
 
 
 def test_normal_form_and_display() -> None:

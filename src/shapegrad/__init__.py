@@ -93,6 +93,7 @@ from shapegrad.tensor import Tensor, TraceError
 from shapegrad.train import optim, schedules
 from shapegrad.train.trainer import ScalarTrainer
 from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
+from shapegrad.typing import reveal_shape as reveal_shape
 
 detach = stop_gradient
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, TypeVarTuple, Unpack
 
 import numpy as np
 from jaxtyping import Bool, Float, Int, Shaped
@@ -31,9 +31,19 @@ from shapegrad.ops.eager import tensor
 from shapegrad.shapes import Shape, ShapeError, fmt
 from shapegrad.tensor import Tensor
 
-__all__ = ["Bool", "Float", "InitFn", "Int", "ParamList", "Shaped", "TList"]
+__all__ = ["Bool", "Float", "InitFn", "Int", "ParamList", "Shaped", "TList", "reveal_shape"]
 
 Ts = TypeVarTuple("Ts")
+_T = TypeVar("_T")
+
+
+def reveal_shape(x: _T) -> _T:
+    """Returns ``x``; under mypy with shapegrad's plugin, prints the shape it infers for ``x``.
+
+    Like ``reveal_type``: ``sg.reveal_shape(h)`` makes mypy note
+    ``Revealed shape is "float[b, 16]"`` (``unknown`` where the plugin does not know).
+    """
+    return x
 
 
 class InitFn(Protocol):

@@ -13,7 +13,7 @@ def causal_mask(t: int) -> Bool[Tensor, "t t"]:
 def masked_scores(q: Float[Tensor, "b t c"], k: Float[Tensor, "b t c"]) -> Float[Tensor, "b t t"]:
     B, T, C = q.shape
     scores = q @ k.transpose(0, 2, 1)
-    # E: where: cannot broadcast causal_mask(...) [c, c] and scores [b, t, t] and []: dimension -1 is c vs t
+    # E: where: cannot broadcast causal_mask(...) [c, c] and scores [b, t, t] and []: dimension -1 is c vs t; if c and t are the same size, give them one name
     return sg.where(causal_mask(C), scores, -1e9)
 
 

@@ -13,7 +13,7 @@ class Dense:
 
     @sg.typechecked
     def __call__(self, x: Float[Tensor, "n i"]) -> Float[Tensor, "n o"]:
-        # E: matmul: inner dimensions disagree: x is [n, i], self.w is [o, i] (i != o)
+        # E: matmul: inner dimensions disagree: x is [n, i], self.w is [o, i] (i != o); if i and o are the same size, give them one name
         return x @ self.w + self.b
 
 

@@ -23,7 +23,7 @@ class Block(ParamList[Float[Tensor, "c"], Float[Tensor, "c h"], Float[Tensor, "h
 @sg.typechecked
 def mlp_block(p: Block, x: Float[Tensor, "b t c"]) -> Float[Tensor, "b t c"]:
     h = sg.gelu(x * p.gain @ p.w_up)
-    # E: matmul: inner dimensions disagree: h is [b, t, h], p.w_up is [c, h] (h != c)
+    # E: matmul: inner dimensions disagree: h is [b, t, h], p.w_up is [c, h] (h != c); if h and c are the same size, give them one name
     return x + h @ p.w_up
 
 

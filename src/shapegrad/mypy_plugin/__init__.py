@@ -16,29 +16,40 @@ statically known stays unknown and is never reported.
 
 Semantics: a dim name is bound per call, like a type variable, and is *rigid*
 inside the function whose parameters declare it (``b`` is not ``784``, ``b * t``
-is not ``b``); a name written only in a body or return annotation is bound by
-the value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be
-read are unknown and never reported. Sizes are symbolic (``sizes``): products,
-sums and exact division of named dims, from specs (``3*c``) and from Python ints
-(``B, T, C = x.shape``, ``C // n_head``; see ``intsize``). A plain ``Tensor`` is
-marked unknown explicitly, so rebinding a variable never brings back a stale
-shape (``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile`` and
-``ScalarTrainer`` keep the wrapped function's signature (``transforms``); a
-small plain-``Tensor`` helper gets its result shape from its body (``inline``).
+is not ``b``); a ParamList's or tuple's elements share the signature's names
+(``sg.typechecked`` binds them together); a Module's fields are another source:
+a function's ``i`` and a field's ``d_in`` may be one size, so only names one
+source declares are known to differ; a closure's names are its enclosing
+function's. A name written only in a body or return annotation is bound by the
+value (as jaxtyping binds it); ``_``, ``#b`` and any size that cannot be read are
+unknown and never reported (a false alarm is worse than a miss). Sizes are
+symbolic (``sizes``): products, sums and exact division of named dims, from specs
+(``3*c``) and from Python ints (``B, T, C = x.shape``, read as of that line;
+``C // n_head``; see ``intsize``). A plain ``Tensor`` is marked unknown
+explicitly, so rebinding a variable never brings back a stale shape
+(``carrier.UNKNOWN``). ``sg.value_and_grad``/``grad``/``compile``/``checkpoint``/
+``scan`` and ``ScalarTrainer`` keep the wrapped function's signature
+(``transforms``); the library's layers have rules (``library``); a small helper's
+result shape comes from its body (``inline``); ``sg.reveal_shape(x)`` notes what
+is known.
 
 Known limits: returns/assignments are checked once per module after mypy's
 first pass, for modules that call a shapegrad op or an annotated function; a
-variable reassigned inside ``if``/``for`` is unknown after the merge; shapes in
-Python lists, NumPy arrays and helpers with branches, loops or comprehensions
-are not followed; ``einsum`` with ``...`` and calling an overloaded function or
-an arbitrary object stay unknown; ``//`` on symbolic sizes is taken as exact.
+variable reassigned inside ``if``/``for`` is unknown after the merge unless the
+branches agree; shapes in Python lists, NumPy arrays and helpers with branches,
+loops or comprehensions are not followed; ``einsum`` with ``...`` and calling an
+overloaded function or an arbitrary object stay unknown; ``//`` on symbolic sizes
+is taken as exact; the first tensor of a tuple whose items' shapes differ is
+unknown in a variable assigned twice (mypy erases it in place; see
+``carrier.erased_shape`` and ``Env.flow_type`` for the cases read back).
 
-Modules: ``spec`` (shapes and jaxtyping specs), ``sizes`` (size algebra),
+Modules: ``spec`` (shapes), ``parsing`` (jaxtyping specs), ``sizes`` (size algebra),
 ``carrier`` (shapes inside mypy types), ``algebra``/``layers`` (op rules on
 shapes), ``unify`` (matching and instantiation), ``rules`` (ops by name),
-``optable`` (where ops are defined), ``intsize`` (sizes in ints), ``calls``
-(user functions), ``inline`` (plain helpers), ``transforms`` (grad/compile/
-trainer), ``returns`` (whole-body checks).
+``optable`` (where ops are defined), ``library`` (shapegrad's layers),
+``attributes`` (sub-module fields, ParamList names), ``intsize`` (sizes in ints),
+``calls`` (user functions), ``inline`` (small helpers), ``transforms``
+(grad/compile/trainer/scan/checkpoint), ``returns`` (whole-body checks).
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ from mypy.nodes import (
     MemberExpr,
     MypyFile,
     OpExpr,
+    TypeInfo,
     UnaryExpr,
 )
 from mypy.plugin import (
@@ -68,24 +80,39 @@ from mypy.plugin import (
     AttributeContext,
     CheckerPluginInterface,
     FunctionContext,
+    FunctionSigContext,
     MethodContext,
     Plugin,
     ReportConfigContext,
 )
-from mypy.types import AnyType, RawExpressionType, Type, TypeOfAny, UnboundType
+from mypy.types import (
+    AnyType,
+    FunctionLike,
+    Instance,
+    RawExpressionType,
+    Type,
+    TypeOfAny,
+    UnboundType,
+    get_proper_type,
+)
 
 from . import algebra as A
 from . import transforms as T
 from .algebra import Mismatch
 from .aliases import simple_alias, spec_at
+from .attributes import PARAMLIST_ATTRIBUTE, module_field, paramlist_name
 from .call import Call
 from .calls import instantiate
-from .carrier import TENSOR, attach, is_tensor
-from .env import SHAPE_ERROR, Env
+from .carrier import TENSOR, attach, attach_all, is_tensor
+from .env import SHAPE_ERROR, Env, describe
+from .inline import receiver_fields
+from .library import LIBRARY_FUNCTIONS, MODULE_CALLS, LibraryRule, ModuleRule
+from .literals import label
 from .optable import OP_FULLNAMES
+from .parsing import parse_spec
 from .returns import check_module
 from .rules import FUNCTION_RULES, METHOD_RULES, Rule
-from .spec import dtype_of_annotation, parse_spec
+from .spec import TShape, dtype_of_annotation
 
 __all__ = ["SHAPE_ERROR", "ShapePlugin", "plugin"]
 
@@ -148,6 +175,7 @@ def _shaped_tensor(
     if scope is None:
         scope = getattr(getattr(ctx.api, "tvar_scope", None), "namespace", "") or ""
     tensor = ctx.api.named_type(TENSOR, [])
+    tensor.set_line(ctx.type.line, ctx.type.column)  # where its spec is (env._restored)
     return attach(tensor, parse_spec(spec, dtype, scope), ctx.api.named_type("builtins.str", []))
 
 
@@ -189,9 +217,19 @@ class ShapePlugin(Plugin):
         transform = _TRANSFORMS.get(fullname)
         if transform is not None:
             return _guarded(transform, _default)
+        library = LIBRARY_FUNCTIONS.get(fullname)
+        if library is not None:
+            return _guarded(lambda ctx: self._apply_library(library, ctx), _default)
         if fullname.startswith(_SKIP_PREFIXES):
             return None
         return _guarded(self._user_function, _default)
+
+    def get_function_signature_hook(
+        self, fullname: str
+    ) -> Callable[[FunctionSigContext], FunctionLike] | None:
+        if fullname == T.TRAINER:
+            return _guarded(T.trainer_signature, lambda ctx: ctx.default_signature)
+        return None
 
     def get_method_hook(self, fullname: str) -> Callable[[MethodContext], Type] | None:
         cls, _, name = fullname.rpartition(".")
@@ -202,14 +240,39 @@ class ShapePlugin(Plugin):
             return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
         if fullname in T.TRAINER_METHODS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
+        module_rule = self._module_rule(cls) if name == "__call__" else None
+        if module_rule is not None:
+            return _guarded(lambda ctx: self._module_call(module_rule, ctx), _default)
         if fullname.startswith(_SKIP_PREFIXES) or cls == TENSOR:
             return None
         return _guarded(self._user_method, _default)
 
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
-        if fullname != f"{TENSOR}.T":
+        keep: Callable[[AttributeContext], Type] = lambda ctx: ctx.default_attr_type  # noqa: E731
+        if fullname == f"{TENSOR}.shape":
+            return _guarded(_record_shape, keep)
+        if fullname == f"{TENSOR}.T":
+            return _guarded(self._transpose_attribute, keep)
+        if fullname.startswith(PARAMLIST_ATTRIBUTE):
+            return _guarded(paramlist_name, keep)
+        if fullname.startswith(_SKIP_PREFIXES) or fullname.startswith(f"{TENSOR}."):
             return None
-        return _guarded(self._transpose_attribute, lambda ctx: ctx.default_attr_type)
+        return _guarded(module_field, keep)
+
+    def _module_rule(self, cls: str) -> ModuleRule | None:
+        """The rule of a library Module's ``__call__``, for it or a subclass not overriding it."""
+        if cls in MODULE_CALLS:
+            return MODULE_CALLS[cls]
+        if cls.startswith(_SKIP_PREFIXES):
+            return None
+        found = self.lookup_fully_qualified(cls)
+        info = found.node if found is not None else None
+        if not isinstance(info, TypeInfo):
+            return None
+        for klass in info.mro:
+            if "__call__" in klass.names:
+                return MODULE_CALLS.get(klass.fullname)
+        return None
 
     # --- hook bodies ----------------------------------------------------------------------
 
@@ -236,6 +299,34 @@ class ShapePlugin(Plugin):
             shape = None
         self._after_hook(ctx.api)
         return attach(ctx.default_return_type, shape, env.str_type())
+
+    def _apply_library(self, rule: LibraryRule, ctx: FunctionContext) -> Type:
+        env = Env(ctx.api)
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types)
+        try:
+            shapes = rule(call)
+        except Mismatch as err:
+            env.fail(str(err), ctx.context)
+            shapes = ()
+        self._after_hook(ctx.api)
+        return attach_all(ctx.default_return_type, shapes, env.str_type())
+
+    def _module_call(self, rule: ModuleRule, ctx: MethodContext) -> Type:
+        """``layer(x)`` for a library Module: its fields (in the caller's terms) and ``x``."""
+        env = Env(ctx.api)
+        receiver = ctx.context.callee if isinstance(ctx.context, CallExpr) else None
+        owner = get_proper_type(ctx.type)
+        fields: dict[str, TShape] = {}
+        if receiver is not None and isinstance(owner, Instance):
+            fields = receiver_fields(env, receiver, owner.type)
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, None, label(receiver))
+        try:
+            shapes = rule(call, fields)
+        except Mismatch as err:
+            env.fail(str(err), ctx.context)
+            shapes = ()
+        self._after_hook(ctx.api)
+        return attach_all(ctx.default_return_type, shapes, env.str_type())
 
     def _user_function(self, ctx: FunctionContext) -> Type:
         return self._instantiate_user_callee(ctx)
@@ -300,6 +391,23 @@ class ShapePlugin(Plugin):
             errors._watchers = watchers
 
 
+def _record_shape(ctx: AttributeContext) -> Type:
+    if isinstance(ctx.context, MemberExpr) and not ctx.is_lvalue:
+        Env(ctx.api).record_shape(ctx.context)
+    return ctx.default_attr_type
+
+
+def _reveal_shape(ctx: FunctionContext) -> Type:
+    """``sg.reveal_shape(x)``: a note with the shape the plugin infers for ``x`` (like reveal_type)."""
+    if not ctx.args or not ctx.args[0]:
+        return ctx.default_return_type
+    env = Env(ctx.api)
+    expr = ctx.args[0][0]
+    typ = env.type_of(expr) or ctx.arg_types[0][0]  # as checked, not as fitted to _T
+    ctx.api.msg.note(f'Revealed shape is "{describe(env, expr, typ)}"', ctx.context)
+    return typ
+
+
 def _default(ctx: FunctionContext | MethodContext) -> Type:
     return ctx.default_return_type
 
@@ -319,19 +427,22 @@ def _receiver(context: Context, reverse: bool) -> Expression | None:
     return None
 
 
-_Ctx = TypeVar("_Ctx", FunctionContext, MethodContext, AttributeContext, AnalyzeTypeContext)
+_Ctx = TypeVar(
+    "_Ctx", FunctionContext, MethodContext, AttributeContext, AnalyzeTypeContext, FunctionSigContext
+)
 
 
-def _guarded(
-    hook: Callable[[_Ctx], Type], fallback: Callable[[_Ctx], Type]
-) -> Callable[[_Ctx], Type]:
+_R = TypeVar("_R", Type, FunctionLike)
+
+
+def _guarded(hook: Callable[[_Ctx], _R], fallback: Callable[[_Ctx], _R]) -> Callable[[_Ctx], _R]:
     """``hook`` that degrades to mypy's own answer if a shape rule has a bug.
 
     A checker that crashes the user's type check is worse than one that knows
     less; ``SHAPEGRAD_PLUGIN_DEBUG=1`` re-raises (the tests set it).
     """
 
-    def run(ctx: _Ctx) -> Type:
+    def run(ctx: _Ctx) -> _R:
         try:
             return hook(ctx)
         except Exception:
@@ -343,10 +454,13 @@ def _guarded(
 
 
 _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
+    "shapegrad.typing.reveal_shape": _reveal_shape,
     T.VALUE_AND_GRAD: lambda ctx: T.differentiate(ctx, with_value=True),
     T.GRAD: lambda ctx: T.differentiate(ctx, with_value=False),
     T.COMPILE: T.compile_fn,
     T.TRAINER: T.make_trainer,
+    T.SCAN: T.scan,
+    T.CHECKPOINT: T.checkpoint,
 }
 
 

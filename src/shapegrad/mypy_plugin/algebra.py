@@ -9,6 +9,7 @@ unknown dim (None) or an anonymous variadic never causes an error.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from . import sizes
@@ -19,6 +20,22 @@ ANON = Var(None, "")
 
 class Mismatch(Exception):
     """A shape bug that will certainly fail at run time; ``str()`` is the message."""
+
+
+_TWO_NAMES = re.compile(r"(?<![\w.])([A-Za-z_]\w*) (?:!=|vs) ([A-Za-z_]\w*)(?![\w.(\[])")
+
+
+def with_hint(message: str) -> str:
+    """``message`` plus a suggestion when it blames two different dim names.
+
+    Distinct names of one signature are distinct dims (like type variables); when
+    the code means one size, the fix is usually to give both places one name.
+    """
+    found = _TWO_NAMES.findall(message)
+    if not found or found[-1][0] == found[-1][1]:
+        return message
+    a, b = found[-1]
+    return f"{message}; if {a} and {b} are the same size, give them one name"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from mypy.nodes import (
     ARG_STAR2,
     CallExpr,
     Context,
+    Decorator,
     Expression,
     FakeInfo,
     FuncDef,
@@ -31,7 +32,7 @@ from .carrier import attach, shape_of, tensor_items
 from .env import Env
 from .inline import dims_mapping, helper_result, receiver_fields
 from .literals import label
-from .spec import Sym, Var, names_in
+from .spec import Item, Sym, Var, names_in
 from .unify import Binder
 
 
@@ -116,7 +117,8 @@ def check_call(
     ]
     if not any(wants) and not ret_items:
         return _through_helper(env, context, callee, args, arg_types, default_return, receiver)
-    binder = Binder(name or _callee_name(context, callee))
+    fresh = f"~{env.owner}@{context.line}:{context.column}"  # opaque: see spec.is_opaque
+    binder = Binder(name or _callee_name(context, callee), fresh)
     mapping = dims_mapping(env, receiver) if receiver is not None else None
     try:
         for dim, size in (mapping or {}).items():  # a sub-module's dims, renamed by its field
@@ -141,7 +143,7 @@ def check_call(
         env.fail(str(err), context)
         return default_return
     result = _rewrite(default_return, binder, env)
-    return _through_helper(env, context, callee, args, arg_types, result, receiver)
+    return _through_helper(env, context, callee, args, arg_types, result, receiver, fresh)
 
 
 def _through_helper(
@@ -152,10 +154,17 @@ def _through_helper(
     arg_types: list[list[Type]],
     result: Type,
     receiver: Expression | None,
+    fresh: str | None = None,
 ) -> Type:
-    """A plain-``Tensor`` result of a small helper: its shape from the helper's body."""
+    """A plain-``Tensor`` result of a small helper: its shape from the helper's body.
+
+    Also the dims of an annotated result that no argument binds (``-> Float[Tensor,
+    "b n p"]`` where only ``b`` is a parameter's): the body's value fills them in.
+    """
     shape = shape_of(result)
     definition = callee.definition
+    if isinstance(definition, Decorator) and len(definition.decorators) == 1:
+        definition = definition.func  # `@sg.typechecked def helper(...)`: keeps the signature
     tree = getattr(env.api, "tree", None)
     if (
         tree is None
@@ -164,11 +173,11 @@ def _through_helper(
         or not isinstance(definition, FuncDef)
         or not definition.fullname.startswith(tree.fullname + ".")
         or shape is None
-        or shape.fixed
+        or (shape.fixed and not any(_open(d, fresh) for d in shape.dims))
         or any(isinstance(d, Var) and d.name for d in shape.dims)
-        or len(shape.dims) != 1
+        or (not shape.fixed and len(shape.dims) != 1)
     ):
-        return result
+        return result  # known, or a variadic the body would not make more precise
     operands = [
         env.operand(group[0], types[0]) if group else None
         for group, types in zip(args, arg_types, strict=True)
@@ -183,9 +192,23 @@ def _through_helper(
     try:
         inferred = helper_result(env, definition, callee, operands, fields=fields)
     except Mismatch as err:
-        env.fail(f"{_callee_name(context, callee)}(...) fails inside: {err}", context)
+        if not shape.fixed:  # an annotated body is checked on its own; only fill dims in
+            env.fail(f"{_callee_name(context, callee)}(...) fails inside: {err}", context)
         return result
-    return result if inferred is None else attach(result, inferred, env.str_type())
+    if inferred is None:
+        return result
+    if shape.fixed:  # dims the return annotation names but no argument binds: from the body
+        if not inferred.fixed or len(inferred.dims) != len(shape.dims):
+            return result
+        inferred = shape.with_dims(
+            [i if _open(d, fresh) else d for d, i in zip(shape.dims, inferred.dims, strict=True)]
+        )
+    return attach(result, inferred, env.str_type())
+
+
+def _open(dim: Item, fresh: str | None) -> bool:
+    """A result dim the body may tell: unknown, or a fresh dim of this call."""
+    return dim is None or (isinstance(dim, Sym) and fresh is not None and dim.scope == fresh)
 
 
 def _is_int(typ: Type) -> bool:

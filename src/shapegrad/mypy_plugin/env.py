@@ -7,59 +7,36 @@ from dataclasses import dataclass, field
 from mypy.checker import TypeChecker
 from mypy.errorcodes import ErrorCode
 from mypy.literals import literal
-from mypy.nodes import LITERAL_TYPE, Context, Expression, FuncItem, IndexExpr, MemberExpr, NameExpr
+from mypy.nodes import (
+    LITERAL_TYPE,
+    Context,
+    Expression,
+    FuncItem,
+    IndexExpr,
+    MemberExpr,
+    NameExpr,
+    TypeAlias,
+)
 from mypy.nodes import Var as MypyVar
 from mypy.plugin import CheckerPluginInterface
-from mypy.types import CallableType, Instance, Type, get_proper_type
+from mypy.types import Instance, TupleType, Type, TypeAliasType, get_proper_type
 
-from .algebra import Operand
-from .carrier import shape_of, signature_names
+from .algebra import Operand, with_hint
+from .aliases import spec_at
+from .carrier import UNKNOWN, attach, erased_shape, is_tensor, owner_key, rigid_names, shape_of
 from .intsize import ModuleIndex, module_index, size_of
 from .literals import label
-from .spec import Item, Rigid, Sym, TShape, Var, add_rigid, restrict
+from .parsing import parse_spec
+from .spec import Item, Rigid, TShape, add_rigid, restrict, show
 
 SHAPE_ERROR = ErrorCode("shapegrad-shape", "Tensor shapes certainly disagree", "shapegrad")
 
 _SCALARS = ("builtins.int", "builtins.float", "builtins.bool")
-_RIGID_CACHE: dict[int, tuple[FuncItem, frozenset[Sym | Var]]] = {}
 # Per stack of enclosing functions (by identity): the rigid names and the owner key.
 _SCOPES: dict[tuple[int, ...], tuple[tuple[FuncItem, ...], Rigid, str]] = {}
 _RESTRICTED: dict[tuple[TShape, tuple[int, ...]], TShape] = {}
-
-
-def rigid_names(func: FuncItem) -> frozenset[Sym | Var]:
-    """The named dims of ``func``'s parameters (cached per function object).
-
-    A name written only in the return annotation is bound by the returned value
-    (as jaxtyping does), so it is not rigid, unless an ``int`` parameter of that
-    name gives its size (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
-    """
-    cached = _RIGID_CACHE.get(id(func))
-    if cached is not None and cached[0] is func:
-        return cached[1]
-    sig = func.type
-    names: frozenset[Sym | Var] = frozenset()
-    if isinstance(sig, CallableType):
-        sized = {
-            name
-            for name, typ in zip(sig.arg_names, sig.arg_types, strict=True)
-            if name and _is_int(typ)
-        }
-        names = signature_names(list(sig.arg_types)) | frozenset(
-            n for n in signature_names([sig.ret_type]) if n.name in sized
-        )
-    _RIGID_CACHE[id(func)] = (func, names)
-    return names
-
-
-def _is_int(typ: Type) -> bool:
-    proper = get_proper_type(typ)
-    return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"
-
-
-def owner_key(func: FuncItem) -> str:
-    """A stable name for a function as the owner of its rigid dims."""
-    return f"{func.fullname or func.name}:{func.line}"
+# `x.shape` expressions as checked: (the node, the dims of `x` there, the scope key).
+_SHAPE_AT: dict[int, tuple[MemberExpr, tuple[Item, ...] | None, tuple[int, ...]]] = {}
 
 
 @dataclass
@@ -119,12 +96,79 @@ class Env:
         ):
             current = self.api.binder.get(expr)
             if current is not None:
-                return current
-        return typ
+                typ = current
+        return self._unerased(expr, typ)
+
+    def _unerased(self, expr: Expression | None, typ: Type | None) -> Type | None:
+        """``typ`` with its shape back if mypy erased it in place (see ``carrier.erased_shape``)."""
+        proper = get_proper_type(typ) if typ is not None else None
+        items = proper.items if isinstance(proper, TupleType) else [typ]
+        if typ is None or not isinstance(expr, NameExpr) or not any(map(_erased, items)):
+            return typ
+        var, index = expr.node, self.module_index()
+        if not isinstance(var, MypyVar) or index is None:
+            return typ
+        sources = index.sources.get(var, [])
+        if not _own(var, index):
+            return typ
+        # A parameter annotated with a type alias: its items are copies of the alias's,
+        # read back from the alias's source text.
+        alias = var.type.alias if isinstance(var.type, TypeAliasType) else None
+        if isinstance(proper, TupleType):
+            return proper.copy_modified(items=[self._restored(t, alias) for t in proper.items])
+        restored = self._restored(typ, alias)
+        source = sources[0] if len(sources) == 1 else None
+        if (
+            _erased(restored)
+            and source is not None
+            and isinstance(source[0], NameExpr)
+            and isinstance(source[0].node, MypyVar)
+            and _own(source[0].node, index)  # its value now is its value at the unpacking
+        ):
+            # `w1, w2 = params`: the item of the (restored) tuple it was unpacked from
+            whole = get_proper_type(self.flow_type(source[0], self.type_of(source[0])))
+            k = source[1]
+            if (
+                isinstance(whole, TupleType)
+                and k is not None
+                and -len(whole.items) <= k < len(whole.items)
+            ):
+                item = whole.items[k]
+                if not _erased(item) and shape_of(item) is not None:
+                    return attach(typ, shape_of(item), self.str_type())
+        return restored
+
+    def _restored(self, typ: Type, alias: TypeAlias | None = None) -> Type:
+        shape = erased_shape(typ)
+        proper = get_proper_type(typ)
+        if shape is None and alias is not None and _erased(proper) and isinstance(proper, Instance):
+            modules = self.api.modules if isinstance(self.api, TypeChecker) else {}
+            tree = modules.get(alias.module)
+            found = spec_at(tree, proper.line, proper.column) if tree is not None else None
+            if found is not None:
+                shape = parse_spec(found[1], found[0], alias.fullname)
+        return typ if shape is None else attach(typ, shape, self.str_type())
 
     def dims_of(self, expr: Expression) -> tuple[Item, ...] | None:
         shape = self.shape(self.flow_type(expr, self.type_of(expr)))
         return shape.dims if shape is not None and shape.fixed else None
+
+    def record_shape(self, member: MemberExpr) -> None:
+        """Remember the dims of ``x`` where ``x.shape`` is read (its attribute hook).
+
+        ``B, C, H, W = x.shape`` followed by ``x = ...``: a later ``W`` is the old
+        ``x``'s size, so sizes unpacked from ``.shape`` are read as of that line.
+        """
+        if len(_SHAPE_AT) > 65536:
+            _SHAPE_AT.clear()
+        _SHAPE_AT[id(member)] = (member, self.dims_of(member.expr), self._key)
+
+    def shape_dims(self, member: MemberExpr) -> tuple[Item, ...] | None:
+        """The dims ``member`` (an ``x.shape`` expression) read where it was checked."""
+        seen = _SHAPE_AT.get(id(member))
+        if seen is None or seen[0] is not member or seen[2] != self._key:
+            return None  # not checked here (yet): unknown, never a stale size
+        return seen[1]
 
     def operand(self, expr: Expression | None, typ: Type | None) -> Operand | None:
         """A tensor with a static shape, or a Python number as a scalar ``[]``; else None."""
@@ -146,4 +190,31 @@ class Env:
         return self.api.named_generic_type("builtins.str", [])
 
     def fail(self, message: str, context: Context) -> None:
-        self.api.fail(message, context, code=SHAPE_ERROR)
+        self.api.fail(with_hint(message), context, code=SHAPE_ERROR)
+
+
+def _own(var: MypyVar, index: ModuleIndex) -> bool:
+    """A parameter never reassigned, or a variable assigned once: its type is its own."""
+    sources = index.sources.get(var, [])
+    return (var in index.params and not sources) or (len(sources) == 1 and sources[0] is not None)
+
+
+def _erased(typ: Type | None) -> bool:
+    """A tensor type whose shape marker mypy removed (every attached type has one)."""
+    proper = get_proper_type(typ) if typ is not None else None
+    return isinstance(proper, Instance) and proper.extra_attrs is None and is_tensor(proper)
+
+
+def describe(env: Env, expr: Expression | None, typ: Type | None) -> str:
+    """What the plugin knows of a value, for ``sg.reveal_shape``: ``float[b, 784]``,
+    ``([b, 10], [])`` for a tuple, ``unknown`` for a tensor of unknown shape."""
+    typ = env.flow_type(expr, typ)
+    proper = get_proper_type(typ) if typ is not None else None
+    if isinstance(proper, TupleType):
+        return "(" + ", ".join(describe(env, None, item) for item in proper.items) + ")"
+    if proper is None or not is_tensor(proper):
+        return "not a Tensor"
+    shape = env.shape(typ)
+    if shape is None or shape == UNKNOWN:
+        return "unknown"
+    return f"{shape.dtype or ''}{show(shape.dims)}"

@@ -16,10 +16,14 @@ from mypy.nodes import (
     ARG_POS,
     AssignmentStmt,
     CallExpr,
+    ComparisonExpr,
+    Decorator,
     DictExpr,
     Expression,
     FuncDef,
     IndexExpr,
+    IntExpr,
+    ListComprehension,
     MemberExpr,
     NameExpr,
     OpExpr,
@@ -41,6 +45,7 @@ from .env import Env
 from .intsize import size_of
 from .literals import label
 from .optable import OP_FULLNAMES
+from .rules import FUNCTION_RULES, METHOD_RULES
 from .spec import Expr, Item, Sym, TShape, restrict
 
 _MAX_DEPTH = 3
@@ -86,8 +91,16 @@ class InlineEnv(Env):
         found = self.operand(expr, None)
         return found.shape.dims if found is not None and found.shape.fixed else None
 
+    def shape_dims(self, member: MemberExpr) -> tuple[Item, ...] | None:
+        return self.dims_of(member.expr)  # the helper's locals, as evaluated here
+
     def size(self, expr: Expression | None) -> Item:
-        if isinstance(expr, NameExpr) and isinstance(expr.node, Var) and expr.node not in self.ints:
+        if (
+            isinstance(expr, NameExpr)
+            and isinstance(expr.node, Var)
+            and expr.node not in self.ints
+            and "." not in expr.node.fullname  # a module-level constant (`P = 4`) is followed
+        ):
             return None  # another local or parameter of the helper: not followed
         return size_of(self, expr)
 
@@ -115,6 +128,30 @@ class InlineEnv(Env):
             return
         if (
             isinstance(target, TupleExpr)
+            and target.items
+            and isinstance(value, ListComprehension)
+            and len(value.generator.indices) == 1
+            and not any(value.generator.condlists)
+        ):  # `q, k, v = [x @ w[:, i * C : (i + 1) * C] for i in range(3)]`: each element
+            # is the expression with the loop variable unknown (it runs once per target)
+            for t in target.items:
+                if not isinstance(t, NameExpr) or not isinstance(t.node, Var):
+                    raise Unknown
+                shape = self.evaluate(value.generator.left_expr)
+                if shape is None:
+                    raise Unknown
+                self.tensors[t.node] = shape
+            return
+        if (
+            isinstance(target, TupleExpr)
+            and isinstance(value, TupleExpr)
+            and len(target.items) == len(value.items)
+        ):  # `gh, gw = H // P, W // P`
+            for t, v in zip(target.items, value.items, strict=True):
+                self.assign(t, v)
+            return
+        if (
+            isinstance(target, TupleExpr)
             and isinstance(value, MemberExpr)
             and value.name == "shape"
             and all(isinstance(t, NameExpr) and isinstance(t.node, Var) for t in target.items)
@@ -136,6 +173,13 @@ class InlineEnv(Env):
             return self.tensors[expr.node]
         if isinstance(expr, OpExpr) and expr.op in _OPERATORS:
             return self._method(_OPERATORS[expr.op], expr.left, ["other"], [[expr.right]])
+        if (
+            isinstance(expr, ComparisonExpr)
+            and len(expr.operators) == 1
+            and expr.operators[0] in _OPERATORS
+        ):
+            method = _OPERATORS[expr.operators[0]]
+            return self._method(method, expr.operands[0], ["other"], [[expr.operands[1]]])
         if isinstance(expr, UnaryExpr) and expr.op == "-":
             return self._method("__neg__", expr.expr, [], [])
         if isinstance(expr, IndexExpr):
@@ -159,8 +203,6 @@ class InlineEnv(Env):
     def _method(
         self, name: str, receiver: Expression, formals: list[str], args: list[list[Expression]]
     ) -> TShape | None:
-        from .rules import METHOD_RULES
-
         rule = METHOD_RULES.get(name)
         x = self.operand(receiver, None)
         if rule is None or x is None or x.scalar is not None:
@@ -170,8 +212,6 @@ class InlineEnv(Env):
         return rule(Call(self, names, args, types, x))
 
     def _call(self, expr: CallExpr) -> TShape | None:
-        from .rules import FUNCTION_RULES, METHOD_RULES
-
         callee = get_proper_type(self.type_of(expr.callee))
         if not isinstance(callee, CallableType):
             raise Unknown
@@ -185,6 +225,8 @@ class InlineEnv(Env):
         if op is not None:
             return FUNCTION_RULES[op](Call(self, formals, args, types, None))
         definition = callee.definition
+        if isinstance(definition, Decorator) and len(definition.decorators) == 1:
+            definition = definition.func
         tree = getattr(self.api, "tree", None)
         if (
             isinstance(definition, FuncDef)
@@ -308,7 +350,9 @@ def dims_mapping(env: Env, receiver: Expression) -> dict[str, Item] | None:
                     return None
                 mapping: dict[str, Item] = {}
                 for key, value in dims.items:
-                    if isinstance(key, StrExpr) and isinstance(value, StrExpr):
+                    if isinstance(key, StrExpr) and isinstance(value, IntExpr):
+                        mapping[key.value] = value.value
+                    elif isinstance(key, StrExpr) and isinstance(value, StrExpr):
                         parsed = sizes.parse(value.value, "")
                         mapping[key.value] = restrict(TShape((parsed,)), env.rigid).dims[0]
                 return mapping

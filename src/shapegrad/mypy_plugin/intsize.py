@@ -13,7 +13,7 @@ Anything else (a name assigned twice, a loop variable, ``len(xs)``) is unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mypy.nodes import (
     AssignmentStmt,
@@ -42,14 +42,26 @@ from mypy.nodes import (
     WhileStmt,
     WithStmt,
 )
-from mypy.types import Instance, get_proper_type
+from mypy.types import Instance, Type, get_proper_type
 
 from . import sizes
+from .carrier import owner_key
 from .literals import int_of, label
-from .spec import Expr, Item, Sym
+from .spec import Expr, Item, Rigid, Sym
 
-if TYPE_CHECKING:
-    from .env import Env
+
+class Env(Protocol):
+    """What size reading needs from :class:`shapegrad.mypy_plugin.env.Env`."""
+
+    ints: dict[Var, Item]
+    rigid: Rigid
+    owner: str
+
+    def type_of(self, expr: Expression) -> Type | None: ...
+    def dims_of(self, expr: Expression) -> tuple[Item, ...] | None: ...
+    def shape_dims(self, member: MemberExpr) -> tuple[Item, ...] | None: ...
+    def module_index(self) -> ModuleIndex | None: ...
+
 
 Source = tuple[Expression, int | None]  # (right-hand side, position when unpacked from a tuple)
 
@@ -182,8 +194,6 @@ def _name(env: Env, expr: NameExpr, var: Var, depth: int) -> Item:
     if func is not None:
         if sources or not _is_int(env, expr):
             return None  # a reassigned parameter: its value here is not the argument
-        from .env import owner_key
-
         owner = owner_key(func)
         canonical = env.rigid.get((var.name, owner, False))
         return canonical if isinstance(canonical, Sym) else Sym(var.name, "~" + owner)
@@ -202,7 +212,7 @@ def _item(env: Env, seq: Expression, k: int, depth: int) -> Item:
             return size_of(env, seq.items[k], depth + 1)
         return None
     if isinstance(seq, MemberExpr) and seq.name == "shape":
-        dims = env.dims_of(seq.expr)
+        dims = env.shape_dims(seq)
         if dims is not None and -len(dims) <= k < len(dims):
             item = dims[k]
             return item if isinstance(item, int | Sym | Expr) else None

@@ -15,6 +15,7 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "stop_gradient", "sum", "mean", "max", "min", "var", "logsumexp", "softmax",
         "log_softmax", "argmax", "maximum", "minimum", "pow", "where", "matmul", "reshape",
         "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "one_hot", "embedding",
+        "squeeze", "expand_dims", "unsqueeze",
     ),
     "shapegrad._norms": ("layer_norm",),
     "shapegrad._creation": (

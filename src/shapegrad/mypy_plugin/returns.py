@@ -36,8 +36,9 @@ from mypy.nodes import (
 )
 from mypy.types import CallableType, TupleType, Type, get_proper_type
 
-from .carrier import tensor_items
-from .env import SHAPE_ERROR, owner_key, rigid_names
+from .algebra import with_hint
+from .carrier import owner_key, rigid_names, tensor_items
+from .env import SHAPE_ERROR
 from .literals import label
 from .spec import Rigid, add_rigid, restrict, show
 from .unify import compare
@@ -216,4 +217,4 @@ def _report(
                     f"{subject} has shape {show(value.dims)}, but the annotation says "
                     f"{show(declared.dims)} ({reason})"
                 )
-            api.fail(message, stmt, code=SHAPE_ERROR)
+            api.fail(with_hint(message), stmt, code=SHAPE_ERROR)

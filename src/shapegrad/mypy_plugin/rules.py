@@ -26,7 +26,7 @@ from .literals import (
     pair_of,
     str_of,
 )
-from .spec import Dim, Expr, Sym, TShape, Var
+from .spec import Dim, Expr, Sym, TShape, Var, show_item
 
 Rule = Callable[[Call], TShape | None]
 
@@ -142,7 +142,7 @@ def _argmax(call: Call) -> TShape | None:
     return A.reduce("argmax", x, [axis], False, "int")
 
 
-def _sizes(call: Call, exprs: list[Expression]) -> list[Dim] | None:
+def sizes_of(call: Call, exprs: list[Expression]) -> list[Dim] | None:
     """Sizes from ``f(2, b)``, ``f((2, t - 1))`` or ``f(y.shape)`` arguments (see :mod:`intsize`)."""
     env = call.env
     if len(exprs) == 1:
@@ -175,7 +175,7 @@ def _is_int(call: Call, expr: Expression) -> bool:
 def _reshape(call: Call) -> TShape | None:
     x = _x(call)
     exprs = call.all_exprs("shape", 0 if call.self_operand else 1)
-    sizes = _sizes(call, exprs)
+    sizes = sizes_of(call, exprs)
     if x is None or sizes is None:
         return None
     return A.reshape(x, sizes)
@@ -351,7 +351,7 @@ def _embedding(call: Call) -> TShape | None:
 
 
 def _creation(call: Call) -> TShape | None:
-    sizes = _sizes(call, call.all_exprs("shape", 0)[:1])
+    sizes = sizes_of(call, call.all_exprs("shape", 0)[:1])
     dtype_given = call.given("dtype", 99)
     return None if sizes is None else TShape(tuple(sizes), None if dtype_given else "float")
 
@@ -395,7 +395,7 @@ def _astype(call: Call) -> TShape | None:
 
 def _broadcast_to(call: Call) -> TShape | None:
     x = _x(call)
-    sizes = _sizes(call, call.all_exprs("shape", 0))
+    sizes = sizes_of(call, call.all_exprs("shape", 0))
     if x is None or sizes is None:
         return None
     A.broadcast("broadcast_to", [x, Operand("", TShape(tuple(sizes)))])
@@ -426,7 +426,52 @@ def _mlp(call: Call) -> TShape | None:
     return None if h is None else h.shape
 
 
+def _squeeze(call: Call) -> TShape | None:
+    """``squeeze(x, axis)``: literal axes of size 1 removed (all known 1s for ``axis=None``)."""
+    x = _x(call)
+    axis_expr = call.expr("axis", 0 if call.self_operand else 1)
+    if x is None or not x.shape.fixed:
+        return None
+    dims = x.shape.dims
+    if is_none(axis_expr):
+        if any(d is None or isinstance(d, Sym | Expr) for d in dims):
+            return None  # a dim of unknown size may be 1
+        return x.shape.with_dims([d for d in dims if d != 1])
+    axes = ints_of(axis_expr)
+    if axes is None:
+        return None
+    positions = {A.resolve_axis("squeeze", x, a) for a in axes}
+    for pos in positions:
+        if pos is not None and A.differ(dims[pos], 1):
+            raise A.Mismatch(
+                f"squeeze: cannot squeeze axis {pos} of size {show_item(dims[pos])} "
+                f"in {x.describe()}"
+            )
+    return x.shape.with_dims([d for i, d in enumerate(dims) if i not in positions])
+
+
+def _expand_dims(name: str) -> Rule:
+    def rule(call: Call) -> TShape | None:
+        x = _x(call)
+        formal = "dim" if name == "unsqueeze" else "axis"
+        axes = ints_of(call.expr(formal, 0 if call.self_operand else 1))
+        if x is None or axes is None or not x.shape.fixed or x.scalar is not None:
+            return None
+        rank = len(x.shape.dims) + len(axes)
+        target = Operand("", TShape((None,) * rank))
+        positions = {A.resolve_axis(name, target, a) for a in axes}
+        if len(positions) != len(axes):
+            raise A.Mismatch(f"{name}: repeated axis in {tuple(axes)}")
+        rest = iter(x.shape.dims)
+        return x.shape.with_dims([1 if i in positions else next(rest) for i in range(rank)])
+
+    return rule
+
+
 FUNCTION_RULES: dict[str, Rule] = {
+    "squeeze": _squeeze,
+    "expand_dims": _expand_dims("expand_dims"),
+    "unsqueeze": _expand_dims("unsqueeze"),
     "linear": _linear,
     "mlp": _mlp,
     **dict.fromkeys(_UNARY, _unary),
@@ -459,6 +504,9 @@ FUNCTION_RULES: dict[str, Rule] = {
 }
 
 METHOD_RULES: dict[str, Rule] = {
+    "squeeze": _squeeze,
+    "expand_dims": _expand_dims("expand_dims"),
+    "unsqueeze": _expand_dims("unsqueeze"),
     **dict.fromkeys(_UNARY, _unary),
     **{name: _reduction(name) for name in _REDUCE},
     **{m: _binary(op, False) for m, op in {**_ARITH, **_COMPARE}.items()},

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 from functools import lru_cache
 
-from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item
+from .spec import Atom, Expr, Item, Sym, Term, is_opaque, show_item, sources
 
 __all__ = [
     "add", "differ", "floordiv", "mul", "neg", "normal", "parse", "product", "show_item", "sub",
@@ -137,7 +137,10 @@ def differ(a: Item, b: Item) -> bool:
     """True when ``a`` and ``b`` are certainly different sizes.
 
     Their difference must be nonzero and free of opaque ints; rigid names count
-    as arbitrary sizes (``b`` differs from ``784`` and from ``t``).
+    as arbitrary sizes (``b`` differs from ``784`` and from ``t``) when one source
+    declares them all: names a function's signature and a parameter's class (a
+    Module's fields) declare apart may be one size (``i`` and ``d_in``), and a name
+    only a class declares is not known to differ from a literal.
     """
     if isinstance(a, int) and isinstance(b, int):
         return a != b
@@ -146,7 +149,41 @@ def differ(a: Item, b: Item) -> bool:
     diff = _poly(sub(a, b))
     if diff is None or not diff:
         return False
-    return not any(is_opaque(sym) for mono in diff for sym, _ in mono)
+    syms = {sym for mono in diff for sym, _ in mono}
+    if any(is_opaque(sym) for sym in syms):
+        return False
+    if not syms:
+        return True
+    common = frozenset.intersection(*(sources(sym) for sym in syms))
+    if not common:
+        return False
+    if () in diff and not any(tag == "s" for _, tag in common):
+        return False  # a Module's `d_in` against a literal of the function: may be that size
+    return _unrelated(a, b, diff, syms)
+
+
+def _unrelated(a: Item, b: Item, diff: Poly, syms: set[Sym]) -> bool:
+    """Whether two sizes that differ as polynomials differ for every size of their names.
+
+    Distinct names are distinct dims (``i`` vs ``o``, ``i`` vs ``3 * h``), and a product
+    is not one of its factors (``b * t`` vs ``b``, ``4 * d`` vs ``d``); but a size the
+    code divided equated with other names (``z2 // 2`` vs ``z``), or a sum of several
+    names (``e - d // 2`` vs ``d // 2``), is a relation the code may rely on (``z2`` is
+    ``2 * z``): not a proven contradiction.
+    """
+    pa, pb = _poly(a), _poly(b)
+    if pa is None or pb is None or len(pa) != 1 or len(pb) != 1:
+        return len(syms) <= 1
+    ((ma, ca),) = pa.items()
+    ((mb, cb),) = pb.items()
+    ratio = _times(ma, tuple((s, -p) for s, p in mb))
+    if not ratio:
+        return ca != cb
+    powers = [p for _, p in ratio]
+    if all(p > 0 for p in powers) or all(p < 0 for p in powers):
+        return True
+    divided = any(c.denominator != 1 or any(p < 0 for _, p in m) for m, c in ((ma, ca), (mb, cb)))
+    return not divided  # `i` vs `3 * h` differ; `z` vs `z2 // 2` is a relation the code made
 
 
 def substitute(item: Item, value: Callable[[Sym], Item]) -> Item:

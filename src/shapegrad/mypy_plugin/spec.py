@@ -8,16 +8,13 @@ Named dims carry the *scope* where they were written (the function whose
 signature or body holds the annotation, ``""`` at module level) so that the
 ``b`` of one function never gets confused with the ``b`` of another.
 
-Example:
-    >>> parse_spec("b 784", "float", "m.f").dims
-    (Sym(name='b', scope='m.f'), 784)
-    >>> show(parse_spec("*batch c", None, "m.f").dims)
-    '[*batch, c]'
+Parsing a spec string is :mod:`shapegrad.mypy_plugin.parsing`'s job (it needs the
+size algebra of :mod:`sizes`, which builds on this module).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -101,40 +98,6 @@ _DTYPE_OF_ANNOTATION = {
 def dtype_of_annotation(name: str) -> str | None:
     """``"Float"`` or ``"sg.Float32"`` -> ``"float"``; ``Shaped``/``Num``/unknown -> None."""
     return _DTYPE_OF_ANNOTATION.get(name.rsplit(".", 1)[-1])
-
-
-def _parse_token(token: str, scope: str) -> Item:
-    """One whitespace-separated piece of a jaxtyping spec."""
-    if token == "...":
-        return Var(None, scope)
-    if token.startswith("*"):
-        rest = token[1:]
-        named = rest.isidentifier() and not rest.startswith("_")
-        return Var(rest if named else None, scope)
-    if token.lstrip("-").isdigit():
-        return int(token)
-    if token.isidentifier() and not token.startswith("_"):
-        return Sym(token, scope)
-    if token[0].isalnum() or token[0] == "(":
-        from .sizes import parse  # sizes builds on this module
-
-        return parse(token, scope)  # `3*c`, `h+1`, `c//4`: a size expression
-    # `_`, `_name` (unchecked), `#name` (broadcastable), `?b`, `name=...`: unknown size.
-    return None
-
-
-@lru_cache(maxsize=4096)
-def parse_spec(spec: str, dtype: str | None, scope: str) -> TShape | None:
-    """The static shape of a jaxtyping spec string, or None when it cannot be read.
-
-    Example:
-        >>> parse_spec("", "float", "m.f")
-        TShape(dims=(), dtype='float')
-    """
-    items = tuple(_parse_token(tok, scope) for tok in spec.split())
-    if sum(isinstance(i, Var) for i in items) > 1:
-        return None  # jaxtyping allows one variadic per spec; anything else is not ours to judge
-    return TShape(items, dtype)
 
 
 # --- compact text form (what mypy stores in its types and caches) -------------------------
@@ -293,23 +256,47 @@ def _term_key(term: Term) -> tuple[int, tuple[tuple[str, str, int], ...]]:
 Rigid = dict[tuple[str, str, bool], Sym | Var]  # (name, scope, variadic) -> canonical name
 
 
-def add_rigid(rigid: Rigid, owner: str, names: frozenset[Sym | Var]) -> Rigid:
+def add_rigid(rigid: Rigid, owner: str, names: Mapping[Sym | Var, frozenset[str]]) -> Rigid:
     """``rigid`` plus the signature names of one more (inner) function ``owner``.
 
     Within one signature a name means one dim whether it was written there or came
     from a module-level alias (scope ``""``), so both spellings map to one
-    canonical name owned by the function; an inner function's names shadow outer ones.
+    canonical name owned by the function. An inner function's name that the enclosing
+    function also declares is the same dim (closures such as ``sg.scan`` bodies are
+    written in their enclosing function's dims).
+    ``names`` maps each name to the sources declaring it (see ``carrier.signature_sources``);
+    the canonical name's scope records them (``owner#s+pkg.Linear``) so that
+    :func:`sources` can tell whether two names are known to be different dims.
     """
     out = dict(rigid)
     scopes = {n.scope for n in names} | {""}
+    tags: dict[str, set[str]] = {}
+    for n, found in names.items():
+        if n.name is not None and isinstance(n, Sym):
+            tags.setdefault(n.name, set()).update(found)
     for n in names:
         if n.name is None:
             continue
         variadic = isinstance(n, Var)
-        canonical: Sym | Var = Var(n.name, owner) if variadic else Sym(n.name, owner)
-        for scope in (*scopes, owner):
+        outer = rigid.get((n.name, "", variadic))
+        canonical: Sym | Var = (
+            outer  # a closure's `b` is its enclosing function's `b` (a scan body's carry dims)
+            if outer is not None
+            else Var(n.name, owner)
+            if variadic
+            else Sym(n.name, f"{owner}#{'+'.join(sorted(tags[n.name])) or 's'}")
+        )
+        for scope in (*scopes, owner, canonical.scope):
             out[(n.name, scope, variadic)] = canonical
     return out
+
+
+def sources(sym: Sym) -> frozenset[tuple[str, str]]:
+    """The ``(owner, source)`` pairs that declare a rigid name (see :func:`add_rigid`)."""
+    owner, sep, tags = sym.scope.partition("#")
+    if not sep:
+        return frozenset({(sym.scope, "s")})
+    return frozenset((owner, tag) for tag in tags.split("+"))
 
 
 def restrict(shape: TShape, rigid: Rigid) -> TShape:

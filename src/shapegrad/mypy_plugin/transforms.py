@@ -11,12 +11,14 @@ and ``.stats`` still type-check), and ``ScalarTrainer(loss, params)`` remembers
 
 from __future__ import annotations
 
-from mypy.nodes import TupleExpr, TypeInfo
-from mypy.plugin import FunctionContext, MethodContext
+from mypy.nodes import ARG_STAR, ARG_STAR2, TempNode, TupleExpr, TypeInfo
+from mypy.plugin import FunctionContext, FunctionSigContext, MethodContext
 from mypy.types import (
     AnyType,
     CallableType,
+    FunctionLike,
     Instance,
+    NoneType,
     TupleType,
     Type,
     TypeOfAny,
@@ -24,15 +26,19 @@ from mypy.types import (
 )
 
 from .calls import check_call, positional
-from .carrier import attach_fn, wrapped_fn
+from .carrier import attach, attach_fn, is_tensor, tensor_items, wrapped_fn
 from .env import Env
 from .literals import bool_of, int_of
+from .spec import Item, restrict, show
+from .unify import compare
 
 VALUE_AND_GRAD = "shapegrad.autodiff.value_and_grad"
 GRAD = "shapegrad.autodiff.grad"
 COMPILE = "shapegrad.jit.compile"
 COMPILED_CALL = "shapegrad.jit.Compiled.__call__"
 TRAINER = "shapegrad.train.trainer.ScalarTrainer"
+SCAN = "shapegrad.control.scan"
+CHECKPOINT = "shapegrad.control.checkpoint"
 # Trainer methods whose ``*inputs`` are the loss's arguments after ``params``.
 TRAINER_METHODS = frozenset(
     f"{TRAINER}.{m}" for m in ("step", "forward", "backward", "adam_step", "adamw_step")
@@ -118,6 +124,28 @@ def make_trainer(ctx: FunctionContext) -> Type:
     return attach_fn(ctx.default_return_type, fn)
 
 
+def trainer_signature(ctx: FunctionSigContext) -> FunctionLike:
+    """``ScalarTrainer(loss, ...)`` also takes a loss returning ``(loss, new_params)``.
+
+    The runtime annotation says ``Callable[..., Tensor]``; the documented BatchNorm
+    pattern returns the updated state too, so the loss parameter accepts any callable
+    (its inputs are still checked, see :func:`make_trainer`).
+    """
+    sig = ctx.default_signature
+    if "loss_fn" not in sig.arg_names:
+        return sig
+    anything = AnyType(TypeOfAny.special_form)
+    loose = CallableType(
+        [anything, anything],
+        [ARG_STAR, ARG_STAR2],
+        [None, None],
+        anything,
+        ctx.api.named_generic_type("builtins.function", []),
+    )
+    slot = sig.arg_names.index("loss_fn")
+    return sig.copy_modified(arg_types=[*sig.arg_types[:slot], loose, *sig.arg_types[slot + 1 :]])
+
+
 def _fn_type_at(ctx: FunctionContext, name: str, position: int) -> CallableType | None:
     slot = _arg(ctx, name, position)
     if slot is None:
@@ -140,3 +168,106 @@ def call_wrapped(ctx: MethodContext, skip: int) -> Type:
     name = (fn.name or "call").split(" of ")[0]
     result = check_call(Env(ctx.api), ctx.context, fn, *laid, fn.ret_type, name)
     return result if skip == 0 else ctx.default_return_type
+
+
+# --- control flow: sg.checkpoint / sg.scan ----------------------------------------------------
+
+
+def checkpoint(ctx: FunctionContext) -> Type:
+    """``sg.checkpoint(fn)`` calls ``fn``: it has ``fn``'s signature (and its shape checks)."""
+    fn = _fn_type(ctx)
+    return ctx.default_return_type if fn is None else fn
+
+
+def scan(ctx: FunctionContext) -> Type:
+    """``sg.scan(f, init, xs)``: ``f`` checked on (carry, one slice of xs); ``(carry, stacked ys)``.
+
+    The final carry has ``init``'s type (scan keeps the carry's structure and shapes,
+    and the body returning another carry shape is reported); each tensor of the
+    body's ``y`` gains the leading length of ``xs`` (or ``length``).
+    """
+    default = get_proper_type(ctx.default_return_type)
+    fn = _fn_type_at(ctx, "f", 0)
+    init_slot, xs_slot = _arg(ctx, "init", 1), _arg(ctx, "xs", 2)
+    if fn is None or init_slot is None or not isinstance(default, TupleType):
+        return ctx.default_return_type
+    env = Env(ctx.api)
+    init_expr = ctx.args[init_slot][0]
+    init_type = env.flow_type(init_expr, ctx.arg_types[init_slot][0]) or AnyType(
+        TypeOfAny.special_form
+    )
+    slice_type: Type = NoneType()
+    length: Item = None
+    if xs_slot is not None:
+        xs_expr = ctx.args[xs_slot][0]
+        xs_type = env.flow_type(xs_expr, ctx.arg_types[xs_slot][0])
+        sliced = _slice(env, xs_type) if xs_type is not None else None
+        if sliced is None:
+            return ctx.default_return_type
+        slice_type, length = sliced
+    length_slot = _arg(ctx, "length", 3)
+    if length is None and length_slot is not None:
+        length = env.size(ctx.args[length_slot][0])
+    nodes = [TempNode(t, context=init_expr) for t in (init_type, slice_type)]
+    laid = positional(fn, list(nodes), [init_type, slice_type], 0)
+    if laid is None:
+        return ctx.default_return_type
+    name = (fn.name or "body").split(" of ")[0]
+    result = get_proper_type(check_call(env, ctx.context, fn, *laid, fn.ret_type, name))
+    if not isinstance(result, TupleType) or len(result.items) != 2:
+        return ctx.default_return_type
+    _check_carry(env, ctx, name, init_type, result.items[0])
+    # Fresh instances: mypy's union simplification of a tuple's items may erase the
+    # extra attributes of the very instance it keeps, which would be the init variable's.
+    carry = _stacked(env, init_type if tensor_items(init_type) else result.items[0], None, False)
+    ys = _stacked(env, result.items[1], length)
+    return default.copy_modified(items=[carry, ys])
+
+
+def _slice(env: Env, typ: Type) -> tuple[Type, Item] | None:
+    """One layer's slice of ``xs`` (leading dim dropped) and that length; None if not tensors."""
+    proper = get_proper_type(typ)
+    if isinstance(proper, TupleType):
+        parts = [_slice(env, item) for item in proper.items]
+        if any(p is None for p in parts):
+            return None
+        lengths = [p[1] for p in parts if p is not None and p[1] is not None]
+        items = [p[0] for p in parts if p is not None]
+        return proper.copy_modified(items=items), lengths[0] if lengths else None
+    if not is_tensor(proper):
+        return None
+    shape = env.shape(proper)
+    if shape is None or not shape.fixed or not shape.dims:
+        return attach(proper, None, env.str_type()), None
+    lead = shape.dims[0]
+    return attach(proper, shape.with_dims(shape.dims[1:]), env.str_type()), lead
+
+
+def _stacked(env: Env, typ: Type, length: Item, stack: bool = True) -> Type:
+    """``typ`` with each tensor's shape given a leading ``length`` (a copy when not ``stack``)."""
+    proper = get_proper_type(typ)
+    if isinstance(proper, TupleType):
+        return proper.copy_modified(items=[_stacked(env, t, length, stack) for t in proper.items])
+    if not is_tensor(proper):
+        return typ
+    shape = env.shape(proper)
+    if shape is not None and stack:
+        shape = shape.with_dims((length, *shape.dims))
+    return attach(proper, shape, env.str_type())
+
+
+def _check_carry(env: Env, ctx: FunctionContext, name: str, init: Type, out: Type) -> None:
+    """The body's returned carry certainly has another shape than ``init``: an error."""
+    got = dict(tensor_items(out))
+    for path, want in tensor_items(init):
+        have = got.get(path)
+        if have is None:
+            continue
+        reason = compare(restrict(have, env.rigid), restrict(want, env.rigid))
+        if reason is not None:
+            env.fail(
+                f"scan: {name} returns carry{path} of shape {show(have.dims)} but init{path} "
+                f"is {show(want.dims)} ({reason}); the carry must keep its shape",
+                ctx.context,
+            )
+            return

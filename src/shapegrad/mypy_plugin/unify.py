@@ -65,8 +65,11 @@ class Binder:
     ``[64]`` against ``[b]`` raises :class:`Mismatch`.
     """
 
-    def __init__(self, callee: str) -> None:
+    def __init__(self, callee: str, fresh: str | None = None) -> None:
         self.callee = callee
+        # Scope of the fresh dims a return annotation names but no argument binds (an
+        # opaque size per call site: equal to itself, never known to differ); None: unknown.
+        self.fresh = fresh
         # Keyed by name: within one signature a name is one dim, written there or via an alias.
         self.dims: dict[str, tuple[Item, str]] = {}
         self.runs: dict[str, tuple[tuple[Item, ...], str]] = {}
@@ -97,6 +100,12 @@ class Binder:
     def _bound(self, name: Sym) -> Item:
         seen = self.dims.get(name.name)
         return seen[0] if seen is not None else None
+
+    def _bound_or_fresh(self, name: Sym) -> Item:
+        seen = self.dims.get(name.name)
+        if seen is not None:
+            return seen[0]
+        return Sym(name.name, self.fresh) if self.fresh is not None else None
 
     def _bind(self, name: Sym, dim: Item, label: str) -> None:
         self.bind_size(name.name, dim, label)
@@ -130,14 +139,13 @@ class Binder:
             )
 
     def substitute(self, shape: TShape) -> TShape:
-        """The callee's annotated shape in the caller's terms; unbound names become unknown."""
+        """The callee's annotated shape in the caller's terms; unbound names become fresh dims."""
         out: list[Item] = []
         for d in shape.dims:
             if isinstance(d, Sym):
-                bound = self.dims.get(d.name)
-                out.append(bound[0] if bound else None)
+                out.append(self._bound_or_fresh(d))
             elif isinstance(d, Expr):
-                out.append(sizes.substitute(d, self._bound))
+                out.append(sizes.substitute(d, self._bound_or_fresh))
             elif isinstance(d, Var):
                 run = self.runs.get(d.name) if d.name else None
                 out.extend(run[0] if run else (Var(None, ""),))

@@ -4,10 +4,12 @@ import shapegrad as sg
 from shapegrad import Float, Tensor
 
 
+@sg.typechecked
 def generator(z: Float[Tensor, "b 4"], w: Float[Tensor, "4 8"]) -> Float[Tensor, "b 8"]:
     return sg.tanh(z @ w)
 
 
+@sg.typechecked
 def discriminator(x: Float[Tensor, "n 8"], w: Float[Tensor, "8 1"]) -> Float[Tensor, " n"]:
     return sg.sigmoid(x @ w).reshape(-1)
 
