@@ -57,12 +57,12 @@ run() {  # run NAME SECONDS COMMAND...: one step, its log, its exit status in th
 } 2>&1 | tee "$LOG/machine.log"
 
 PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts=)
-run tests 150 "${PYTEST[@]}" -n 4 tests/test_cuda_build.py tests/test_cuda_codegen.py tests/test_cuda_gpu.py -m "not slow" -rs
+run tests 150 "${PYTEST[@]}" -n 4 tests/test_cuda_build.py tests/test_cuda_codegen.py tests/test_cuda_gpu.py tests/test_bfloat16.py -m "not slow" -rs
 run optable 150 "${PYTEST[@]}" -n 16 tests/test_ops.py -k cuda
 run fuzz 120 "${PYTEST[@]}" -n 8 tests/test_fuzz.py
 run dp 120 "${PYTEST[@]}" tests/test_distributed.py -k gpu -rs
 run bench 150 $PY benchmarks/train_step_cuda.py
-run gpt 150 $PY benchmarks/gpt_cuda.py
+run gpt 150 $PY benchmarks/gpt_cuda.py --rounds ${GPT_ROUNDS:-5}
 run thresholds 60 $PY benchmarks/cuda_thresholds.py
 
 echo "== summary (logs in $LOG)"
