@@ -321,6 +321,15 @@ def register_backend(
     _INSTANCES.pop(name, None)
 
 
+def _import_backend(name: str) -> None:
+    """Import the module that registers built-in backend ``name`` (nothing for others)."""
+    if name in _MODULES:
+        try:
+            importlib.import_module(_MODULES[name])
+        except ImportError as exc:
+            raise BackendUnavailable(f"backend {name!r} could not be imported: {exc}") from exc
+
+
 def options_type(name: str) -> type[BackendOptions]:
     """The options dataclass of backend ``name`` (importing its module, never its toolchain).
 
@@ -328,11 +337,8 @@ def options_type(name: str) -> type[BackendOptions]:
         ValueError: unknown name.
         BackendUnavailable: the backend's module cannot be imported.
     """
-    if name not in _OPTIONS and name in _MODULES:
-        try:
-            importlib.import_module(_MODULES[name])
-        except ImportError as exc:
-            raise BackendUnavailable(f"backend {name!r} could not be imported: {exc}") from exc
+    if name not in _OPTIONS:
+        _import_backend(name)
     if name not in _OPTIONS:
         raise ValueError(f"unknown backend {name!r}; choose one of {known_backends()}")
     return _OPTIONS[name]
@@ -377,11 +383,8 @@ def get_backend(name: str, *, check: bool = True) -> Backend:
     if not check:
         options_type(name)  # imports and registers it
         return _FACTORIES[name]()
-    if name not in _FACTORIES and name in _MODULES:
-        try:
-            importlib.import_module(_MODULES[name])
-        except ImportError as exc:
-            raise BackendUnavailable(f"backend {name!r} could not be imported: {exc}") from exc
+    if name not in _FACTORIES:
+        _import_backend(name)
     if name not in _FACTORIES:
         raise ValueError(f"unknown backend {name!r}; known: {available_backends()}")
     backend = _FACTORIES[name]()
