@@ -172,6 +172,11 @@ def run_torch(steps: int) -> dict[str, Any]:
                 dist.all_reduce(g)
 
         result["allreduce_ms"] = 1e3 * _median_step(reduce, steps, barrier)
+        # Every rank done before the group goes, and DDP's reducer (its gloo work threads)
+        # gone before it: a reducer torn down at exit after the group ended the process
+        # with std::terminate ("terminate called without an active exception", exit 9).
+        dist.barrier()
+        del model, opt
         dist.destroy_process_group()
     return result
 
