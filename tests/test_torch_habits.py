@@ -39,6 +39,9 @@ CASES: list[tuple[str, Callable[[Any], Any]]] = [
     ("view(-1)", lambda x: x.view(-1)),
     ("view((4, -1))", lambda x: x.view((4, -1))),
     ("swapaxes(0, 2)", lambda x: x.swapaxes(0, 2)),
+    ("flatten(1)", lambda x: x.flatten(1)),
+    ("flatten(0, 1)", lambda x: x.flatten(0, 1)),
+    ("flatten()", lambda x: x.flatten()),
     ("expand(5, -1, -1, 4)", lambda x: x[:, :1].expand(5, -1, -1, 4)),
     ("clamp(min=-0.5, max=0.5)", lambda x: x.clamp(min=-0.5, max=0.5)),
     ("squeeze(dim=1)", lambda x: x[:, :1].squeeze(dim=1)),
@@ -139,3 +142,5 @@ def test_numpy_and_pytorch_names_together_are_an_error() -> None:
         sg.softmax(x, 0, dim=1)
     with pytest.raises(sg.ShapeError, match=r"expand: needs at least 3 sizes"):
         x.expand(3, 4)
+    with pytest.raises(sg.ShapeError, match=r"flatten: start_dim 2 comes after end_dim 1"):
+        x.flatten(2, 1)

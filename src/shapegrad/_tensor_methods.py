@@ -1,10 +1,10 @@
 """Tensor's operators and op-mirroring methods, installed onto :class:`Tensor` from above.
 
 Names are NumPy's; PyTorch's spellings are accepted where they mean the same (``dim=``,
-``keepdim=``, ``view``, ``dim()``, ``numel()``, ``swapaxes``, ``expand``, ``clamp``) and
-refused with the shapegrad spelling where PyTorch's meaning differs (``x.size()``,
-``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)`` on a 3-d tensor,
-``x.view(dtype)``).
+``keepdim=``, ``view``, ``flatten(1)``, ``dim()``, ``numel()``, ``swapaxes``, ``expand``,
+``clamp``) and refused with the shapegrad spelling where PyTorch's meaning differs
+(``x.size()``, ``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)``
+on a 3-d tensor, ``x.view(dtype)``).
 
 ``tensor.py`` sits below the primitives and the functional ops (which build Tensors) and
 only declares these for the type checker; they are defined here, as a subclass so that
@@ -218,8 +218,17 @@ class _TensorMethods(Tensor):
         """PyTorch's name for :meth:`clip`."""
         return _F.clip(self, min, max)
 
-    def flatten(self) -> Tensor:
-        return _F.reshape(self, (-1,))
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """All axes into one (NumPy's ``flatten()``), or PyTorch's ``x.flatten(1)``: the
+        axes ``start_dim..end_dim`` into one."""
+        if self.ndim == 0:
+            return _F.reshape(self, (1,))
+        start = normalize_axis("flatten", start_dim, self.ndim)
+        end = normalize_axis("flatten", end_dim, self.ndim)
+        if start > end:
+            raise ShapeError("flatten", f"start_dim {start_dim} comes after end_dim {end_dim} in {fmt(self.shape)}")
+        merged = math.prod(self.shape[start : end + 1])
+        return _F.reshape(self, (*self.shape[:start], merged, *self.shape[end + 1 :]))
 
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _p.broadcast_to(self, shape)
