@@ -25,6 +25,8 @@ class Conv2d(Module):
     """``torch.nn.Conv2d(c_in, c_out, (kh, kw), stride, padding)`` (no dilation or groups).
 
     The weight is drawn with std ``1/sqrt(c_in * kh * kw)`` (LeCun normal), the bias is zero.
+    The bias is always a field; for PyTorch's ``bias=False`` call the functional
+    ``sg.conv2d(x, weight)`` from your own module.
     """
 
     weight: Float[Tensor, "c_out c_in kh kw"]

@@ -12,7 +12,12 @@ is traced and compiled once whatever ``t`` is, and its gradient is a reverse loo
 input projection of every step is one product before the loop; the loop does only the
 recurrent product. They return ``(outputs [b, t, h], final state)``, the final state
 being ``(h_n, c_n)`` for an LSTM and ``h_n`` for a GRU, each ``[b, h]`` (one layer, so
-PyTorch's leading ``num_layers`` axis is dropped).
+PyTorch's leading ``num_layers`` axis is dropped; stack layers by calling one on the
+outputs of another).
+
+``init`` draws ``weight_ih`` with std ``1/sqrt(d)`` and ``weight_hh`` with ``1/sqrt(h)``
+(LeCun normal, as every shapegrad weight) and zero biases; PyTorch draws every tensor from
+``U(-1/sqrt(h), 1/sqrt(h))``. Copy PyTorch's tensors in to start from the same point.
 
 Example:
     >>> lstm = sg.nn.LSTM.init(seed=0, d=8, h=32)
