@@ -166,6 +166,27 @@ def test_dropout_compiled_with_a_traced_key_draws_a_new_mask_per_key() -> None:
     assert set(np.unique(first)) <= {0.0, 2.0}
 
 
+def test_dropout_inside_a_module_trains_with_the_trainers_key() -> None:
+    class Net(sg.nn.Module):
+        lin: sg.nn.Linear
+        drop: Dropout
+
+        def __call__(self, x: sg.Tensor, key: sg.Tensor) -> sg.Tensor:
+            return self.drop(self.lin(x), key)
+
+    net = Net.init(seed=0, d_in=4, d_out=3).replace(drop=Dropout(p=0.2))
+    assert net.num_params() == 15 and "p = 0.2" in net.summary()
+
+    def loss(m: Net, x: sg.Tensor, y: sg.Tensor, *, key: sg.Tensor) -> sg.Tensor:
+        return sg.mse(m(x, key), y)
+
+    trainer = sg.ScalarTrainer(loss, net, optimizer=sg.optim.SGD(lr=0.1))
+    x, y = np.ones((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    losses = [trainer.step(x, y) for _ in range(5)]
+    assert losses[-1] < 0.5 * losses[0]
+    assert trainer.get_params().drop.p == 0.2  # a static setting, not a trained leaf
+
+
 # --- RMSNorm --------------------------------------------------------------------------------------
 
 
