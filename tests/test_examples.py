@@ -20,6 +20,7 @@ CASES = {
     "custom_loop.py": ("10", "training accuracy", 95.0),
     "char_transformer.py": ("150", "next-character accuracy", 80.0),
     "charlm.py": ("10", "next-character accuracy", 10.0),
+    "lstm.py": ("150", "delayed-copy accuracy", 90.0),
 }
 NEEDS_SKLEARN = {"digits.py", "cnn_digits.py"}
 

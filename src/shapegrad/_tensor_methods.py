@@ -1,5 +1,11 @@
 """Tensor's operators and op-mirroring methods, installed onto :class:`Tensor` from above.
 
+Names are NumPy's; PyTorch's spellings are accepted where they mean the same (``dim=``,
+``keepdim=``, ``view``, ``flatten(1)``, ``dim()``, ``numel()``, ``swapaxes``, ``expand``,
+``clamp``) and refused with the shapegrad spelling where PyTorch's meaning differs
+(``x.size()``, ``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)``
+on a 3-d tensor, ``x.view(dtype)``).
+
 ``tensor.py`` sits below the primitives and the functional ops (which build Tensors) and
 only declares these for the type checker; they are defined here, as a subclass so that
 mypy checks each definition against its declaration, and copied onto ``Tensor`` when this
@@ -8,6 +14,7 @@ module is imported (by the package's ``__init__``, before any tensor exists).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import FunctionType
 from typing import Any
@@ -16,11 +23,13 @@ import numpy as np
 
 from shapegrad import _indexing
 from shapegrad import functional as _F
-from shapegrad.dtypes import DTypeLike, as_dtype
+from shapegrad.dtypes import DType, DTypeLike, as_dtype
 from shapegrad.ops import prims as _p
 from shapegrad.ops.protocol import Prim
-from shapegrad.shapes import ShapeError, fmt
+from shapegrad.shapes import ShapeError, fmt, normalize_axis
 from shapegrad.tensor import Tensor
+
+Axis = int | Sequence[int] | None
 
 
 class _TensorMethods(Tensor):
@@ -119,7 +128,24 @@ class _TensorMethods(Tensor):
 
     def transpose(self, *axes: int | Sequence[int] | None) -> Tensor:
         """Permute axes: ``x.transpose(1, 0, 2)``, ``x.transpose((1, 0, 2))`` or reversed."""
-        return _F.transpose(self, _axes_arg("transpose", axes))
+        order = _axes_arg("transpose", axes)
+        if order is not None and len(order) == 2 and self.ndim > 2 and len(axes) == 2:
+            a, b = order
+            raise ShapeError(
+                "transpose",
+                f"NumPy's x.transpose takes all {self.ndim} axes of {fmt(self.shape)}, got 2; "
+                f"to swap two axes as PyTorch's transpose({a}, {b}) does, use "
+                f"x.swapaxes({a}, {b})",
+            )
+        return _F.transpose(self, order)
+
+    def swapaxes(self, axis1: int, axis2: int) -> Tensor:
+        """Exchange two axes (NumPy's ``swapaxes``; PyTorch's ``transpose(a, b)``)."""
+        order = list(range(self.ndim))
+        a = normalize_axis("swapaxes", axis1, self.ndim)
+        b = normalize_axis("swapaxes", axis2, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return _F.transpose(self, order)
 
     def permute(self, *axes: int | Sequence[int]) -> Tensor:
         """PyTorch's name: ``x.permute(0, 2, 1)`` or ``x.permute((0, 2, 1))``."""
@@ -128,8 +154,8 @@ class _TensorMethods(Tensor):
             raise ShapeError("permute", f"needs {self.ndim} axes for {fmt(self.shape)}, got {axes}")
         return _F.transpose(self, order)
 
-    def squeeze(self, axis: int | Sequence[int] | None = None) -> Tensor:
-        return _F.squeeze(self, axis)
+    def squeeze(self, axis: int | Sequence[int] | None = None, *, dim: int | None = None) -> Tensor:
+        return _F.squeeze(self, axis, dim=dim)
 
     def expand_dims(self, axis: int | Sequence[int]) -> Tensor:
         return _F.expand_dims(self, axis)
@@ -144,29 +170,107 @@ class _TensorMethods(Tensor):
         target = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
         return _F.reshape(self, target)  # type: ignore[arg-type]
 
-    def flatten(self) -> Tensor:
-        return _F.reshape(self, (-1,))
+    def view(self, *shape: int | Sequence[int] | DTypeLike) -> Tensor:
+        """PyTorch's ``x.view(2, -1)``: a reshape (layout ops copy nothing in compiled code).
+
+        A dtype argument (NumPy's and PyTorch's bit reinterpretation) is refused: shapegrad
+        has no bit casts; ``x.astype(dtype)`` converts values.
+        """
+        if len(shape) == 1 and isinstance(shape[0], str | DType | type | np.dtype):
+            raise TypeError(
+                f"view({shape[0]!r}) reinterprets bits in NumPy and PyTorch, which shapegrad "
+                "does not do; use x.astype(dtype) to convert values, or x.view(*shape) / "
+                "x.reshape(*shape) for a new shape"
+            )
+        return self.reshape(*shape)  # type: ignore[arg-type]
+
+    def dim(self) -> int:
+        """PyTorch's name for ``ndim``."""
+        return self.ndim
+
+    def numel(self) -> int:
+        """PyTorch's name for ``size`` (the number of elements)."""
+        return math.prod(self.shape)
+
+    @property
+    def size(self) -> int:
+        """The number of elements (NumPy's ``size``).
+
+        An int that refuses PyTorch's ``x.size()`` / ``x.size(1)`` with the shapegrad
+        spelling (``x.shape``), rather than "'int' object is not callable".
+        """
+        return _ElementCount(math.prod(self.aval.shape))
+
+    def contiguous(self) -> Tensor:
+        """PyTorch's ``contiguous()``: shapegrad tensors have no strides, so ``self``."""
+        return self
+
+    def expand(self, *sizes: int | Sequence[int]) -> Tensor:
+        """PyTorch's ``x.expand(4, -1, 3)``: ``broadcast_to`` with -1 keeping a size."""
+        target = _axes_arg("expand", sizes) or ()
+        lead = len(target) - self.ndim
+        if lead < 0:
+            raise ShapeError("expand", f"needs at least {self.ndim} sizes for {fmt(self.shape)}, got {sizes}")
+        shape = [self.shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(target)]
+        return _p.broadcast_to(self, shape, "expand")
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        """PyTorch's name for :meth:`clip`."""
+        return _F.clip(self, min, max)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """All axes into one (NumPy's ``flatten()``), or PyTorch's ``x.flatten(1)``: the
+        axes ``start_dim..end_dim`` into one."""
+        if self.ndim == 0:
+            return _F.reshape(self, (1,))
+        start = normalize_axis("flatten", start_dim, self.ndim)
+        end = normalize_axis("flatten", end_dim, self.ndim)
+        if start > end:
+            raise ShapeError("flatten", f"start_dim {start_dim} comes after end_dim {end_dim} in {fmt(self.shape)}")
+        merged = math.prod(self.shape[start : end + 1])
+        return _F.reshape(self, (*self.shape[:start], merged, *self.shape[end + 1 :]))
 
     def broadcast_to(self, shape: Sequence[int]) -> Tensor:
         return _p.broadcast_to(self, shape)
 
-    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.sum(self, axis=axis, keepdims=keepdims)
+    # Reductions take NumPy's axis=/keepdims= or PyTorch's dim=/keepdim= (see functional.py).
 
-    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.mean(self, axis=axis, keepdims=keepdims)
+    def sum(
+        self, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.sum(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.max(self, axis=axis, keepdims=keepdims)
+    def mean(
+        self, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.mean(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.min(self, axis=axis, keepdims=keepdims)
+    def max(
+        self, axis: Axis = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.max(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def var(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.var(self, axis=axis, keepdims=keepdims)
+    def min(
+        self, axis: Axis = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.min(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    def argmax(self, axis: int = -1) -> Tensor:
-        return _F.argmax(self, axis=axis)
+    def var(
+        self,
+        axis: Axis = None,
+        keepdims: bool = False,
+        ddof: int | None = None,
+        *,
+        dim: Axis = None,
+        keepdim: bool | None = None,
+        correction: int | None = None,
+    ) -> Tensor:
+        return _F.var(self, axis, keepdims, ddof, dim=dim, keepdim=keepdim, correction=correction)
+
+    def argmax(
+        self, axis: int = -1, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
     def any(self) -> Tensor:
         return _F.max(self.astype("int32"), axis=None) > 0
@@ -210,14 +314,29 @@ class _TensorMethods(Tensor):
     def abs(self) -> Tensor:
         return _p.unary(Prim.ABS, self)
 
-    def softmax(self, axis: int = -1) -> Tensor:
-        return _F.softmax(self, axis=axis)
+    def softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
+        return _F.softmax(self, axis, dim=dim)
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        return _F.log_softmax(self, axis=axis)
+    def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
+        return _F.log_softmax(self, axis, dim=dim)
 
-    def logsumexp(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-        return _F.logsumexp(self, axis=axis, keepdims=keepdims)
+    def logsumexp(
+        self, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
+    ) -> Tensor:
+        return _F.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+
+class _ElementCount(int):
+    """``Tensor.size``: an int (NumPy's element count) that explains PyTorch's ``size()``."""
+
+    __slots__ = ()
+
+    def __call__(self, dim: int | None = None) -> Any:
+        spelling = "x.shape" if dim is None else f"x.shape[{dim}]"
+        raise TypeError(
+            f"x.size is NumPy's element count here ({int(self)}), not PyTorch's size(): "
+            f"use {spelling}{' (or x.numel() for the count)' if dim is None else ''}"
+        )
 
 
 def _axes_arg(op: str, axes: tuple[Any, ...]) -> tuple[int, ...] | None:

@@ -158,6 +158,33 @@ def transpose(x: Tensor, axes: Sequence[int] | None = None) -> Tensor:
 
 
 # --- reductions -------------------------------------------------------------------
+# NumPy's ``axis=``/``keepdims=`` are the names; PyTorch's ``dim=``/``keepdim=`` are accepted
+# as aliases where they mean the same thing, and refused with the shapegrad spelling where
+# PyTorch's meaning differs (``max(dim=)`` returns (values, indices) there; ``var(dim=)`` is
+# unbiased there).
+
+
+def _torch_axis(op: str, axis: Any, dim: Any, default: Any = None) -> Any:
+    """``axis``, or PyTorch's ``dim`` given in its place (not both)."""
+    if dim is None:
+        return axis
+    if axis != default:
+        raise TypeError(f"{op}: got both axis={axis!r} and PyTorch's dim={dim!r}; give one")
+    return dim
+
+
+def _torch_keep(op: str, keepdims: bool, keepdim: bool | None) -> bool:
+    """``keepdims``, or PyTorch's ``keepdim`` given in its place (not both)."""
+    if keepdim is None:
+        return keepdims
+    if keepdims:
+        raise TypeError(f"{op}: got both keepdims=True and PyTorch's keepdim={keepdim!r}; give one")
+    return bool(keepdim)
+
+
+def _no_torch_dim(op: str, dim: Any, instead: str) -> None:
+    if dim is not None:
+        raise TypeError(f"{op}(dim={dim!r}) means something else in PyTorch; {instead}")
 
 
 def _keep(x: Tensor, reduced: Tensor, axes: tuple[int, ...], keepdims: bool) -> Tensor:
@@ -166,14 +193,22 @@ def _keep(x: Tensor, reduced: Tensor, axes: tuple[int, ...], keepdims: bool) -> 
     return p.reshape(reduced, [1 if i in axes else d for i, d in enumerate(x.shape)])
 
 
-def sum(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Sum over ``axis`` (all axes when None).
+def sum(
+    x: Tensor,
+    axis: Axis = None,
+    keepdims: bool = False,
+    *,
+    dim: Axis = None,
+    keepdim: bool | None = None,
+) -> Tensor:
+    """Sum over ``axis`` (all axes when None; PyTorch's ``dim=``/``keepdim=`` also work).
 
     An int32 sum stays int32 (shapegrad has no int64) and never wraps: it is accumulated
     exactly (in float64) and a total outside the int32 range raises
     :class:`~shapegrad.dtypes.Int32OverflowError` eagerly, an IndexError with the same
     message from compiled code (the error-flag contract); cast to float64 for big totals.
     """
+    axis, keepdims = _torch_axis("sum", axis, dim), _torch_keep("sum", keepdims, keepdim)
     axes = normalize_axes("sum", axis, x.ndim)
     if x.dtype == int32 and axes:
         return _keep(x, _int32_sum(x, axes), axes, keepdims)
@@ -203,8 +238,16 @@ def _int32_sum(x: Tensor, axes: tuple[int, ...]) -> Tensor:
     return p.cast(total, int32) + p.gather(table, flag, 0, what=_INT32_SUM_OVERFLOW)
 
 
-def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Arithmetic mean over ``axis``."""
+def mean(
+    x: Tensor,
+    axis: Axis = None,
+    keepdims: bool = False,
+    *,
+    dim: Axis = None,
+    keepdim: bool | None = None,
+) -> Tensor:
+    """Arithmetic mean over ``axis`` (PyTorch's ``dim=``/``keepdim=`` also work)."""
+    axis, keepdims = _torch_axis("mean", axis, dim), _torch_keep("mean", keepdims, keepdim)
     axes = normalize_axes("mean", axis, x.ndim)
     count = 1
     for a in axes:
@@ -215,19 +258,67 @@ def mean(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
     return total / float(count)
 
 
-def max(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Maximum over ``axis``; tied maxima share the gradient evenly."""
+_VALUES_ONLY = (
+    "it returns (values, indices) there; shapegrad's {op} returns the values only: use "
+    "x.{op}(axis={dim!r}) (sg.{op}(x, axis={dim!r})) and {index} for the indices"
+)
+
+
+def max(
+    x: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None
+) -> Tensor:
+    """Maximum over ``axis``; tied maxima share the gradient evenly.
+
+    ``keepdim=`` is accepted for ``keepdims=``; PyTorch's ``dim=`` is refused (there it
+    returns values and indices), with the shapegrad spelling in the message.
+    """
+    if dim is not None:
+        _no_torch_dim("max", dim, _VALUES_ONLY.format(op="max", dim=dim, index=f"x.argmax(axis={dim!r})"))
+    keepdims = _torch_keep("max", keepdims, keepdim)
     axes = normalize_axes("max", axis, x.ndim)
     return _keep(x, p.reduce_max(x, axes), axes, keepdims)
 
 
-def min(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
-    """Minimum over ``axis`` (as -max(-x))."""
+def min(
+    x: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None
+) -> Tensor:
+    """Minimum over ``axis`` (as -max(-x)); ``dim=`` is refused as in :func:`max`."""
+    if dim is not None:
+        _no_torch_dim("min", dim, _VALUES_ONLY.format(op="min", dim=dim, index=f"(-x).argmax(axis={dim!r})"))
+    keepdims = _torch_keep("min", keepdims, keepdim)
     return -max(-x, axis=axis, keepdims=keepdims)
 
 
-def var(x: Tensor, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    """Variance over ``axis`` (population variance unless ``ddof``)."""
+def var(
+    x: Tensor,
+    axis: Axis = None,
+    keepdims: bool = False,
+    ddof: int | None = None,
+    *,
+    dim: Axis = None,
+    keepdim: bool | None = None,
+    correction: int | None = None,
+) -> Tensor:
+    """Variance over ``axis`` (population variance unless ``ddof``).
+
+    PyTorch's ``correction=`` is ``ddof``; its ``dim=``/``keepdim=`` are accepted, but
+    ``dim=`` only with an explicit ``ddof=``/``correction=``: PyTorch's default is the
+    unbiased (n - 1) estimate and NumPy's (shapegrad's) the population one.
+    """
+    if correction is not None:
+        if ddof is not None:
+            raise TypeError(f"var: got both ddof={ddof!r} and PyTorch's correction={correction!r}")
+        ddof = correction
+    if dim is not None and ddof is None:
+        _no_torch_dim(
+            "var",
+            dim,
+            "PyTorch's default there is the unbiased (n - 1) estimate and shapegrad's the "
+            f"population one: write var(x, axis={dim!r}, ddof=1) for PyTorch's value "
+            f"or ddof=0 for NumPy's",
+        )
+    axis, keepdims = _torch_axis("var", axis, dim), _torch_keep("var", keepdims, keepdim)
+    ddof = 0 if ddof is None else ddof
     axes = normalize_axes("var", axis, x.ndim)
     count = 1
     for a in axes:
@@ -236,12 +327,21 @@ def var(x: Tensor, axis: Axis = None, keepdims: bool = False, ddof: int = 0) -> 
     return sum(centered * centered, axis=axes, keepdims=keepdims) / float(count - ddof)
 
 
-def logsumexp(x: Tensor, axis: Axis = None, keepdims: bool = False) -> Tensor:
+def logsumexp(
+    x: Tensor,
+    axis: Axis = None,
+    keepdims: bool = False,
+    *,
+    dim: Axis = None,
+    keepdim: bool | None = None,
+) -> Tensor:
     """log(sum(exp(x))) computed stably by subtracting the (gradient-free) max.
 
     An infinite max is not subtracted (``inf - inf`` is NaN): a row holding ``+inf`` gives
     ``+inf`` and a row of only ``-inf`` gives ``-inf``, as in PyTorch.
     """
+    axis = _torch_axis("logsumexp", axis, dim)
+    keepdims = _torch_keep("logsumexp", keepdims, keepdim)
     return _logsumexp(x, axis, keepdims, finite_shift=True)
 
 
@@ -263,8 +363,9 @@ def _logsumexp(x: Tensor, axis: Axis, keepdims: bool, finite_shift: bool) -> Ten
     )
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along ``axis``, stable for large magnitudes."""
+def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), stable for large magnitudes."""
+    axis = _torch_axis("softmax", axis, dim, default=-1)
     if x.shape[normalize_axis("softmax", axis, x.ndim)] == 0:
         return x + 0.0  # empty along the axis: an empty result, no max to shift by
     shift = stop_gradient(max(x, axis=axis, keepdims=True))
@@ -272,14 +373,27 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     return e / sum(e, axis=axis, keepdims=True)
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``axis``; a row holding an infinity is NaN, as in PyTorch."""
+def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """x - logsumexp(x) along ``axis`` (or ``dim``); a row holding an infinity is NaN, as in PyTorch."""
+    axis = _torch_axis("log_softmax", axis, dim, default=-1)
     return x - _logsumexp(x, axis, True, finite_shift=False)
 
 
-def argmax(x: Tensor, axis: int = -1) -> Tensor:
-    """Index of the first maximum along ``axis`` (int32, not differentiable)."""
-    axis = normalize_axis("argmax", axis, x.ndim)
+def argmax(
+    x: Tensor,
+    axis: int = -1,
+    keepdims: bool = False,
+    *,
+    dim: int | None = None,
+    keepdim: bool | None = None,
+) -> Tensor:
+    """Index of the first maximum along ``axis`` (int32, not differentiable).
+
+    PyTorch's ``dim=``/``keepdim=`` are accepted for ``axis=``/``keepdims=``.
+    """
+    axis = normalize_axis("argmax", _torch_axis("argmax", axis, dim, default=-1), x.ndim)
+    if _torch_keep("argmax", keepdims, keepdim):
+        return expand_dims(argmax(x, axis), axis)
     n = x.shape[axis]
     best = stop_gradient(max(x, axis=axis, keepdims=True))
     positions = p.iota(x.shape, axis, int32, like=x)
@@ -343,13 +457,14 @@ def gelu(x: Tensor) -> Tensor:
 # --- joining, padding, slicing, indexing ---------------------------------------------
 
 
-def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join tensors along an existing ``axis`` (``np.concatenate``).
+def concat(tensors: Sequence[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Join tensors along an existing ``axis`` (``np.concatenate``; ``torch.cat``'s ``dim=``).
 
     Example:
         >>> sg.concat([sg.ones((2, 3)), sg.zeros((1, 3))], axis=0).shape
         (3, 3)
     """
+    axis = _torch_axis("concat", axis, dim, default=0)
     xs = [_t(x) for x in tensors]
     if not xs:
         raise ValueError("concat: needs at least one tensor")
@@ -363,13 +478,14 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     return p.concat(xs, normalize_axis("concat", axis, rank))
 
 
-def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    """Join equally shaped tensors along a new ``axis`` (``np.stack``).
+def stack(tensors: Sequence[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Join equally shaped tensors along a new ``axis`` (``np.stack``; ``torch.stack``'s ``dim=``).
 
     Example:
         >>> sg.stack([sg.ones(3), sg.zeros(3)], axis=1).shape
         (3, 2)
     """
+    axis = _torch_axis("stack", axis, dim, default=0)
     xs = [_t(x) for x in tensors]
     if not xs:
         raise ValueError("stack: needs at least one tensor")
@@ -609,8 +725,13 @@ def clip(x: TensorLike, a_min: TensorLike | None = None, a_max: TensorLike | Non
     return y
 
 
-def squeeze(x: Tensor, axis: Axis = None) -> Tensor:
-    """Remove size-1 axes (all of them when ``axis`` is None), like ``np.squeeze``."""
+def squeeze(x: Tensor, axis: Axis = None, *, dim: Axis = None) -> Tensor:
+    """Remove size-1 axes (all of them when ``axis`` is None), like ``np.squeeze``.
+
+    PyTorch's ``dim=`` is accepted; unlike PyTorch, squeezing an axis whose size is not 1
+    is an error rather than a silent no-op.
+    """
+    axis = _torch_axis("squeeze", axis, dim)
     x = _t(x)
     axes = (
         tuple(a for a, d in enumerate(x.shape) if d == 1)

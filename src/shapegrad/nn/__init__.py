@@ -6,7 +6,12 @@
 * layers: ``linear``/``mlp`` functions and the :class:`Linear` module
   (``nn/layers.py``); :class:`LayerNorm`, :class:`BatchNorm`, :class:`GroupNorm`
   (``nn/norms.py``). Attention and transformer blocks belong in ``nn/attention.py``,
-  built on the same Module mechanism.
+  built on the same Module mechanism; :class:`MultiheadAttention` (``nn/mha.py``) is
+  the module form of ``multi_head_attention``.
+* PyTorch's everyday layers, each in its own file: :class:`Conv2d` (``nn/conv.py``),
+  :class:`Embedding` (``nn/embedding.py``), :class:`Dropout` (``nn/dropout.py``),
+  :class:`RMSNorm` (``nn/rms_norm.py``), :class:`LSTMCell`/:class:`GRUCell` and the
+  scanned sequence layers :class:`LSTM`/:class:`GRU` (``nn/recurrent.py``).
 """
 
 from shapegrad.nn import init
@@ -16,8 +21,14 @@ from shapegrad.nn.attention import (
     multi_head_attention,
     scaled_dot_product_attention,
 )
+from shapegrad.nn.conv import Conv2d
+from shapegrad.nn.dropout import Dropout
+from shapegrad.nn.embedding import Embedding
 from shapegrad.nn.layers import Linear, linear, mlp
+from shapegrad.nn.mha import MultiheadAttention
 from shapegrad.nn.norms import BatchNorm, GroupNorm, LayerNorm
+from shapegrad.nn.recurrent import GRU, LSTM, GRUCell, LSTMCell
+from shapegrad.nn.rms_norm import RMSNorm, rms_norm
 from shapegrad.nn.transformer import (
     BlockParams,
     BlockStack,
@@ -27,20 +38,30 @@ from shapegrad.nn.transformer import (
 )
 
 __all__ = [
+    "GRU",
+    "LSTM",
     "AttentionParams",
     "BatchNorm",
     "BlockParams",
     "BlockStack",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "GRUCell",
     "GroupNorm",
+    "LSTMCell",
     "LayerNorm",
     "Linear",
     "Module",
+    "MultiheadAttention",
+    "RMSNorm",
     "embed",
     "field",
     "init",
     "linear",
     "mlp",
     "multi_head_attention",
+    "rms_norm",
     "scaled_dot_product_attention",
     "transformer_block",
     "transformer_stack",
