@@ -12,6 +12,9 @@ from .carrier import tuple_items
 from .env import Env
 from .literals import label
 
+# NumPy spellings of the library's formals and the PyTorch aliases it also accepts.
+TORCH_SPELLINGS = {"axis": "dim", "keepdims": "keepdim"}
+
 
 @dataclass
 class Call:
@@ -33,11 +36,17 @@ class Call:
         return position if position < len(self.formals) else None
 
     def expr(self, name: str, position: int) -> Expression | None:
-        """The expression passed for a formal (by its name, else its position)."""
+        """The expression passed for a formal (by its name, else its position); for
+        ``axis``/``keepdims``, the PyTorch spelling (``dim``/``keepdim``) when that formal
+        took the argument instead."""
         slot = self._slot(name, position)
-        if slot is None or not self.args[slot]:
-            return None
-        return self.args[slot][0]
+        if slot is not None and self.args[slot]:
+            return self.args[slot][0]
+        alias = TORCH_SPELLINGS.get(name)
+        if alias is not None and alias in self.formals:
+            given = self.args[self.formals.index(alias)]
+            return given[0] if given else None
+        return None
 
     def given(self, name: str, position: int) -> bool:
         return self.expr(name, position) is not None

@@ -183,7 +183,9 @@ def _reshape(call: Call) -> TShape | None:
 
 def _flatten(call: Call) -> TShape | None:
     x = _x(call)
-    return None if x is None else A.reshape(x, [-1])
+    if x is None or any(call.args):  # PyTorch's flatten(start_dim, end_dim): not modelled
+        return None
+    return A.reshape(x, [-1])
 
 
 def _transpose(call: Call) -> TShape | None:
