@@ -104,7 +104,7 @@ class custom_vjp:  # a decorator, spelled like JAX's
         def rule(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
             g = tree.unflatten(out_td, _unpack(ct, out_leaves))
             assert self.bwd is not None
-            return self._cotangents(self.bwd(residuals, g), structures, inputs)
+            return self._cotangents(self.bwd(residuals, g), structures, inputs, call_args)
 
         call = CustomVjpCall(inputs=inputs, rule=rule)
         marker = prims.bind(Prim.STOP_GRADIENT, [packed], custom_vjp=call)
@@ -133,6 +133,7 @@ class custom_vjp:  # a decorator, spelled like JAX's
         returned: Any,
         structures: list[tuple[list[Any], tree.TreeDef]],
         inputs: tuple[Tensor, ...],
+        args: list[Any],
     ) -> list[Tensor | None]:
         """``bwd``'s result checked against the arguments, one entry per input leaf."""
         if not isinstance(returned, tuple | list) or len(returned) != len(structures):
@@ -146,7 +147,7 @@ class custom_vjp:  # a decorator, spelled like JAX's
             if value is None:
                 cts.extend([None] * td.num_leaves)
                 continue
-            leaves, got = tree.flatten(value, f"cotangent {i}")
+            leaves, got = tree.flatten(_fill_none(value, args[i]), f"cotangent {i}")
             if got.signature() != td.signature():
                 raise TypeError(
                     f"custom_vjp {self._name}: bwd's cotangent {i} must have the structure "
@@ -167,6 +168,22 @@ class custom_vjp:  # a decorator, spelled like JAX's
                 )
             result.append(ct if ct.dtype == x.dtype else prims.cast(ct, x.dtype))
         return result
+
+
+def _fill_none(value: Any, like: Any) -> Any:
+    """``value`` with each None inside a dict, list or tuple replaced by zeros shaped like
+    the matching part of ``like`` (None is "no gradient" at any depth, as in JAX)."""
+    if value is None:
+        return tree.tree_map(lambda x: prims.zeros_like(x) if isinstance(x, Tensor) else x, like)
+    if isinstance(value, dict) and isinstance(like, dict) and value.keys() == like.keys():
+        return {k: _fill_none(v, like[k]) for k, v in value.items()}
+    if (
+        isinstance(value, list | tuple)
+        and isinstance(like, list | tuple)
+        and len(value) == len(like)
+    ):
+        return type(value)(_fill_none(v, w) for v, w in zip(value, like, strict=True))
+    return value
 
 
 def _starts(structures: list[tuple[list[Any], tree.TreeDef]]) -> list[int]:
