@@ -185,6 +185,35 @@ def test_non_float_outputs_get_zero_tangents_and_jvp_errors_name_the_problem() -
         sg.jacfwd(sg.sin, argnums=3)(x)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_jvp_and_hessian_through_scan_and_checkpoint(mode: str) -> None:
+    rng = np.random.default_rng(3)
+    xs, h0 = f64(rng.standard_normal((4, 3))), f64(rng.standard_normal(3))
+    w, t = f64(0.5 * rng.standard_normal((3, 3))), f64(rng.standard_normal((3, 3)))
+
+    def f(w: sg.Tensor) -> sg.Tensor:
+        def body(h: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+            h = sg.tanh(h @ w + x)
+            return h, h.sum()
+
+        h, ys = sg.scan(body, h0, xs)
+        return h.sum() + sg.checkpoint(lambda y: (sg.sin(y) * y).sum())(ys)
+
+    def th_f(w: Any) -> Any:
+        h, ys = torch.from_numpy(h0.numpy()), []
+        for x in torch.from_numpy(xs.numpy()):
+            h = torch.tanh(h @ w + x)
+            ys.append(h.sum())
+        y = torch.stack(ys)
+        return h.sum() + (torch.sin(y) * y).sum()
+
+    th_w = torch.from_numpy(w.numpy())
+    out, tangent = compiled(lambda w, t: sg.jvp(f, (w,), (t,)), mode)(w, t)
+    close(tangent, tfunc.jvp(th_f, (th_w,), (torch.from_numpy(t.numpy()),))[1])
+    close(compiled(sg.hessian(f), mode)(w), tfunc.hessian(th_f)(th_w), rtol=1e-9, atol=1e-11)
+    close(out, th_f(th_w))
+
+
 # --- the op table: forward mode and second derivatives against central differences -----
 
 

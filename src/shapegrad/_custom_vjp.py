@@ -106,7 +106,7 @@ class custom_vjp:  # a decorator, spelled like JAX's
             assert self.bwd is not None
             return self._cotangents(self.bwd(residuals, g), structures, inputs, call_args)
 
-        call = CustomVjpCall(inputs=inputs, rule=rule)
+        call = CustomVjpCall(inputs=inputs, rule=rule, name=self._name)
         marker = prims.bind(Prim.STOP_GRADIENT, [packed], custom_vjp=call)
         tracked = any(t._leaf or t._tape is not None for t in inputs)
         if not marker.is_traced and STATE.grad_enabled and tracked:  # the eager tape node

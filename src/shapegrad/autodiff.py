@@ -53,6 +53,7 @@ class CustomVjpCall:
     rule: CustomRule | None = field(
         default=None, compare=False, repr=False, metadata={"key": False}
     )
+    name: str = field(default="function", compare=False, metadata={"key": False})
 
 
 def _custom_call(made_by: tuple[Prim, Sequence[Tensor], Any] | None) -> CustomVjpCall | None:
@@ -70,6 +71,14 @@ def _with_custom(producer: Producer) -> Producer:
         call = _custom_call(made_by)
         if call is None or made_by is None:
             return made_by
+        if t.is_traced and any(x.is_traced and x._ops is not t._ops for x in call.inputs):
+            # A body of sg.scan / sg.checkpoint is traced once and replayed in another
+            # trace; the call's arguments are the first trace's values.
+            raise NotImplementedError(
+                f"custom_vjp {call.name}: differentiating a custom_vjp function called inside "
+                "an sg.scan or sg.checkpoint body is not supported yet (the body is replayed "
+                "in another trace); call it outside the body"
+            )
         return made_by[0], call.inputs, made_by[2]
 
     return resolved

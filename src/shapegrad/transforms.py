@@ -36,9 +36,9 @@ _serials = itertools.count()
 @dataclass(frozen=True)
 class LinearPoint:
     """``attrs["linear_point"]`` of the STOP_GRADIENT that makes ``linearize``'s point ``u0``
-    a node of its own: a plain zeros node hash-conses with any equal zeros of the forward
-    (ReLU's ``max(x, 0)``), which the transposition would then count as ``u``. Never part
-    of a graph key (the node is dead once the tangent graph is built)."""
+    a node of its own: a plain constant node hash-conses with any equal constant of the
+    forward (ReLU's ``max(x, 0)``), which the transposition would then count as ``u``.
+    Never part of a graph key (the node is dead once the tangent graph is built)."""
 
     serial: int = field(default_factory=lambda: next(_serials), metadata={"key": False})
 
@@ -55,9 +55,12 @@ def _out_leaves(out: Any, fname: str) -> tuple[list[Tensor], tree.TreeDef]:
 
 
 def _point(like: Tensor) -> Tensor:
-    """A fresh zeros tensor shaped like ``like`` (its own graph node, see LinearPoint)."""
-    zeros = prims.zeros_like(like)
-    return prims.bind(Prim.STOP_GRADIENT, [zeros], linear_point=LinearPoint())
+    """The point ``u0`` at which the cotangent map is transposed: ones shaped like ``like``,
+    its own graph node (see LinearPoint). Any value gives the same (linear) transpose, but
+    not zeros: a zero cotangent is one that SCAN's VJP may skip by value
+    (``_scan._zero_range``), which would cut ``u`` out of the map."""
+    ones = prims.ones_like(like)
+    return prims.bind(Prim.STOP_GRADIENT, [ones], linear_point=LinearPoint())
 
 
 def _shape(value: Any) -> tuple[int, ...]:
