@@ -84,11 +84,6 @@ def _with_custom(producer: Producer) -> Producer:
     return resolved
 
 
-def _cuts(made_by: tuple[Prim, Sequence[Tensor], Any]) -> bool:
-    """True where the walk stops: a STOP_GRADIENT that is not a custom_vjp marker."""
-    return made_by[0] is Prim.STOP_GRADIENT and "custom_vjp" not in made_by[2]
-
-
 def _eager_producer(t: Tensor) -> tuple[Prim, Sequence[Tensor], Any] | None:
     """``EAGER.producer`` without the method dispatch (the tape node's fields; a custom_vjp
     marker's tape node already lists the call's arguments as its inputs)."""
@@ -130,7 +125,9 @@ def _walk_order(
             if key in leaf_keys:
                 continue
             made_by = producer(t)
-            if made_by is not None and not _cuts(made_by):
+            if made_by is not None and (
+                made_by[0] is not Prim.STOP_GRADIENT or "custom_vjp" in made_by[2]
+            ):
                 for parent in made_by[1]:
                     pkey = ident(parent)
                     if pkey not in visited:
@@ -177,7 +174,9 @@ def _backward(
     for _, key, made_by in order:
         if key in leaf_keys:
             relevant.add(key)
-        elif made_by is not None and not _cuts(made_by):
+        elif made_by is not None and (
+            made_by[0] is not Prim.STOP_GRADIENT or "custom_vjp" in made_by[2]
+        ):
             for parent in made_by[1]:
                 if ident(parent) in relevant:
                     relevant.add(key)
@@ -197,7 +196,7 @@ def _backward(
         if True not in needs:
             continue
         ct = grads.pop(key)
-        call = _custom_call(made_by)
+        call = attrs.get("custom_vjp") if prim is Prim.STOP_GRADIENT else None
         if call is not None and call.rule is not None:
             input_cts = call.rule(ct, needs)
         else:
@@ -375,11 +374,11 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[[Any], tuple[
         return tuple(result)
 
     if STATE.grad_depth == 0:  # the caller's own ops on the value need no tape
-        out = tree.unflatten(out_td, [_detached(leaf) for leaf in out_leaves])
+        out = tree.unflatten(out_td, [detached(leaf) for leaf in out_leaves])
     return out, pullback
 
 
-def _detached(leaf: Any) -> Any:
+def detached(leaf: Any) -> Any:
     """An eager tensor's value without its tape (anything else unchanged)."""
     if isinstance(leaf, Tensor) and not leaf.is_traced:
         return prims.stop_gradient(leaf)

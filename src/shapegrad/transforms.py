@@ -135,7 +135,7 @@ def linearize(fn: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[...,
         return tree.unflatten(out_td, result)
 
     if outer == 0:  # the caller's own ops on the value need no tape
-        out = tree.unflatten(out_td, [autodiff._detached(o) for o in out_leaves])
+        out = tree.unflatten(out_td, [autodiff.detached(o) for o in out_leaves])
     return out, f_jvp
 
 
