@@ -136,6 +136,17 @@ def test_forward_only_and_nested_grad() -> None:
     np.testing.assert_allclose(g.numpy(), (X > 0).astype(np.float64))
 
 
+def test_compiled_programs_with_a_custom_vjp_are_keyed_by_content() -> None:
+    from shapegrad.compiler.graphkey import graph_text
+
+    def step(x: sg.Tensor) -> Any:
+        return sg.value_and_grad(lambda x: (clip_gradient(x) * 3.0).sum())(x)
+
+    texts = [graph_text(sg.compile(step, backend="c").trace(f64(X)).graph) for _ in range(2)]
+    assert texts[0] == texts[1]  # two traces, two calls: one key (the serial is not in it)
+    assert "custom_vjp" in texts[0]  # the marker is there, as the identity
+
+
 def test_errors_name_the_function_and_the_problem() -> None:
     @sg.custom_vjp
     def undefined(x: sg.Tensor) -> sg.Tensor:

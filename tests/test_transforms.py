@@ -10,6 +10,8 @@ The default suite runs a sample; ``-m slow`` runs every differentiable row.
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -318,6 +320,13 @@ def test_jvp_every_op(case: Case, mode: str) -> None:
 @pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.name)
 def test_hvp_every_op(case: Case) -> None:
     check_hvp(case)
+
+
+@pytest.mark.parametrize("module", ["transforms", "_custom_vjp"])
+def test_docstring_examples_run(module: str) -> None:
+    mod = importlib.import_module(f"shapegrad.{module}")
+    result = doctest.testmod(mod, extraglobs={"sg": sg}, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
 
 
 # --- the retrace warning ------------------------------------------------------------------
