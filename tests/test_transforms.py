@@ -23,6 +23,8 @@ import shapegrad as sg
 from harness import Case
 from op_table import GRAD_CASES
 from shapegrad.jit import RetraceWarning
+from shapegrad.ops.protocol import NON_DIFFERENTIABLE, Prim
+from shapegrad.ops.vjp import vjp_rule
 
 torch = pytest.importorskip("torch", reason="the torch.func references need PyTorch")
 tfunc = pytest.importorskip("torch.func", reason="the torch.func references need PyTorch")
@@ -183,6 +185,8 @@ def test_non_float_outputs_get_zero_tangents_and_jvp_errors_name_the_problem() -
         sg.jvp(sg.sin, x, x)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="cannot differentiate with respect to a int32"):
         sg.jacrev(lambda i: i * 2)(sg.tensor([1, 2]))
+    with pytest.raises(TypeError, match=r"jvp: cannot differentiate .* int32 input \(argument 1\)"):
+        sg.jvp(lambda x, i: x * i, (x, sg.tensor([1, 2])), (x, sg.tensor([0, 0])))
     with pytest.raises(TypeError, match="argnums=3 but the function was called with 1"):
         sg.jacfwd(sg.sin, argnums=3)(x)
 
@@ -214,6 +218,16 @@ def test_jvp_and_hessian_through_scan_and_checkpoint(mode: str) -> None:
     close(tangent, tfunc.jvp(th_f, (th_w,), (torch.from_numpy(t.numpy()),))[1])
     close(compiled(sg.hessian(f), mode)(w), tfunc.hessian(th_f)(th_w), rtol=1e-9, atol=1e-11)
     close(out, th_f(th_w))
+
+
+def test_every_differentiable_primitive_has_a_vjp_rule() -> None:
+    """Forward mode and second derivatives are derived from these rules (the op-table sweeps
+    below check that each rule's own primitives differentiate correctly)."""
+    for prim in Prim:
+        if prim not in NON_DIFFERENTIABLE and prim is not Prim.INPUT:
+            assert callable(vjp_rule(prim)), prim
+    with pytest.raises(NotImplementedError, match="no VJP rule for primitive input"):
+        vjp_rule(Prim.INPUT)
 
 
 # --- the op table: forward mode and second derivatives against central differences -----

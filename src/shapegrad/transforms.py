@@ -105,6 +105,7 @@ def linearize(fn: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[...,
         >>> f_jvp(sg.tensor([1.0, 1.0])).numpy()   # cos(x) * t
         array([1.       , 0.5403023], dtype=float32)
     """
+    _float_leaves(list(primals), "jvp")
     outer = STATE.grad_depth
     STATE.grad_depth += 1  # everything below is recorded: it is differentiated once more
     try:
@@ -215,7 +216,8 @@ def _float_leaves(values: list[Any], fname: str) -> list[list[Tensor]]:
         for t in tensors:
             if not t.dtype.is_float:
                 raise TypeError(
-                    f"{fname}: cannot differentiate with respect to a {t.dtype} input (argument {k})"
+                    f"{fname}: cannot differentiate with respect to a {t.dtype} input "
+                    f"(argument {k}); close over it instead of passing it"
                 )
         per_arg.append(tensors)
     return per_arg
