@@ -7,6 +7,7 @@ eagerly (NumPy + tape) or compiled (``sg.compile``).
 # First: installs Tensor's operators (defined above the ops they forward to).
 from shapegrad import _tensor_methods  # noqa: F401  # isort: skip
 from shapegrad import data, nn, random, tree
+from shapegrad._custom_vjp import custom_vjp
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
@@ -92,6 +93,7 @@ from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
 from shapegrad.train import optim, schedules
 from shapegrad.train.trainer import ScalarTrainer
+from shapegrad.transforms import hessian, jacfwd, jacrev, jvp, linearize
 from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 from shapegrad.typing import reveal_shape as reveal_shape
 
@@ -130,6 +132,7 @@ __all__ = [
     "conv2d",
     "cos",
     "cross_entropy",
+    "custom_vjp",
     "data",
     "detach",
     "dropout",
@@ -146,9 +149,14 @@ __all__ = [
     "gelu",
     "grad",
     "group_norm",
+    "hessian",
     "hinge",
     "int32",
+    "jacfwd",
+    "jacrev",
+    "jvp",
     "layer_norm",
+    "linearize",
     "load_checkpoint",
     "log",
     "log_softmax",

@@ -5,12 +5,20 @@ made ``t`` and from what); ``backward`` walks that DAG in reverse
 topological order applying the single VJP rule set of ``ops/vjp.py``. In
 eager mode the walk executes NumPy at once; in graph mode it *builds* the
 backward graph. The sort is iterative, so 100k-op chains are fine.
+
+A ``sg.custom_vjp`` output is marked by a STOP_GRADIENT carrying a
+:class:`CustomVjpCall` (``attrs["custom_vjp"]``): the walk sees the function's
+arguments as that node's inputs and applies the user's backward instead of a rule.
+Every interpreter and backend already runs STOP_GRADIENT as the identity (the graph
+passes drop it once autodiff has run), so the marker needs nothing from them.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,10 +32,61 @@ from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
 Producer = Callable[[Tensor], "tuple[Prim, Sequence[Tensor], Any] | None"]
+CustomRule = Callable[[Tensor, Sequence[bool]], Sequence["Tensor | None"]]
+_serials = itertools.count()
+
+
+@dataclass(frozen=True)
+class CustomVjpCall:
+    """One call of a ``sg.custom_vjp`` function: ``attrs["custom_vjp"]`` of its marker.
+
+    ``inputs`` are the call's tensor arguments (the marker's inputs for autodiff) and
+    ``rule(cotangent, needs)`` returns one cotangent (or None) per input. Equality is the
+    serial number, so two calls never hash-cons to one graph node; no field enters a
+    graph key (``metadata["key"]``): the user's backward is traced into the graph itself.
+    """
+
+    serial: int = field(default_factory=lambda: next(_serials), metadata={"key": False})
+    inputs: tuple[Tensor, ...] = field(
+        default=(), compare=False, repr=False, metadata={"key": False}
+    )
+    rule: CustomRule | None = field(
+        default=None, compare=False, repr=False, metadata={"key": False}
+    )
+    name: str = field(default="function", compare=False, metadata={"key": False})
+
+
+def _custom_call(made_by: tuple[Prim, Sequence[Tensor], Any] | None) -> CustomVjpCall | None:
+    if made_by is None or made_by[0] is not Prim.STOP_GRADIENT:
+        return None
+    call: CustomVjpCall | None = made_by[2].get("custom_vjp")
+    return call
+
+
+def _with_custom(producer: Producer) -> Producer:
+    """``producer`` that answers a custom_vjp marker with the call's arguments as inputs."""
+
+    def resolved(t: Tensor) -> tuple[Prim, Sequence[Tensor], Any] | None:
+        made_by = producer(t)
+        call = _custom_call(made_by)
+        if call is None or made_by is None:
+            return made_by
+        if t.is_traced and any(x.is_traced and x._ops is not t._ops for x in call.inputs):
+            # A body of sg.scan / sg.checkpoint is traced once and replayed in another
+            # trace; the call's arguments are the first trace's values.
+            raise NotImplementedError(
+                f"custom_vjp {call.name}: differentiating a custom_vjp function called inside "
+                "an sg.scan or sg.checkpoint body is not supported yet (the body is replayed "
+                "in another trace); call it outside the body"
+            )
+        return made_by[0], call.inputs, made_by[2]
+
+    return resolved
 
 
 def _eager_producer(t: Tensor) -> tuple[Prim, Sequence[Tensor], Any] | None:
-    """``EAGER.producer`` without the method dispatch (the tape node's fields)."""
+    """``EAGER.producer`` without the method dispatch (the tape node's fields; a custom_vjp
+    marker's tape node already lists the call's arguments as its inputs)."""
     node = t._tape
     return None if node is None else (node.prim, node.inputs, node.attrs)
 
@@ -37,7 +96,7 @@ def _topological_order(outputs: Sequence[Tensor], leaf_keys: set[Any]) -> list[T
     ops = outputs[0]._ops
     if ops is EAGER:
         return [t for t, _, _ in _walk_order(outputs, leaf_keys, id, _eager_producer)]
-    ident, producer = ops.identity, ops.producer  # type: ignore[attr-defined]
+    ident, producer = ops.identity, _with_custom(ops.producer)  # type: ignore[attr-defined]
     return [t for t, _, _ in _walk_order(outputs, leaf_keys, ident, producer)]
 
 
@@ -66,7 +125,9 @@ def _walk_order(
             if key in leaf_keys:
                 continue
             made_by = producer(t)
-            if made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:
+            if made_by is not None and (
+                made_by[0] is not Prim.STOP_GRADIENT or "custom_vjp" in made_by[2]
+            ):
                 for parent in made_by[1]:
                     pkey = ident(parent)
                     if pkey not in visited:
@@ -75,18 +136,26 @@ def _walk_order(
 
 
 def backward(
-    outputs: Sequence[Tensor], cotangents: Sequence[Tensor], leaves: Sequence[Tensor]
+    outputs: Sequence[Tensor],
+    cotangents: Sequence[Tensor],
+    leaves: Sequence[Tensor],
+    release: bool = True,
 ) -> list[Tensor]:
-    """Cotangents of ``leaves`` given cotangents of ``outputs`` (zeros where unconnected)."""
+    """Cotangents of ``leaves`` given cotangents of ``outputs`` (zeros where unconnected).
+
+    ``release``: free the eager tape afterwards (outermost level only); False keeps it for
+    another walk (a ``vjp`` pullback may be called once per row of a Jacobian).
+    """
     if not outputs:
         return [prims.zeros_like(leaf) for leaf in leaves]
     ops = outputs[0]._ops
     if ops is EAGER:
-        # The walk runs only VJP rules (no user code): one errstate for all of its ops.
+        # The walk runs VJP rules (and custom_vjp backwards): one errstate for all of its
+        # ops (inf/NaN are values here, as in the forward).
         with quiet():
-            return _backward(outputs, cotangents, leaves, id, _eager_producer, True)
+            return _backward(outputs, cotangents, leaves, id, _eager_producer, release)
     ident = ops.identity  # type: ignore[attr-defined]
-    return _backward(outputs, cotangents, leaves, ident, ops.producer, False)  # type: ignore[attr-defined]
+    return _backward(outputs, cotangents, leaves, ident, _with_custom(ops.producer), False)  # type: ignore[attr-defined]
 
 
 def _backward(
@@ -95,7 +164,7 @@ def _backward(
     leaves: Sequence[Tensor],
     ident: Callable[[Tensor], Any],
     producer: Producer,
-    eager: bool,
+    release: bool,
 ) -> list[Tensor]:
     leaf_keys = {ident(leaf) for leaf in leaves}
     order = _walk_order(outputs, leaf_keys, ident, producer)
@@ -105,7 +174,9 @@ def _backward(
     for _, key, made_by in order:
         if key in leaf_keys:
             relevant.add(key)
-        elif made_by is not None and made_by[0] is not Prim.STOP_GRADIENT:
+        elif made_by is not None and (
+            made_by[0] is not Prim.STOP_GRADIENT or "custom_vjp" in made_by[2]
+        ):
             for parent in made_by[1]:
                 if ident(parent) in relevant:
                     relevant.add(key)
@@ -125,14 +196,18 @@ def _backward(
         if True not in needs:
             continue
         ct = grads.pop(key)
-        input_cts = vjp_rule(prim)(inputs, t, ct, attrs, needs)
+        call = attrs.get("custom_vjp") if prim is Prim.STOP_GRADIENT else None
+        if call is not None and call.rule is not None:
+            input_cts = call.rule(ct, needs)
+        else:
+            input_cts = vjp_rule(prim)(inputs, t, ct, attrs, needs)
         for parent, need, g in zip(inputs, needs, input_cts, strict=True):
             if not need or g is None:
                 continue
             pkey = ident(parent)
             grads[pkey] = grads[pkey] + g if pkey in grads else g
 
-    if eager:
+    if release:
         EAGER.release([t for t, _, _ in order])
     result = []
     for leaf in leaves:
@@ -258,7 +333,12 @@ def grad(
 
 
 def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[[Any], tuple[Any, ...]]]:
-    """``(fn(*args), pullback)``; ``pullback(cotangent)`` returns one gradient per argument."""
+    """``(fn(*args), pullback)``; ``pullback(cotangent)`` returns one gradient per argument.
+
+    The pullback may be called any number of times (once per row of a Jacobian); it keeps
+    the eager tape of ``fn`` alive until it is dropped. Called inside another transform,
+    its backward is recorded, so it can be differentiated again.
+    """
     STATE.grad_depth += 1
     try:
         new_args, leaves, treedefs = _prepare_args(args, tuple(range(len(args))))
@@ -283,7 +363,7 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[[Any], tuple[
         previous = STATE.grad_enabled
         STATE.grad_enabled = STATE.grad_depth > 0
         try:
-            grads = backward(out_leaves, cts, leaves)
+            grads = backward(out_leaves, cts, leaves, release=False)
         finally:
             STATE.grad_enabled = previous
         result = []
@@ -293,4 +373,13 @@ def vjp(fn: Callable[..., Any], *args: Any) -> tuple[Any, Callable[[Any], tuple[
             offset += td.num_leaves
         return tuple(result)
 
+    if STATE.grad_depth == 0:  # the caller's own ops on the value need no tape
+        out = tree.unflatten(out_td, [detached(leaf) for leaf in out_leaves])
     return out, pullback
+
+
+def detached(leaf: Any) -> Any:
+    """An eager tensor's value without its tape (anything else unchanged)."""
+    if isinstance(leaf, Tensor) and not leaf.is_traced:
+        return prims.stop_gradient(leaf)
+    return leaf

@@ -26,6 +26,7 @@ import functools
 import hashlib
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -231,8 +232,34 @@ def _leaf_paths(td: tree.TreeDef, prefix: str, out: list[str]) -> None:
             _leaf_paths(child, f"{prefix}.{key}", out)
 
 
+class RetraceWarning(UserWarning):
+    """A compiled function was traced again and again for new argument shapes."""
+
+
+RETRACE_WARNING_AT = 5  # retraces (traces after the first) before the one warning
+
+
+def _retrace_message(name: str, signatures: list[dict[str, str]]) -> str:
+    """Which inputs changed type across ``signatures`` (input path -> dtype[shape])."""
+    paths = list(dict.fromkeys(p for sig in signatures for p in sig))
+    changed = []
+    for path in paths:
+        seen = list(dict.fromkeys(sig.get(path, "absent") for sig in signatures))
+        if len(seen) > 1:
+            changed.append(f"{path}: {', '.join(seen)}")
+    return (
+        f"sg.compile({name}) traced and compiled {len(signatures)} times, once per new "
+        f"argument shape; the inputs that changed: {'; '.join(changed) or 'structure only'}. "
+        "Each new shape compiles a new program; pad the inputs to a few fixed shapes to reuse them"
+    )
+
+
 class Compiled:
-    """A compiled function (see :func:`compile`). Call it like the original."""
+    """A compiled function (see :func:`compile`). Call it like the original.
+
+    The fifth retrace (a sixth argument signature) warns once with a
+    :class:`RetraceWarning` naming the inputs whose shapes changed, as JAX and PyTorch do.
+    """
 
     def __init__(
         self,
@@ -250,6 +277,7 @@ class Compiled:
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
+        self._signatures: list[dict[str, str]] = []  # input path -> dtype[shape], per trace
         self._fast: dict[Any, FastEntry] = {}  # exact argument structure -> ready call
         try:
             self._param_names = list(inspect.signature(fn).parameters)
@@ -372,7 +400,19 @@ class Compiled:
         lowered = self._trace(leaves, td, key).lower()
         lowered.compile()
         self._cache[key] = lowered
+        self._note_signature(td, leaves)
         return lowered
+
+    def _note_signature(self, td: tree.TreeDef, leaves: list[Any]) -> None:
+        """Remember this trace's input types; warn once at the ``RETRACE_WARNING_AT``-th retrace."""
+        if len(self._signatures) > RETRACE_WARNING_AT:
+            return  # warned already: keep no more
+        names = self._input_names(td)
+        avals = _leaf_avals(leaves)
+        self._signatures.append({n: str(a) for n, a in zip(names, avals, strict=True)})
+        if len(self._signatures) == RETRACE_WARNING_AT + 1:
+            name = getattr(self.fn, "__name__", "function")
+            warnings.warn(_retrace_message(name, self._signatures), RetraceWarning, stacklevel=4)
 
     def _trace(self, leaves: list[Any], td: tree.TreeDef, key: Any) -> Traced:
         self.trace_count += 1
@@ -520,4 +560,4 @@ def compile(
     return make if fn is None else make(fn)
 
 
-__all__ = ["Compiled", "Lowered", "Traced", "compile"]
+__all__ = ["Compiled", "Lowered", "RetraceWarning", "Traced", "compile"]
