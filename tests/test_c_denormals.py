@@ -4,6 +4,7 @@ the caller's floating-point mode (and the pool threads') is restored after each 
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 
@@ -84,7 +85,8 @@ def test_generated_code_sets_the_mode_in_every_region() -> None:
     _, source = generate(graph, CompileOptions(backend_options=COptions(denormals="flush")))
     assert "#define SG_FLUSH_DENORMALS 1" in source
     body = source[source.index("static int sg_body(") :]
-    assert body.count("#pragma omp parallel") == body.count("SG_FP_ENTER;") - 2  # + 2 entries
+    assert body.count("#pragma omp parallel") == body.count("SG_FP_ENTER;")  # every team
+    assert body.count("SG_FP_CALL_ENTER;") == 2  # sg_run, sg_run_steps: the caller's mode
     _, plain = generate(graph)
     assert "SG_FLUSH_DENORMALS 1" not in plain
 
@@ -109,3 +111,27 @@ def test_trainer_keyword_reaches_the_compiled_step() -> None:
     np.testing.assert_array_equal(result[True], np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="flush_denormals"):
         sg.ScalarTrainer(loss, [w], mode="eager", flush_denormals=True)
+
+
+def test_pool_threads_born_in_a_flushed_call_do_not_keep_flushing() -> None:
+    """In a fresh process whose first parallel call is a flushed one, the OpenMP pool
+    threads are created inside it and inherit FTZ/DAZ from their creator: they must leave
+    with the caller's mode, or every later program silently flushes on those threads."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np, shapegrad as sg\n"
+        "x = (np.arange(1 << 20, dtype=np.float32) % 7 + 1) * np.float32(1e-33)\n"
+        "s = np.full(1 << 20, 1e-5, np.float32)\n"
+        "f = sg.compile(lambda x, s: x * s + 0.0, backend='c', flush_denormals=True)\n"
+        "p = sg.compile(lambda x, s: x * s + 0.0, backend='c')\n"
+        "f(x, s)\n"
+        "got = np.asarray(p(x, s))\n"
+        "assert np.array_equal(got, x * s), int(np.sum(got != x * s))\n"
+    )
+    env = {**os.environ, "SHAPEGRAD_NUM_THREADS": "2", "SHAPEGRAD_ADAPTIVE_THREADS": "0"}
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]

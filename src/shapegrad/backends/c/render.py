@@ -73,18 +73,19 @@ _STEPS = r"""
 SG_HIDDEN int sg_threads = 1;
 SG_HIDDEN int sg_adaptive = 1;
 SG_HIDDEN unsigned sg_team_epoch;
+SG_HIDDEN unsigned long long sg_fp_caller = 0x1f80u;
 
 int sg_run(void **io, char *arena) {
-    SG_FP_ENTER;
+    SG_FP_CALL_ENTER;
     int rc = sg_body(io, arena);
-    SG_FP_LEAVE;
+    SG_FP_CALL_LEAVE;
     return rc;
 }
 
 int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t *done) {
     void *local[SG_NSLOTS + 1];
     int rc = 0;
-    SG_FP_ENTER;
+    SG_FP_CALL_ENTER;
     *done = 0;
     for (int64_t t = 0; t < k; ++t) {
         for (int s = 0; s < SG_NSLOTS; ++s) local[s] = (char *)io[s] + t * step[s];
@@ -92,7 +93,7 @@ int sg_run_steps(void **io, char *arena, int64_t k, const int64_t *step, int64_t
         if (rc) break;
         *done = t + 1;
     }
-    SG_FP_LEAVE;
+    SG_FP_CALL_LEAVE;
     return rc;
 }
 

@@ -66,17 +66,28 @@ static inline int sg_thread_id(void) {
     return 0;
 #endif
 }
-/* Flush-to-zero (render_c(flush_denormals=True) defines SG_FLUSH_DENORMALS): every thread
-   that runs the step sets FTZ|DAZ for the call and restores its own mode after. */
+/* Flush-to-zero (render_c(flush_denormals=True) defines SG_FLUSH_DENORMALS): the entry
+   points record the calling thread's mode in sg_fp_caller and set FTZ|DAZ; every thread of
+   a team sets them for its region and leaves with the caller's mode. Not its own previous
+   mode: a pool thread born inside a flushed call inherits FTZ|DAZ from its creator, and
+   restoring that would leave it flushing in every later call of any program. */
+SG_HIDDEN extern unsigned long long sg_fp_caller;
 #if defined(SG_FLUSH_DENORMALS) && (defined(__x86_64__) || defined(__i386__))
 #include <xmmintrin.h>
-#define SG_FP_ENTER unsigned int sg_fp_saved = _mm_getcsr(); _mm_setcsr(sg_fp_saved | 0x8040u)
-#define SG_FP_LEAVE _mm_setcsr(sg_fp_saved)
+#define SG_FP_CALL_ENTER unsigned int sg_fp_saved = _mm_getcsr(); \
+    sg_fp_caller = sg_fp_saved; _mm_setcsr(sg_fp_saved | 0x8040u)
+#define SG_FP_CALL_LEAVE _mm_setcsr(sg_fp_saved)
+#define SG_FP_ENTER _mm_setcsr((unsigned int)sg_fp_caller | 0x8040u)
+#define SG_FP_LEAVE _mm_setcsr((unsigned int)sg_fp_caller)
 #elif defined(SG_FLUSH_DENORMALS) && defined(__aarch64__)
-#define SG_FP_ENTER uint64_t sg_fp_saved; __asm__ __volatile__("mrs %0, fpcr" : "=r"(sg_fp_saved)); \
-    __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved | (1ull << 24)))
-#define SG_FP_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved))
+#define SG_FP_CALL_ENTER uint64_t sg_fp_saved; __asm__ __volatile__("mrs %0, fpcr" : "=r"(sg_fp_saved)); \
+    sg_fp_caller = sg_fp_saved; __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved | (1ull << 24)))
+#define SG_FP_CALL_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"(sg_fp_saved))
+#define SG_FP_ENTER __asm__ __volatile__("msr fpcr, %0" : : "r"((uint64_t)sg_fp_caller | (1ull << 24)))
+#define SG_FP_LEAVE __asm__ __volatile__("msr fpcr, %0" : : "r"((uint64_t)sg_fp_caller))
 #else
+#define SG_FP_CALL_ENTER (void)0
+#define SG_FP_CALL_LEAVE (void)0
 #define SG_FP_ENTER (void)0
 #define SG_FP_LEAVE (void)0
 #endif
