@@ -366,3 +366,48 @@ def test_fifth_retrace_warns_once_naming_the_changed_shapes() -> None:
     assert "w:" not in message  # unchanged inputs are not named
     assert retraces[0].filename == __file__  # points at the caller
     assert f.trace_count == 9
+
+
+def test_hessian_vector_product_through_scan_eagerly() -> None:
+    """grad of grad through sg.scan: the inner gradient's scan stores its carries and the
+    outer one differentiates through them. Eagerly, SCAN's VJP skipped a stored-carry
+    cotangent that was zero by value even while the tape recorded it, so the outer
+    gradient lost that path. Checked against float64 central differences of the gradient."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 3))
+    v = rng.standard_normal((5, 3))
+
+    def f(x: sg.Tensor) -> sg.Tensor:
+        def body(h: sg.Tensor, xi: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+            h = sg.tanh(h * xi + 0.5)
+            return h, h * h
+
+        _, ys = sg.scan(body, x[0], x)
+        return ys.sum()
+
+    def grad_dot_v(x: sg.Tensor) -> sg.Tensor:
+        return (sg.grad(f)(x) * sg.tensor(v)).sum()
+
+    got = sg.grad(grad_dot_v)(sg.tensor(x)).numpy()
+    eps = 1e-6
+    want = (
+        sg.grad(f)(sg.tensor(x + eps * v)).numpy() - sg.grad(f)(sg.tensor(x - eps * v)).numpy()
+    ) / (2 * eps)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+
+
+def test_scan_vjp_skips_only_cotangents_that_no_tape_records() -> None:
+    """SCAN's VJP skips a stored-carry cotangent that is zero by value; one that a tape
+    records is being differentiated (a Hessian through a linearized scan transposes at a
+    point that may be zero): skipping it cut that path and gave wrong eager Hessians."""
+    from shapegrad import _scan
+
+    assert _scan._zero_range(sg.tensor(np.zeros(6)), 0, 6)
+    recorded: list[bool] = []
+
+    def probe(u: sg.Tensor) -> sg.Tensor:
+        recorded.append(_scan._zero_range(u, 0, 6))
+        return (u * u).sum()
+
+    sg.grad(probe)(sg.tensor(np.zeros(6)))
+    assert recorded == [False]  # zero now, but a gradient flows through it

@@ -161,9 +161,12 @@ def _concat_flat(leaves: Sequence[Tensor]) -> Tensor:
 
 
 def _zero_range(ct: Tensor, lo: int, hi: int) -> bool:
-    """Whether the 1-d ``ct`` is certainly zero on ``[lo, hi)`` (NumPy values are checked;
+    """Whether the 1-d ``ct`` is certainly zero on ``[lo, hi)`` (NumPy values are checked,
+    unless a tape records ``ct``: a second derivative then needs the path through it;
     graph values are analysed: sums of zero-padded pieces, as autodiff builds them)."""
     if isinstance(ct._payload, np.ndarray):
+        if ct._leaf or ct._tape is not None:
+            return False  # being differentiated: zero now, but its derivative is not
         return not np.any(ct._payload[lo:hi])
     return _zero_node(ct._payload, lo, hi)
 
