@@ -30,3 +30,13 @@ def probabilities(x: Float[Tensor, "b c"]) -> Float[Tensor, "b c"]:
 @sg.typechecked
 def flattened(x: Float[Tensor, "b c h w"]) -> Float[Tensor, "b f"]:
     return x.flatten(1)
+
+
+def run() -> float:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = sg.tensor(rng.standard_normal((2, 3, 4)).astype(np.float32))
+    img = sg.tensor(rng.standard_normal((2, 3, 4, 5)).astype(np.float32))
+    total = pooled(x).sum() + summed(x).sum() + probabilities(pooled(x)).sum()
+    return float((total + flattened(img).sum()).item())
