@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +15,18 @@ from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
 
+_MATH_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: Array) -> Array:
+    """The error function, elementwise: ``math.erf`` (correctly rounded in float64), the
+    result rounded once to ``x``'s float dtype. NumPy has no erf and SciPy is not a
+    dependency; this runs at Python speed per element (about 0.1 us each)."""
+    x = np.asarray(x)
+    out = np.asarray(_MATH_ERF(x.astype(np.float64)), dtype=np.float64)
+    return out.astype(x.dtype) if x.dtype.kind == "f" else out
+
+
 UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.NEG: np.negative,
     Prim.EXP: np.exp,
@@ -22,6 +35,7 @@ UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.COS: np.cos,
     Prim.SQRT: np.sqrt,
     Prim.TANH: np.tanh,
+    Prim.ERF: erf,
     Prim.ABS: np.abs,
 }
 
