@@ -440,6 +440,19 @@ def _resize_ref(x: np.ndarray, size: tuple[int, ...], mode: str, align_corners: 
     return out
 
 
+def _conv_transpose_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, s: int, p: int, op: int) -> np.ndarray:
+    """Scatter form: every input pixel adds ``x * w`` into a stride-``s`` placed window,
+    then ``p`` is cropped from each side (``op`` extra rows/cols at the end)."""
+    n, _, h, wd = x.shape
+    cout, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    full = np.zeros((n, cout, (h - 1) * s + kh + op, (wd - 1) * s + kw + op))
+    for i in range(h):
+        for j in range(wd):
+            full[:, :, i * s : i * s + kh, j * s : j * s + kw] += np.einsum("nc,cokl->nokl", x[:, :, i, j], w)
+    out = full[:, :, p : full.shape[2] - p, p : full.shape[3] - p]
+    return out if b is None else out + b[None, :, None, None]
+
+
 def _ce_classes_on(axis: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     def ref(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
         moved = np.moveaxis(logits, axis, -1)
@@ -490,6 +503,11 @@ def issue25_cases() -> list[Case]:
         Case("upsample", lambda x: sg.upsample(x, 2, mode="bilinear"), [normal(1, 1, 3, 2)], lambda x: _resize_ref(x, (6, 4), "linear"), ("upsample", "interpolate")),
         Case("cross_entropy[nd]", lambda x, y: sg.cross_entropy(x, y, axis=1), [normal(2, 4, 3, 2), ints(0, 4, 2, 3, 2)], _ce_classes_on(1), ("cross_entropy",)),
         Case("cross_entropy[nd_soft]", lambda x, y: sg.cross_entropy(x, y, axis=1), [normal(2, 3, 4), lambda rng: np.moveaxis(R.softmax(rng.standard_normal((2, 4, 3))), 2, 1)], _ce_classes_on(1), ("cross_entropy",)),
+        Case("cumsum", lambda x: sg.cumsum(x, axis=1), [normal(3, 11)], lambda x: np.cumsum(x, axis=1), ("cumsum",)),
+        Case("cumsum[flat]", sg.cumsum, [normal(2, 3)], np.cumsum, ("cumsum",)),
+        Case("cumsum[int]", lambda x: sg.cumsum(x, axis=0), [ints(-5, 5, 6, 2)], lambda x: np.cumsum(x, axis=0).astype(np.int32), ("cumsum",), grad=False),
+        Case("conv_transpose2d", lambda x, w, b: sg.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1), [normal(2, 3, 3, 4), normal(3, 2, 3, 3), normal(2)], lambda x, w, b: _conv_transpose_ref(x, w, b, 2, 1, 1), ("conv_transpose2d", "conv2d")),
+        Case("conv_transpose2d[plain]", lambda x, w: sg.conv_transpose2d(x, w), [normal(1, 2, 3, 3), normal(2, 3, 2, 2)], lambda x, w: _conv_transpose_ref(x, w, None, 1, 0, 0), ("conv_transpose2d",)),
         Case("cross_entropy[last]", sg.cross_entropy, [normal(2, 3, 5), ints(0, 5, 2, 3)], _ce_classes_on(-1), ("cross_entropy",)),
     ]
 

@@ -11,6 +11,7 @@ from shapegrad._composites import (
     all,
     any,
     argmin,
+    cumsum,
     elu,
     flip,
     leaky_relu,
@@ -23,7 +24,7 @@ from shapegrad._composites import (
     tril,
     triu,
 )
-from shapegrad._resample import conv1d, interpolate, upsample
+from shapegrad._resample import conv1d, conv_transpose2d, interpolate, upsample
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
@@ -150,8 +151,10 @@ __all__ = [
     "concatenate",
     "conv1d",
     "conv2d",
+    "conv_transpose2d",
     "cos",
     "cross_entropy",
+    "cumsum",
     "data",
     "detach",
     "dropout",

@@ -338,3 +338,31 @@ def tile(x: Tensor, reps: int | Sequence[int]) -> Tensor:
     spread = tuple(v for pair in zip(counts, dims, strict=True) for v in pair)
     lifted = p.broadcast_in_dim(p.reshape(x, dims), spread, tuple(range(1, 2 * rank, 2)))
     return p.reshape(lifted, [c * d for c, d in zip(counts, dims, strict=True)])
+
+
+def cumsum(x: Tensor, axis: int | None = None) -> Tensor:
+    """Cumulative sum along ``axis`` (flattened when None); ``np.cumsum``/``torch.cumsum``.
+
+    A log-step (Hillis-Steele) scan: ``ceil(log2(n))`` shifted adds, each a pad of a
+    slice, so it compiles everywhere and differentiates exactly (its VJP is the reversed
+    cumulative sum). Float results may differ from a sequential sum by rounding; int32
+    sums wrap like NumPy's int32 ``cumsum``.
+    Example:
+        >>> sg.cumsum(sg.tensor([1, 2, 3, 4])).tolist()
+        [1, 3, 6, 10]
+    """
+    x = p.as_tensor(x, "cumsum")
+    if x.dtype == bool_:
+        raise DTypeError("cumsum: bool tensors have no sum; cast with .astype('int32')")
+    if axis is None:
+        x, axis = p.reshape(x, [x.size]), 0
+    axis = normalize_axis("cumsum", axis, x.ndim)
+    n = x.shape[axis]
+    shift = 1
+    while shift < n:
+        stops = [n - shift if a == axis else d for a, d in enumerate(x.shape)]
+        head = p.slice_(x, [0] * x.ndim, stops, [1] * x.ndim)
+        low = [shift if a == axis else 0 for a in range(x.ndim)]
+        x = x + p.pad(head, low, [0] * x.ndim)
+        shift *= 2
+    return x

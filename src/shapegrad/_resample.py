@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shapegrad._composites import flip
 from shapegrad._conv import conv2d
 from shapegrad.dtypes import DTypeError, int32
 from shapegrad.ops import prims as p
@@ -168,3 +169,81 @@ def upsample(x: Tensor, scale_factor: float | Sequence[float] = 2, mode: str = "
         (1, 1, 4, 4)
     """
     return interpolate(x, scale_factor=scale_factor, mode=mode)
+
+
+def _dilate(x: Tensor, stride: tuple[int, int]) -> Tensor:
+    """``[N, C, H, W]`` with ``s - 1`` zeros between neighbours: ``[N, C, (H-1)sh+1, (W-1)sw+1]``."""
+    n, c, h, w = x.shape
+    sh, sw = stride
+    if (sh, sw) == (1, 1):
+        return x
+    spread = p.pad(p.reshape(x, [n, c, h, 1, w, 1]), [0] * 6, [0, 0, 0, sh - 1, 0, sw - 1])
+    grid = p.reshape(spread, [n, c, h * sh, w * sw])
+    return p.slice_(grid, [0, 0, 0, 0], [n, c, (h - 1) * sh + 1, (w - 1) * sw + 1], [1, 1, 1, 1])
+
+
+def _pad_or_crop(x: Tensor, low: tuple[int, int], high: tuple[int, int]) -> Tensor:
+    """Pad the last two axes by ``low``/``high`` (negative amounts crop)."""
+    starts = [0, 0, -min(low[0], 0), -min(low[1], 0)]
+    stops = [x.shape[0], x.shape[1], x.shape[2] + min(high[0], 0), x.shape[3] + min(high[1], 0)]
+    x = p.slice_(x, starts, stops, [1, 1, 1, 1])
+    pos_low = [0, 0, max(low[0], 0), max(low[1], 0)]
+    pos_high = [0, 0, max(high[0], 0), max(high[1], 0)]
+    return p.pad(x, pos_low, pos_high)
+
+
+def conv_transpose2d(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] = 0,
+    output_padding: int | tuple[int, int] = 0,
+) -> Tensor:
+    """Transposed 2-d convolution like ``torch.nn.functional.conv_transpose2d`` (no groups
+    or dilation): the gradient of ``conv2d`` with respect to its input.
+
+    ``x [N, Cin, H, W]``, ``w [Cin, Cout, kh, kw]`` (PyTorch's layout), ``bias [Cout]``;
+    returns ``[N, Cout, (H - 1) sh - 2 ph + kh + oph, ...]``. Computed as conv2d of the
+    stride-dilated, ``k - 1 - p``-padded input with the flipped, transposed kernel.
+    Example:
+        >>> sg.conv_transpose2d(sg.ones((1, 4, 3, 3)), sg.ones((4, 2, 2, 2)), stride=2).shape
+        (1, 2, 6, 6)
+    """
+    op = "conv_transpose2d"
+    x, w = p.as_tensor(x, op), p.as_tensor(w, op)
+    if x.ndim != 4:
+        raise ShapeError(op, f"input must be [N, Cin, H, W], got {fmt(x.shape)}")
+    if w.ndim != 4:
+        raise ShapeError(op, f"weight must be [Cin, Cout, kh, kw], got {fmt(w.shape)}")
+    if w.shape[0] != x.shape[1]:
+        raise ShapeError(
+            op,
+            f"weight {fmt(w.shape)} is [Cin, Cout, kh, kw] with Cin {w.shape[0]}, but the "
+            f"input {fmt(x.shape)} has {x.shape[1]} channels",
+        )
+    s = _pair2(op, "stride", stride, 1)
+    pad = _pair2(op, "padding", padding, 0)
+    extra = _pair2(op, "output_padding", output_padding, 0)
+    if extra[0] >= s[0] or extra[1] >= s[1]:
+        raise ValueError(f"{op}: output_padding {extra} must be smaller than stride {s}")
+    k = (w.shape[2], w.shape[3])
+    out = tuple((x.shape[2 + i] - 1) * s[i] - 2 * pad[i] + k[i] + extra[i] for i in range(2))
+    if out[0] < 1 or out[1] < 1:
+        raise ShapeError(op, f"padding {pad} leaves no output for {fmt(x.shape)} and kernel {k}")
+    low = (k[0] - 1 - pad[0], k[1] - 1 - pad[1])
+    high = (low[0] + extra[0], low[1] + extra[1])
+    spread = _pad_or_crop(_dilate(x, s), low, high)
+    kernel = p.permute(flip(w, (2, 3)), (1, 0, 2, 3))
+    return conv2d(spread, kernel, bias)
+
+
+def _pair2(op: str, name: str, value: int | tuple[int, int], minimum: int) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in pair
+    ):
+        raise ValueError(
+            f"{op}: {name} must be an int >= {minimum} or a pair of them, got {value!r}"
+        )
+    return pair[0], pair[1]

@@ -1,7 +1,7 @@
 """Correct: the shapes the plugin infers for issue 25's ops (each ``# N:`` is the note on the
 next line)."""
 
-# ruff: noqa: F821  (one-name jaxtyping specs such as "b" look like forward references)
+
 
 import shapegrad as sg
 from shapegrad import Float, Int, Tensor
@@ -32,6 +32,10 @@ def ops(
     sg.reveal_shape(sg.interpolate(img, size=(5, 5)))
     # N: Revealed shape is "float[b, 5, 16]"
     sg.reveal_shape(sg.conv1d(seq, w, padding=1))
+    # N: Revealed shape is "float[b, 8]"
+    sg.reveal_shape(sg.cumsum(x, axis=1))
+    # N: Revealed shape is "float[b, 2, 8, 12]"
+    sg.reveal_shape(sg.conv_transpose2d(img, sg.ones((3, 2, 3, 3)), stride=2, padding=1, output_padding=1))
     # N: Revealed shape is "float[]"
     sg.reveal_shape(sg.cross_entropy(img, labels, axis=1))
     return x

@@ -13,7 +13,7 @@ from . import algebra as A
 from . import layers as L
 from .algebra import Mismatch, Operand
 from .call import Call
-from .literals import bool_of, int_of, ints_of, is_none
+from .literals import bool_of, int_of, ints_of, is_none, pair_of
 from .spec import Item, TShape, show
 
 Rule = Callable[[Call], TShape | None]
@@ -165,6 +165,58 @@ def conv1d(call: Call) -> TShape | None:
     return TShape((n, o, out), x.shape.dtype)
 
 
+def cumsum(call: Call) -> TShape | None:
+    """Shape-preserving along a literal ``axis``; flattened when ``axis`` is None."""
+    x = _x(call)
+    axis_expr = call.expr("axis", 1)
+    if x is None or not x.shape.fixed:
+        return None
+    if is_none(axis_expr):
+        dims = _ints_only(x.shape.dims)
+        if dims is None:
+            return None
+        size = 1
+        for d in dims:
+            size *= d
+        return x.shape.with_dims([size])
+    axis = int_of(axis_expr)
+    if axis is not None:
+        A.resolve_axis("cumsum", x, axis)
+    return x.shape
+
+
+def conv_transpose2d(call: Call) -> TShape | None:
+    """``[N, Cin, H, W]`` with ``[Cin, Cout, kh, kw]``: ``[N, Cout, (H-1)s - 2p + k + op, ...]``."""
+    x, w = call.operand("x", 0), call.operand("w", 1)
+    if x is None or w is None or not x.shape.fixed or not w.shape.fixed:
+        return None
+    if len(x.shape.dims) != 4 or len(w.shape.dims) != 4:
+        raise Mismatch(
+            f"conv_transpose2d: needs input [N, Cin, H, W] and weight [Cin, Cout, kh, kw], "
+            f"got {x.describe()} and {w.describe()}"
+        )
+    (n, c, h, wd), (c_w, o, kh, kw) = x.shape.dims, w.shape.dims
+    if A.differ(c, c_w):
+        raise Mismatch(
+            f"conv_transpose2d: input channels disagree: {x.describe()} and weight "
+            f"{w.describe()} (the weight is [Cin, Cout, kh, kw])"
+        )
+    settings = [
+        pair_of(call.expr(name, i), default)
+        for name, i, default in (
+            ("stride", 3, (1, 1)),
+            ("padding", 4, (0, 0)),
+            ("output_padding", 5, (0, 0)),
+        )
+    ]
+    spatial: list[Item] = [None, None]
+    for i, (size, k) in enumerate(((h, kh), (wd, kw))):
+        if isinstance(size, int) and isinstance(k, int) and all(v is not None for v in settings):
+            s, p, op = (v[i] for v in settings if v is not None)
+            spatial[i] = (size - 1) * s - 2 * p + k + op
+    return TShape((n, o, *spatial), x.shape.dtype)
+
+
 def cross_entropy(call: Call) -> TShape | None:
     """``cross_entropy(logits, labels, axis=-1)``: the 2-d rule of :mod:`layers`, or, for
     N-d logits or a given class ``axis``, labels equal to the logits' shape with or
@@ -200,7 +252,9 @@ __all__ = [
     "argmin",
     "bool_reduction",
     "conv1d",
+    "conv_transpose2d",
     "cross_entropy",
+    "cumsum",
     "interpolate",
     "matrix_like",
     "norm",

@@ -19,9 +19,9 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
     ),
     "shapegrad._composites": (
         "silu", "softplus", "elu", "leaky_relu", "argmin", "all", "any", "norm", "tril", "triu",
-        "flip", "roll", "repeat", "tile",
+        "flip", "roll", "repeat", "tile", "cumsum",
     ),
-    "shapegrad._resample": ("conv1d", "interpolate"),
+    "shapegrad._resample": ("conv1d", "conv_transpose2d", "interpolate"),
     "shapegrad._norms": ("layer_norm",),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",

@@ -508,6 +508,8 @@ FUNCTION_RULES: dict[str, Rule] = {
     "tile": CR.tile,
     "repeat": CR.repeat,
     "conv1d": CR.conv1d,
+    "conv_transpose2d": CR.conv_transpose2d,
+    "cumsum": CR.cumsum,
     "interpolate": CR.interpolate,
 }
 
