@@ -49,7 +49,10 @@ def silu(x: Tensor) -> Tensor:
         0.7311
     """
     x = _float("silu", x)
-    return x * F.sigmoid(x)
+    # sg.sigmoid's tanh form rounds to 0 below about -17 in float32; exp(-|x|) / (1 + ...)
+    # keeps the left tail (silu(-30) = -2.8e-12, as in PyTorch) and never overflows.
+    e = F.exp(-F.abs(x))
+    return x * F.where(x >= 0.0, 1.0 / (e + 1.0), e / (e + 1.0))
 
 
 def _log1p(u: Tensor) -> Tensor:
