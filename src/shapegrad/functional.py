@@ -550,7 +550,8 @@ def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
     logits, labels = _t(logits), _t(labels)
     if logits.ndim < 2:
         raise ShapeError(
-            "cross_entropy", f"logits must be [b, c] or [N, C, d1, ...], got {fmt(logits.shape)}"
+            "cross_entropy",
+            f"logits must be [b, c], got {fmt(logits.shape)} (or [N, C, d1, ...] with axis=1)",
         )
     class_axis = normalize_axis("cross_entropy", axis, logits.ndim)
     if logits.ndim != 2 or class_axis != 1:

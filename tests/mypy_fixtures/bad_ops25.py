@@ -22,3 +22,8 @@ def smooth(seq: Float[Tensor, "b 3 16"], w: Float[Tensor, "5 4 3"]) -> Tensor:
 def mask(v: Float[Tensor, "n"]) -> Tensor:
     # E: tril: needs a tensor of rank >= 2, got v [n]
     return sg.tril(v)
+
+
+def run() -> None:
+    # E: segmentation_loss(...) fails inside: cross_entropy: labels labels [2, 4, 5] do not match logits logits [2, 3, 4, 6] with classes on axis 1 (expected [2, 4, 6] class indices or [2, 3, 4, 6] targets)
+    segmentation_loss(sg.randn((2, 3, 4, 6)), sg.zeros((2, 4, 5), sg.int32))
