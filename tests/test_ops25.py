@@ -105,6 +105,17 @@ def test_softplus_and_elu_stay_finite_at_large_magnitudes() -> None:
     np.testing.assert_allclose(sg.softplus(sg.tensor(tail)).numpy(), np.log1p(np.exp(tail)), rtol=1e-14)
 
 
+@pytest.mark.parametrize("ord", [None, 3.0])
+def test_norm_of_a_zero_vector_has_a_zero_gradient_like_pytorch(ord: float | None) -> None:
+    x = np.zeros((2, 3))
+    x[1] = [1.0, -2.0, 0.5]
+    t = torch.tensor(x, requires_grad=True)
+    torch.linalg.vector_norm(t, 2 if ord is None else ord, dim=1).sum().backward()
+    (g,) = _grads(lambda v: sg.norm(v, ord, axis=1), [x])
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def test_erf_runs_compiled_in_c() -> None:
     x = np.linspace(-4, 4, 33)
     fn = sg.compile(lambda t: sg.erf(t), backend="c")

@@ -195,7 +195,7 @@ def norm(
             f"norm: ord must be None, 'fro', inf, -inf, 0 or a number > 0, got {ord!r}"
         )
     if ord is None or ord == 2:
-        return F.sqrt(F.sum(x * x, axis=axes, keepdims=keepdims))
+        return _root(F.sum(x * x, axis=axes, keepdims=keepdims), 2.0)
     if ord == 1:
         return F.sum(F.abs(x), axis=axes, keepdims=keepdims)
     if ord == math.inf:
@@ -205,7 +205,17 @@ def norm(
     if ord == 0:
         return F.sum(p.cast(x != 0.0, x.dtype), axis=axes, keepdims=keepdims)
     power = float(ord)
-    return F.pow(F.sum(F.pow(F.abs(x), power), axis=axes, keepdims=keepdims), 1.0 / power)
+    return _root(F.sum(F.pow(F.abs(x), power), axis=axes, keepdims=keepdims), power)
+
+
+def _root(total: Tensor, power: float) -> Tensor:
+    """``total ** (1 / power)`` whose gradient is 0 (PyTorch's) where ``total`` is 0: the
+    root's derivative is infinite there, and inf * 0 would make the norm of a zero vector
+    a NaN gradient (gradient clipping of all-zero gradients)."""
+    positive = total > 0.0
+    safe = F.where(positive, total, 1.0)
+    root = F.sqrt(safe) if power == 2.0 else F.pow(safe, 1.0 / power)
+    return F.where(positive, root, 0.0)
 
 
 # --- triangles and rearrangements ------------------------------------------------------
