@@ -116,6 +116,15 @@ def test_norm_of_a_zero_vector_has_a_zero_gradient_like_pytorch(ord: float | Non
     np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_low_precision_cumsum_accumulates_in_float32(dtype: str) -> None:
+    x = sg.full((3000,), 1.0, dtype)  # a float16/bfloat16 running sum would stall at 2048/256
+    got = sg.cumsum(x)
+    assert got.dtype.name == dtype
+    np.testing.assert_array_equal(got.numpy().astype(np.float64)[[0, 255, 2047]], [1, 256, 2048])
+    assert float(got.numpy()[-1]) == float(np.asarray(3000.0, dtype=x.numpy().dtype))
+
+
 def test_erf_runs_compiled_in_c() -> None:
     x = np.linspace(-4, 4, 33)
     fn = sg.compile(lambda t: sg.erf(t), backend="c")

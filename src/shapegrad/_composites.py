@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shapegrad import functional as F
-from shapegrad.dtypes import DTypeError, bool_, int32
+from shapegrad.dtypes import DTypeError, bfloat16, bool_, float16, float32, int32
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt, normalize_axes, normalize_axis
@@ -358,8 +358,9 @@ def cumsum(x: Tensor, axis: int | None = None) -> Tensor:
 
     A log-step (Hillis-Steele) scan: ``ceil(log2(n))`` shifted adds, each a pad of a
     slice, so it compiles everywhere and differentiates exactly (its VJP is the reversed
-    cumulative sum). Float results may differ from a sequential sum by rounding; int32
-    sums wrap like NumPy's int32 ``cumsum``.
+    cumulative sum). Float results may differ from a sequential sum by rounding; float16
+    and bfloat16 accumulate in float32 and round once; int32 sums wrap like NumPy's int32
+    ``cumsum``.
     Example:
         >>> sg.cumsum(sg.tensor([1, 2, 3, 4])).tolist()
         [1, 3, 6, 10]
@@ -367,6 +368,8 @@ def cumsum(x: Tensor, axis: int | None = None) -> Tensor:
     x = p.as_tensor(x, "cumsum")
     if x.dtype == bool_:
         raise DTypeError("cumsum: bool tensors have no sum; cast with .astype('int32')")
+    if x.dtype in (float16, bfloat16):  # low-precision floats accumulate in float32
+        return p.cast(cumsum(p.cast(x, float32), axis), x.dtype)
     if axis is None:
         x, axis = p.reshape(x, [x.size]), 0
     axis = normalize_axis("cumsum", axis, x.ndim)
