@@ -15,15 +15,14 @@ from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
 
-_MATH_ERF = np.frompyfunc(math.erf, 1, 1)
-
 
 def erf(x: Array) -> Array:
-    """The error function, elementwise: ``math.erf`` (correctly rounded in float64), the
-    result rounded once to ``x``'s float dtype. NumPy has no erf and SciPy is not a
-    dependency; this runs at Python speed per element (about 0.1 us each)."""
+    """The error function, elementwise: ``math.erf`` (float64), the result rounded once to
+    ``x``'s float dtype. NumPy has no erf and SciPy is not a dependency; this runs at
+    Python speed, about 60 ns an element (``map`` over a list: 1.6x ``np.frompyfunc``)."""
     x = np.asarray(x)
-    out = np.asarray(_MATH_ERF(x.astype(np.float64)), dtype=np.float64)
+    flat = x.astype(np.float64).ravel().tolist()
+    out = np.fromiter(map(math.erf, flat), np.float64, len(flat)).reshape(x.shape)
     return out.astype(x.dtype) if x.dtype.kind == "f" else out
 
 
