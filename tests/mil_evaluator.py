@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad.backends.ane._mil import types_module
+from shapegrad.ops.reference import erf as reference_erf
 
 Array = np.ndarray
 OpFn = Callable[[dict[str, Any]], Array]
@@ -132,6 +133,7 @@ _OPS: dict[str, OpFn] = {
     "cos": _unary(np.cos),
     "sqrt": _unary(np.sqrt),
     "tanh": _unary(np.tanh),
+    "erf": _unary(reference_erf),
     "abs": _unary(np.abs),
     "relu": _unary(lambda x: np.maximum(x, 0)),
     "select": lambda a: np.where(a["cond"], a["a"], a["b"]),

@@ -8,6 +8,7 @@ than copying rows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -400,6 +401,117 @@ def parity_cases() -> list[Case]:
     ]
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.asarray(_ERF(x), dtype=np.float64)
+
+
+def _softplus(x: np.ndarray, beta: float = 1.0, threshold: float = 20.0) -> np.ndarray:
+    return np.where(beta * x > threshold, x, np.logaddexp(0.0, beta * x) / beta)
+
+
+def _conv1d_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> np.ndarray:
+    return R.conv2d(x[:, :, None, :], w[:, :, None, :], b, (1, stride), (0, padding))[:, :, 0, :]
+
+
+def _resize_ref(x: np.ndarray, size: tuple[int, ...], mode: str, align_corners: bool = False) -> np.ndarray:
+    """Per-output-pixel loops in PyTorch's conventions (scale = in / out): nearest picks
+    ``floor(dst * scale)``; linear blends the two neighbours of the half-pixel source
+    ``(dst + 0.5) * scale - 0.5`` (clamped at 0), or ``dst * (in - 1) / (out - 1)``."""
+    out = x
+    for axis, n_out in enumerate(size, start=2):
+        n_in = out.shape[axis]
+        pieces = []
+        for d in range(n_out):
+            if mode == "nearest":
+                pieces.append(np.take(out, [min(int(np.floor(d * n_in / n_out)), n_in - 1)], axis))
+                continue
+            if align_corners:
+                src = d * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+            else:
+                src = max((d + 0.5) * n_in / n_out - 0.5, 0.0)
+            lo = min(int(np.floor(src)), n_in - 1)
+            hi = min(lo + 1, n_in - 1)
+            t = src - lo
+            pieces.append(np.take(out, [lo], axis) * (1 - t) + np.take(out, [hi], axis) * t)
+        out = np.concatenate(pieces, axis)
+    return out
+
+
+def _conv_transpose_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, s: int, p: int, op: int) -> np.ndarray:
+    """Scatter form: every input pixel adds ``x * w`` into a stride-``s`` placed window,
+    then ``p`` is cropped from each side (``op`` extra rows/cols at the end)."""
+    n, _, h, wd = x.shape
+    cout, kh, kw = w.shape[1], w.shape[2], w.shape[3]
+    full = np.zeros((n, cout, (h - 1) * s + kh + op, (wd - 1) * s + kw + op))
+    for i in range(h):
+        for j in range(wd):
+            full[:, :, i * s : i * s + kh, j * s : j * s + kw] += np.einsum("nc,cokl->nokl", x[:, :, i, j], w)
+    out = full[:, :, p : full.shape[2] - p, p : full.shape[3] - p]
+    return out if b is None else out + b[None, :, None, None]
+
+
+def _ce_classes_on(axis: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    def ref(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        moved = np.moveaxis(logits, axis, -1)
+        flat = moved.reshape(-1, moved.shape[-1])
+        if labels.shape == logits.shape:
+            return R.cross_entropy_soft(flat, np.moveaxis(labels, axis, -1).reshape(flat.shape))
+        return R.cross_entropy_int(flat, labels.reshape(-1))
+
+    return ref
+
+
+def issue25_cases() -> list[Case]:
+    """Activations, boolean/norm reductions, triangles, rearrangements, conv1d, resampling,
+    N-d cross-entropy and erf (issue 25), against NumPy/math (PyTorch: tests/test_ops25_torch.py)."""
+    return [
+        Case("silu", sg.silu, [normal(3, 5)], lambda x: x * R.sigmoid(x), ("silu",)),
+        Case("softplus", sg.softplus, [uniform(-30, 30, 4, 5)], _softplus, ("softplus",)),
+        Case("softplus[beta_threshold]", lambda x: sg.softplus(x, beta=2.0, threshold=1.0), [normal(4, 5)], lambda x: _softplus(x, 2.0, 1.0), ("softplus",)),
+        Case("elu", lambda x: sg.elu(x, 0.7), [_away_from_zero(normal(3, 4))], lambda x: np.where(x > 0, x, 0.7 * np.expm1(x)), ("elu",)),
+        Case("leaky_relu", lambda x: sg.leaky_relu(x, 0.2), [_away_from_zero(normal(3, 4))], lambda x: np.where(x > 0, x, 0.2 * x), ("leaky_relu",)),
+        Case("erf", sg.erf, [uniform(-3, 3, 4, 6)], _erf, ("erf",)),
+        Case("erf[empty]", sg.erf, [normal(0, 3)], _erf, ("erf",)),
+        Case("gelu[none]", lambda x: sg.gelu(x, approximate="none"), [normal(3, 7)], lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))), ("gelu", "erf")),
+        Case("argmin", lambda x: sg.argmin(x, axis=0), [distinct(5, 3)], lambda x: np.argmin(x, axis=0).astype(np.int32), ("argmin",), grad=False),
+        Case("all", lambda x: sg.all(x, axis=1), [bools(4, 3)], lambda x: np.all(x, axis=1), ("all",), grad=False),
+        Case("any[keepdims]", lambda x: sg.any(x, axis=0, keepdims=True), [bools(3, 4)], lambda x: np.any(x, axis=0, keepdims=True), ("any",), grad=False),
+        Case("any[float]", lambda x: sg.any(x > 0.5), [normal(3, 4)], lambda x: np.any(x > 0.5), ("any",), grad=False),
+        Case("all[empty]", lambda x: sg.all(x, axis=0), [bools(0, 3)], lambda x: np.all(x, axis=0), ("all",), grad=False),
+        Case("norm", lambda x: sg.norm(x), [normal(3, 4)], np.linalg.norm, ("norm",)),
+        Case("norm[p3_keepdims]", lambda x: sg.norm(x, 3, axis=1, keepdims=True), [_away_from_zero(normal(3, 4))], lambda x: np.linalg.norm(x, 3, axis=1, keepdims=True), ("norm",)),
+        Case("norm[l1]", lambda x: sg.norm(x, 1, axis=0), [_away_from_zero(normal(3, 4))], lambda x: np.linalg.norm(x, 1, axis=0), ("norm",)),
+        Case("norm[inf]", lambda x: sg.norm(x, math.inf, axis=-1), [distinct(3, 4)], lambda x: np.linalg.norm(x, np.inf, axis=-1), ("norm",)),
+        Case("norm[fro]", lambda x: sg.norm(x, "fro", axis=(0, 2)), [normal(2, 3, 4)], lambda x: np.linalg.norm(np.moveaxis(x, 1, -1), "fro", axis=(0, 1)), ("norm",)),
+        Case("tril", lambda x: sg.tril(x), [normal(2, 4, 3)], np.tril, ("tril",)),
+        Case("tril[k]", lambda x: sg.tril(x, -1), [normal(4, 5)], lambda x: np.tril(x, -1), ("tril",)),
+        Case("triu[k]", lambda x: sg.triu(x, 2), [normal(3, 5)], lambda x: np.triu(x, 2), ("triu",)),
+        Case("flip", lambda x: sg.flip(x, (0, 2)), [normal(3, 2, 4)], lambda x: np.flip(x, (0, 2)), ("flip",)),
+        Case("flip[all]", sg.flip, [normal(4, 3)], np.flip, ("flip",)),
+        Case("roll", lambda x: sg.roll(x, (1, -2), (0, 1)), [normal(3, 5)], lambda x: np.roll(x, (1, -2), (0, 1)), ("roll",)),
+        Case("roll[flat]", lambda x: sg.roll(x, 7), [normal(2, 3)], lambda x: np.roll(x, 7), ("roll",)),
+        Case("repeat", lambda x: sg.repeat(x, [2, 0, 3], axis=1), [normal(2, 3)], lambda x: np.repeat(x, [2, 0, 3], axis=1), ("repeat",)),
+        Case("repeat[flat]", lambda x: sg.repeat(x, 2), [normal(2, 2)], lambda x: np.repeat(x, 2), ("repeat",)),
+        Case("tile", lambda x: sg.tile(x, (2, 1, 3)), [normal(2, 3)], lambda x: np.tile(x, (2, 1, 3)), ("tile",)),
+        Case("conv1d", lambda x, w, b: sg.conv1d(x, w, b, stride=2, padding=1), [normal(2, 3, 9), normal(4, 3, 3), normal(4)], lambda x, w, b: _conv1d_ref(x, w, b, 2, 1), ("conv1d", "conv2d")),
+        Case("interpolate[nearest]", lambda x: sg.interpolate(x, size=(5, 3)), [normal(1, 2, 3, 4)], lambda x: _resize_ref(x, (5, 3), "nearest"), ("interpolate",)),
+        Case("interpolate[bilinear]", lambda x: sg.interpolate(x, size=(7, 3), mode="bilinear"), [normal(2, 2, 3, 5)], lambda x: _resize_ref(x, (7, 3), "linear"), ("interpolate",)),
+        Case("interpolate[bilinear_corners]", lambda x: sg.interpolate(x, size=(5, 4), mode="bilinear", align_corners=True), [normal(1, 2, 3, 3)], lambda x: _resize_ref(x, (5, 4), "linear", True), ("interpolate",)),
+        Case("upsample", lambda x: sg.upsample(x, 2, mode="bilinear"), [normal(1, 1, 3, 2)], lambda x: _resize_ref(x, (6, 4), "linear"), ("upsample", "interpolate")),
+        Case("cross_entropy[nd]", lambda x, y: sg.cross_entropy(x, y, axis=1), [normal(2, 4, 3, 2), ints(0, 4, 2, 3, 2)], _ce_classes_on(1), ("cross_entropy",)),
+        Case("cross_entropy[nd_soft]", lambda x, y: sg.cross_entropy(x, y, axis=1), [normal(2, 3, 4), lambda rng: np.moveaxis(R.softmax(rng.standard_normal((2, 4, 3))), 2, 1)], _ce_classes_on(1), ("cross_entropy",)),
+        Case("cumsum", lambda x: sg.cumsum(x, axis=1), [normal(3, 11)], lambda x: np.cumsum(x, axis=1), ("cumsum",)),
+        Case("cumsum[flat]", sg.cumsum, [normal(2, 3)], np.cumsum, ("cumsum",)),
+        Case("cumsum[int]", lambda x: sg.cumsum(x, axis=0), [ints(-5, 5, 6, 2)], lambda x: np.cumsum(x, axis=0).astype(np.int32), ("cumsum",), grad=False),
+        Case("conv_transpose2d", lambda x, w, b: sg.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1), [normal(2, 3, 3, 4), normal(3, 2, 3, 3), normal(2)], lambda x, w, b: _conv_transpose_ref(x, w, b, 2, 1, 1), ("conv_transpose2d", "conv2d")),
+        Case("conv_transpose2d[plain]", lambda x, w: sg.conv_transpose2d(x, w), [normal(1, 2, 3, 3), normal(2, 3, 2, 2)], lambda x, w: _conv_transpose_ref(x, w, None, 1, 0, 0), ("conv_transpose2d",)),
+        Case("cross_entropy[last]", sg.cross_entropy, [normal(2, 3, 5), ints(0, 5, 2, 3)], _ce_classes_on(-1), ("cross_entropy",)),
+    ]
+
+
 CASES: list[Case] = [
     *elementwise_cases(),
     *reduction_cases(),
@@ -408,6 +520,7 @@ CASES: list[Case] = [
     *nn_cases(),
     *constructor_cases(),
     *parity_cases(),
+    *issue25_cases(),
 ]
 GRAD_CASES = [c for c in CASES if c.grad]
 # fmt: on

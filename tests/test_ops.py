@@ -135,7 +135,10 @@ def test_large_magnitudes(name: str, fn: Any, want: np.ndarray, runner: Runner) 
     assert np.all(np.isfinite(g)), f"{name} gradient is not finite: {g}"
 
 
-@pytest.mark.parametrize("module", ["functional", "_einsum", "_conv", "_creation", "_norms", "random"])
+@pytest.mark.parametrize(
+    "module",
+    ["functional", "_einsum", "_conv", "_creation", "_norms", "random", "_composites", "_resample"],
+)
 def test_docstring_examples_run(module: str) -> None:
     import importlib
 

@@ -64,6 +64,16 @@ def tanh(x: Tensor) -> Tensor:
     return p.unary(Prim.TANH, _t(x))
 
 
+def erf(x: Tensor) -> Tensor:
+    """Elementwise error function ``2 / sqrt(pi) * integral_0^x exp(-t**2) dt``.
+
+    Example:
+        >>> round(sg.erf(sg.tensor(0.5)).item(), 6)
+        0.5205
+    """
+    return p.unary(Prim.ERF, _t(x))
+
+
 def abs(x: Tensor) -> Tensor:
     """Elementwise absolute value (gradient 0 at 0)."""
     return p.unary(Prim.ABS, _t(x))
@@ -441,15 +451,24 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return product
 
 
-def gelu(x: Tensor) -> Tensor:
-    """GELU activation, **tanh approximation** (PyTorch's ``approximate="tanh"``).
+def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
+    """GELU activation; by default the **tanh approximation** (PyTorch's
+    ``approximate="tanh"``; shapegrad's default since before ``erf`` existed).
 
-    ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``.
+    ``approximate="tanh"``: ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))``;
+    ``approximate="none"``: the exact ``0.5 * x * (1 + erf(x / sqrt(2)))`` (PyTorch's
+    default).
     Example:
         >>> round(sg.gelu(sg.tensor(1.0)).item(), 4)
         0.8412
+        >>> round(sg.gelu(sg.tensor(1.0), approximate="none").item(), 4)
+        0.8413
     """
     x = _t(x)
+    if approximate == "none":
+        return x * (erf(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5
+    if approximate != "tanh":
+        raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
     inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
     return x * (tanh(inner) + 1.0) * 0.5
 
@@ -627,22 +646,32 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
 # --- losses and normalisation ------------------------------------------------------------
 
 
-def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Mean softmax cross-entropy of ``logits [b, c]``.
+def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
+    """Mean softmax cross-entropy of ``logits [b, c]``, or of N-d logits with classes on
+    ``axis`` (PyTorch's ``[N, C, d1, ...]`` layout is ``axis=1``; the default is the last).
 
-    ``labels`` are either int32 class indices ``[b]`` or float targets
-    ``[b, c]`` (one-hot or probabilities). Eagerly, an out-of-range class index
-    raises IndexError, eagerly and in compiled code (checked when the program runs).
+    ``labels`` are either int32 class indices ``[b]`` (the logits' shape without ``axis``)
+    or float targets shaped like the logits (one-hot or probabilities). The mean is over
+    every position, as PyTorch's ``reduction="mean"``. An out-of-range class index raises
+    IndexError, eagerly and in compiled code (checked when the program runs).
     Example:
         >>> x = sg.tensor([[0.0, 0.0]])
         >>> round(sg.cross_entropy(x, sg.tensor([1])).item(), 4)
         0.6931
+        >>> sg.cross_entropy(sg.zeros((2, 3, 4, 4)), sg.zeros((2, 4, 4), "int32"), axis=1).shape
+        ()
     """
     if not isinstance(labels, Tensor) and np.asarray(labels).dtype.kind in "iu":
         _check_integers("cross_entropy", "labels", labels)
     logits, labels = _t(logits), _t(labels)
-    if logits.ndim != 2:
-        raise ShapeError("cross_entropy", f"logits must be [b, c], got {fmt(logits.shape)}")
+    if logits.ndim < 2:
+        raise ShapeError(
+            "cross_entropy",
+            f"logits must be [b, c], got {fmt(logits.shape)} (or [N, C, d1, ...] with axis=1)",
+        )
+    class_axis = normalize_axis("cross_entropy", axis, logits.ndim)
+    if logits.ndim != 2 or class_axis != 1:
+        logits, labels = _classes_last(logits, labels, class_axis)
     b, c = logits.shape
     logp = log_softmax(logits, axis=-1)
     if labels.dtype.is_float and labels.shape == (b,):
@@ -674,6 +703,27 @@ def cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     if labels.is_traced:  # a bad label raises IndexError when the compiled code runs
         picked = where(valid, picked + _labels_checked(labels, c, logits), math.nan)
     return -mean(picked)
+
+
+def _classes_last(logits: Tensor, labels: Tensor, axis: int) -> tuple[Tensor, Tensor]:
+    """``logits [..., C at axis, ...]`` as ``[M, C]`` and labels as ``[M]`` (indices) or
+    ``[M, C]`` (targets shaped like the logits), M the product of the other axes."""
+    c = logits.shape[axis]
+    rest = tuple(d for i, d in enumerate(logits.shape) if i != axis)
+    perm = [i for i in range(logits.ndim) if i != axis] + [axis]
+    m = 1
+    for d in rest:
+        m *= d
+    flat = p.reshape(p.permute(logits, perm), [m, c])
+    if labels.shape == logits.shape:
+        return flat, p.reshape(p.permute(labels, perm), [m, c])
+    if labels.shape == rest:
+        return flat, p.reshape(labels, [m])
+    raise ShapeError(
+        "cross_entropy",
+        f"labels {fmt(labels.shape)} must be class indices {fmt(rest)} or targets "
+        f"{fmt(logits.shape)} for logits {fmt(logits.shape)} with classes on axis {axis}",
+    )
 
 
 def _labels_checked(labels: Tensor, c: int, like: Tensor) -> Tensor:
@@ -799,6 +849,7 @@ __all__ = [
     "dropout",
     "einsum",
     "embedding",
+    "erf",
     "exp",
     "expand_dims",
     "eye",

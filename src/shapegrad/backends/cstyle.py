@@ -88,6 +88,7 @@ FLOAT_FUNCTIONS = {
     "cos": "cos",
     "sqrt": "sqrt",
     "tanh": "tanh",
+    "erf": "erf",  # C99 erf/erff; CUDA has both as device functions
     "abs": "fabs",
 }
 ARITH = {"add": "+", "sub": "-", "mul": "*"}

@@ -31,7 +31,9 @@ from shapegrad.shapes import size_of
 ROOTS = frozenset(
     {Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD, *COLLECTIVES}
 )
-_EXPENSIVE = frozenset({Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.TANH, Prim.POW, Prim.SQRT})
+_EXPENSIVE = frozenset(
+    {Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.TANH, Prim.ERF, Prim.POW, Prim.SQRT}
+)
 _ZERO_COST = frozenset(
     {
         Prim.RESHAPE,

@@ -15,8 +15,13 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "stop_gradient", "sum", "mean", "max", "min", "var", "logsumexp", "softmax",
         "log_softmax", "argmax", "maximum", "minimum", "pow", "where", "matmul", "reshape",
         "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "one_hot", "embedding",
-        "squeeze", "expand_dims", "unsqueeze",
+        "squeeze", "expand_dims", "unsqueeze", "erf",
     ),
+    "shapegrad._composites": (
+        "silu", "softplus", "elu", "leaky_relu", "argmin", "all", "any", "norm", "tril", "triu",
+        "flip", "roll", "repeat", "tile", "cumsum",
+    ),
+    "shapegrad._resample": ("conv1d", "conv_transpose2d", "interpolate"),
     "shapegrad._norms": ("layer_norm",),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",

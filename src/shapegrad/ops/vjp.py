@@ -12,6 +12,7 @@ there is no second rule set.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -119,6 +120,14 @@ def _tanh(
     xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
 ) -> Cotangents:
     return [g * (1.0 - y * y)]
+
+
+@rule(Prim.ERF)
+def _erf(
+    xs: Sequence[Tensor], y: Tensor, g: Tensor, attrs: Attrs, needs: Sequence[bool]
+) -> Cotangents:
+    x = xs[0]
+    return [g * (p.unary(Prim.EXP, -(x * x)) * (2.0 / math.sqrt(math.pi)))]
 
 
 @rule(Prim.ABS)

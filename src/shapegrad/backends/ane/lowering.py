@@ -67,6 +67,7 @@ _UNARY_OPS = {
     Prim.COS: "cos",
     Prim.SQRT: "sqrt",
     Prim.TANH: "tanh",
+    Prim.ERF: "erf",  # MIL elementwise_unary erf
     Prim.ABS: "abs",
 }
 _BINARY_OPS = {
