@@ -111,6 +111,18 @@ def _gather(a: dict[str, Any]) -> Array:
     return np.take(x, idx, axis=axis)
 
 
+def _gelu(a: dict[str, Any]) -> Array:
+    """MIL ``gelu`` (coremltools' passes fuse x * 0.5 * (1 + erf(x / sqrt 2)) into it)."""
+    x = np.asarray(a["x"])
+    mode = str(a.get("mode", "EXACT"))
+    if mode == "EXACT":
+        return np.asarray(x * 0.5 * (1.0 + reference_erf(x / np.sqrt(2.0))), x.dtype)
+    if mode == "TANH_APPROXIMATION":
+        inner = np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)
+        return np.asarray(0.5 * x * (1.0 + np.tanh(inner)), x.dtype)
+    return np.asarray(x / (1.0 + np.exp(-1.702 * x)), x.dtype)  # SIGMOID_APPROXIMATION
+
+
 def _range(a: dict[str, Any]) -> Array:
     return np.arange(a["start"], a["end"], a["step"])
 
@@ -134,6 +146,7 @@ _OPS: dict[str, OpFn] = {
     "sqrt": _unary(np.sqrt),
     "tanh": _unary(np.tanh),
     "erf": _unary(reference_erf),
+    "gelu": _gelu,
     "abs": _unary(np.abs),
     "relu": _unary(lambda x: np.maximum(x, 0)),
     "select": lambda a: np.where(a["cond"], a["a"], a["b"]),

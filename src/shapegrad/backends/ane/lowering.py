@@ -241,6 +241,7 @@ class _Lowerer:
             raise AneLoweringError(
                 node.prim.value, f"zero-size tensor {fmt(node.shape)} (Core ML has none)"
             )
+
         self.current = "fp32" if node.id in self.fp32_nodes else self.precision
         args = [self.in_compute_type(i, self.operand(node, i)) for i in node.inputs]
         self.values[node.id] = rule(self, node, args)

@@ -25,6 +25,7 @@ from typing import Any
 from shapegrad import _cache
 from shapegrad._version import __version__
 
+from ._errors import AneLoweringError
 from ._mil import coremltools, target
 from .lowering import MilProgram
 
@@ -95,13 +96,20 @@ def convert(mil: MilProgram) -> Any:
     fp32 ops as they are. Note: coremltools rewrites ``mil.program`` in place.
     """
     ct = coremltools()
-    return ct.convert(
-        mil.program,
-        convert_to="mlprogram",
-        compute_units=ct.ComputeUnit.CPU_AND_NE,
-        minimum_deployment_target=getattr(target(), DEPLOYMENT),
-        compute_precision=ct.precision.FLOAT32,
-    )
+    try:
+        return ct.convert(
+            mil.program,
+            convert_to="mlprogram",
+            compute_units=ct.ComputeUnit.CPU_AND_NE,
+            minimum_deployment_target=getattr(target(), DEPLOYMENT),
+            compute_precision=ct.precision.FLOAT32,
+        )
+    except ValueError as exc:  # Core ML's limits (rank <= 5), said as our lowering says them
+        if "rank" not in str(exc):
+            raise
+        raise AneLoweringError(
+            "convert", f"{exc} (Core ML takes tensors of rank <= 5 only)"
+        ) from exc
 
 
 def build_package(mil: MilProgram, name: str = "fn", root: Path | None = None) -> Package:
