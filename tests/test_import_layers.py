@@ -85,6 +85,7 @@ CORE_SUBLAYERS: list[tuple[str, set[str]]] = [
             "shapegrad.autodiff",
             "shapegrad.transforms",
             "shapegrad._custom_vjp",
+            "shapegrad._batching",
             "shapegrad.tree",
         },
     ),

@@ -113,6 +113,7 @@ from shapegrad.tensor import Tensor, TraceError
 from shapegrad.train import optim, schedules
 from shapegrad.train.trainer import ScalarTrainer
 from shapegrad.transforms import hessian, jacfwd, jacrev, jvp, linearize
+from shapegrad._batching import vmap
 from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 from shapegrad.typing import reveal_shape as reveal_shape
 
@@ -244,6 +245,7 @@ __all__ = [
     "value_and_grad",
     "var",
     "vjp",
+    "vmap",
     "where",
     "zeros",
     "zeros_like",
