@@ -7,6 +7,7 @@ eagerly (NumPy + tape) or compiled (``sg.compile``).
 # First: installs Tensor's operators (defined above the ops they forward to).
 from shapegrad import _tensor_methods  # noqa: F401  # isort: skip
 from shapegrad import data, nn, random, tree
+from shapegrad._batching import vmap
 from shapegrad._composites import (
     all,
     any,
@@ -113,7 +114,6 @@ from shapegrad.tensor import Tensor, TraceError
 from shapegrad.train import optim, schedules
 from shapegrad.train.trainer import ScalarTrainer
 from shapegrad.transforms import hessian, jacfwd, jacrev, jvp, linearize
-from shapegrad._batching import vmap
 from shapegrad.typing import Bool, Float, Int, ParamList, Shaped, TList
 from shapegrad.typing import reveal_shape as reveal_shape
 

@@ -330,8 +330,7 @@ def _axes_per_leaf(spec: AxisSpec, values: Sequence[Any], what: str) -> list[lis
         if entry is None or isinstance(entry, int):
             result.append([entry] * n)
             continue
-        leaves, _ = tree.flatten(entry)
-        leaves = [leaf for leaf in leaves if leaf is not None] if len(leaves) != n else leaves
+        leaves = [a.item() for a in tree.flatten(_as_leaves(entry))[0]]
         if len(leaves) != n or not all(a is None or isinstance(a, int) for a in leaves):
             raise ValueError(
                 f"vmap: {what}[{i}] = {entry!r} does not match the structure of "
@@ -339,6 +338,18 @@ def _axes_per_leaf(spec: AxisSpec, values: Sequence[Any], what: str) -> list[lis
             )
         result.append(list(leaves))
     return result
+
+
+def _as_leaves(spec: Any) -> Any:
+    """``spec`` with each int/None axis as a 0-d object array: a pytree leaf (a bare int is
+    static and None an empty node), so it flattens in step with the argument's leaves."""
+    if spec is None or isinstance(spec, int):
+        return np.array(spec, dtype=object)
+    if isinstance(spec, dict):
+        return {k: _as_leaves(v) for k, v in spec.items()}
+    if isinstance(spec, tuple | list):
+        return type(spec)(_as_leaves(v) for v in spec)
+    return spec
 
 
 def _normal_axis(axis: int, ndim: int, what: str) -> int:
