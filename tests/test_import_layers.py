@@ -45,6 +45,7 @@ LAYERS: list[set[str]] = [
         "autodiff",
         "transforms",
         "_custom_vjp",
+        "_batching",
         "tree",
         "ir",
         "control",
