@@ -184,17 +184,65 @@ def test_unbatched_output_is_broadcast() -> None:
     assert got.shape == (3, 2)
 
 
-def test_scan_inside_vmap_equals_a_loop() -> None:
+def _scan_run(h: sg.Tensor, x: sg.Tensor, w: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+    def body(c: sg.Tensor, xi: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        c = sg.tanh(c @ w + xi)  # w: a captured loop invariant
+        return c, c * 2.0
+
+    return sg.scan(body, h, x, reverse=True)
+
+
+def _scan_loss(h: sg.Tensor, x: sg.Tensor, w: sg.Tensor) -> sg.Tensor:
+    c, ys = _scan_run(h, x, w)
+    return c.sum() + (ys**2).sum()
+
+
+def _against_loop(fn: Callable[..., Any], args: list[np.ndarray], axes: tuple[Any, ...]) -> None:
+    got, _ = sg.tree.flatten(sg.vmap(fn, in_axes=axes)(*[sg.tensor(a) for a in args]))
+    size = next(a.shape[0] for a, ax in zip(args, axes, strict=True) if ax == 0)
+    loop = []
+    for b in range(size):
+        example = [a[b] if ax == 0 else a for a, ax in zip(args, axes, strict=True)]
+        loop.append(sg.tree.flatten(fn(*[sg.tensor(e) for e in example]))[0])
+    for k, g in enumerate(got):
+        np.testing.assert_allclose(
+            g.numpy(), np.stack([row[k].numpy() for row in loop]), rtol=1e-12, atol=1e-14
+        )
+
+
+@pytest.mark.parametrize(
+    "axes", [(0, 0, 0), (0, 0, None), (0, None, None), (None, None, 0)], ids=str
+)
+def test_scan_inside_vmap_batches_its_body(axes: tuple[Any, ...]) -> None:
     rng = np.random.default_rng(8)
-    h0, xs = rng.normal(size=(2, 3)), rng.normal(size=(2, 4, 3))
+    full = [rng.normal(size=(3, 2)), rng.normal(size=(3, 4, 2)), rng.normal(size=(3, 2, 2))]
+    args = [a if ax == 0 else a[0] for a, ax in zip(full, axes, strict=True)]
+    _against_loop(_scan_run, args, axes)
+    _against_loop(sg.grad(_scan_loss, argnums=(0, 1, 2)), args, axes)
 
-    def run(h: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
-        h, _ = sg.scan(lambda c, xi: (sg.tanh(c + xi), c), h, x)
-        return h
 
-    got = sg.vmap(run)(sg.tensor(h0), sg.tensor(xs)).numpy()
-    loop = np.stack([run(sg.tensor(h0[i]), sg.tensor(xs[i])).numpy() for i in range(2)])
-    np.testing.assert_allclose(got, loop, rtol=1e-12)
+def test_scan_and_checkpoint_per_example_gradients_compile_to_c() -> None:
+    rng = np.random.default_rng(9)
+    args = [sg.tensor(rng.normal(size=s)) for s in [(3, 2), (3, 4, 2), (3, 2, 2)]]
+    fn = sg.vmap(sg.grad(_scan_loss, argnums=(0, 1, 2)))
+    for c, e in zip(sg.compile(fn, backend="c")(*args), fn(*args), strict=True):
+        np.testing.assert_allclose(c.numpy(), e.numpy(), rtol=1e-10, atol=1e-12)
+    ck = sg.grad(lambda h, w: sg.checkpoint(lambda h: sg.tanh(h @ w))(h).sum(), argnums=(0, 1))
+    _against_loop(ck, [a.numpy() for a in (args[0], args[2])], (0, 0))
+
+
+def test_vmap_inside_a_scan_body() -> None:
+    rng = np.random.default_rng(10)
+    h0, xs = rng.normal(size=(3, 2)), rng.normal(size=(4, 3, 2))
+
+    def body(c: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        return sg.vmap(lambda a, b: sg.tanh(a * b))(c, x), c.sum(1)
+
+    h, _ = sg.scan(body, sg.tensor(h0), sg.tensor(xs))
+    expected = h0
+    for x in xs:
+        expected = np.tanh(expected * x)
+    np.testing.assert_allclose(h.numpy(), expected, rtol=1e-12)
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -15,18 +15,21 @@ hooks ``autodiff.backward`` walks, as for ``GraphOps``) lets ``sg.grad``/``sg.jv
 from __future__ import annotations
 
 import functools
+import itertools
 import string
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from shapegrad import tree
 from shapegrad.dtypes import int32
+from shapegrad.ir import Graph, topological_order
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
+from shapegrad.ops.graph import GraphOps
 from shapegrad.ops.protocol import (
     COLLECTIVES,
     ELEMENTWISE,
@@ -37,6 +40,7 @@ from shapegrad.ops.protocol import (
     infer_aval,
     parse_einsum_spec,
 )
+from shapegrad.ops.scan import Body
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
 
@@ -48,7 +52,8 @@ class _Depth(threading.local):
         self.value = 0
 
 
-_DEPTH = _Depth()  # active vmaps: an inner vmap's interpreter outranks an outer one's
+_DEPTH = _Depth()
+_serials = itertools.count()  # active vmaps: an inner vmap's interpreter outranks an outer one's
 
 
 @dataclass(eq=False)
@@ -59,6 +64,11 @@ class _Slot:
     value: Tensor
     batched: bool
     made_by: MadeBy | None = None
+    # A serial, as graph nodes have: how a scan body trace keys a captured tensor.
+    id: int = field(default_factory=lambda: next(_serials))
+    # Code that inspects a traced payload as a graph node (``_scan._zero_range``, which
+    # skips cotangents it can prove zero) sees an opaque value: never provably zero.
+    prim = Prim.INPUT
 
 
 class BatchOps:
@@ -69,7 +79,8 @@ class BatchOps:
     def __init__(self, size: int, inner: Any, grad_depth: int) -> None:
         self.size = size
         self.inner = inner  # the interpreter of sources (constants, iota, random)
-        self.priority = 2 + _DEPTH.value  # above eager (0), graph (1) and outer vmaps
+        # Above eager (0), graph (1), the interpreter below and any enclosing vmap.
+        self.priority = max(2 + _DEPTH.value, getattr(inner, "priority", 0) + 1)
         self.grad_depth = grad_depth  # STATE.grad_depth when the vmap began
 
     # --- the Ops protocol ------------------------------------------------------------
@@ -275,21 +286,80 @@ def _scatter_add(ops: BatchOps, slots: list[_Slot], attrs: Attrs, aval: AVal) ->
 
 
 def _scan(ops: BatchOps, slots: list[_Slot], attrs: Attrs, aval: AVal) -> Tensor:
-    """A batched SCAN runs its body once per example (a batched body is not derived yet):
-    correct and differentiable, but ``size`` scans."""
-    rows = []
-    for b in range(ops.size):
-        operands = [_row(s.value, b) if s.batched else s.value for s in slots]
-        out = prims.bind(Prim.SCAN, operands, **attrs)
-        rows.append(prims.reshape(out, (1, *out.shape)))
-    return prims.concat(rows, 0)
+    """SCAN with a batched body: every carry and output leaf gets the batch axis in front,
+    batched ``xs`` are passed as ``[L, B, ...]``, invariants keep their own form. The flat
+    output is then regrouped example by example (``_regroup``)."""
+    body: Body = attrs["body"]
+    nc, nx = body.n_carry, body.n_xs
+    b = ops.size
+    operands: list[Tensor] = []
+    in_batched: list[bool] = []
+    for k, s in enumerate(slots):
+        if k < nc:
+            operands.append(ops.batched(s))
+            in_batched.append(True)
+        elif k < nc + nx and s.batched:
+            operands.append(_move(s.value, 0, 1))
+            in_batched.append(True)
+        else:
+            operands.append(s.value)
+            in_batched.append(s.batched)
+    new_body = _batched_body(body, in_batched, b)
+    flat = prims.bind(Prim.SCAN, operands, **{**attrs, "body": new_body})
+    return _regroup(flat, body, attrs, b)
 
 
-def _row(x: Tensor, b: int) -> Tensor:
-    starts = (b, *(0 for _ in x.shape[1:]))
-    stops = (b + 1, *x.shape[1:])
-    row = prims.slice_(x, starts, stops, (1,) * x.ndim)
-    return prims.reshape(row, x.shape[1:])
+def _batched_body(body: Body, in_batched: list[bool], size: int) -> Body:
+    """``body`` traced once more through a batching interpreter: inputs flagged in
+    ``in_batched`` carry a leading batch axis, and so do all of its outputs."""
+    graph_ops = GraphOps()
+    ops = BatchOps(size, graph_ops, 0)
+    env: dict[int, Tensor] = {}
+    for k, (node, batched) in enumerate(zip(body.graph.inputs, in_batched, strict=True)):
+        shape = (size, *node.aval.shape) if batched else node.aval.shape
+        value = graph_ops.add_input(f"in{k}", AVal(shape, node.aval.dtype))
+        env[node.id] = ops.wrap(_Slot(value, batched), node.aval)
+    _DEPTH.value += 1
+    try:
+        for node in topological_order(body.graph.outputs):
+            if node.id in env:
+                continue
+            ins = [env[i.id] for i in node.inputs]
+            env[node.id] = prims.bind(node.prim, ins, ops=None if ins else ops, **node.attr)
+    finally:
+        _DEPTH.value -= 1
+    outputs = [ops.batched(ops.slot(env[o.id])) for o in body.graph.outputs]
+    graph = Graph(list(graph_ops.inputs), [graph_ops.lift(t) for t in outputs], graph_ops.table)
+    return Body(graph, body.n_carry, body.n_xs, f"{body.name}[vmap]")
+
+
+def _regroup(flat: Tensor, body: Body, attrs: Attrs, b: int) -> Tensor:
+    """The batched body's flat output (each leaf ``[B, ...]`` inside every slot) as
+    ``[B, size]``: one per-example flat output per row."""
+    length, save = attrs["length"], attrs["save"]
+    slots = length + 1 if save else 1  # carry slots: history and final, or the final only
+    sizes = [int(np.prod(a.shape)) for a in body.carry_avals]
+    carry = sum(sizes)
+    pieces: list[Tensor] = []
+    if carry:
+        region = prims.reshape(
+            prims.slice_(flat, [0], [slots * carry * b], [1]), (slots, carry * b)
+        )
+        leaves, at = [], 0
+        for n in sizes:
+            cols = prims.slice_(region, [0, at * b], [slots, (at + n) * b], [1, 1])
+            leaves.append(prims.reshape(cols, (slots, b, n)))
+            at += n
+        grouped = prims.permute(prims.concat(leaves, 2), (1, 0, 2))
+        pieces.append(prims.reshape(grouped, (b, slots * carry)))
+    at = slots * carry * b
+    for a in body.y_avals:
+        n = int(np.prod(a.shape))
+        block = prims.slice_(flat, [at], [at + length * b * n], [1])
+        rows = prims.permute(prims.reshape(block, (length, b, n)), (1, 0, 2))
+        pieces.append(prims.reshape(rows, (b, length * n)))
+        at += length * b * n
+    return prims.concat(pieces, 1)
 
 
 _RULES: dict[Prim, Rule] = {p: _same(p) for p in ELEMENTWISE}
