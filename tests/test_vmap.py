@@ -327,3 +327,48 @@ def test_per_example_gradients_match_torch_func() -> None:
     )
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# --- custom_vjp and nesting with grad ------------------------------------------------------
+
+
+@sg.custom_vjp
+def _clip_gradient(x: sg.Tensor) -> sg.Tensor:
+    return x
+
+
+_clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (sg.clip(g, -1.0, 1.0),))
+
+
+def test_custom_vjp_backward_is_honoured_by_an_inner_grad() -> None:
+    xs = np.array([[0.5, -2.0], [3.0, 0.1]])
+    fn = sg.vmap(sg.grad(lambda x: (_clip_gradient(x) * x * 4.0).sum()))
+    got = fn(sg.tensor(xs)).numpy()
+    # d/dx of c(x) * x * 4: 4 * c(x) from the plain factor, clip(4 * x) through the marker
+    np.testing.assert_allclose(got, 4.0 * xs + np.clip(4.0 * xs, -1.0, 1.0), rtol=1e-12)
+
+
+def test_custom_vjp_under_an_outer_grad_is_a_clear_error() -> None:
+    xs = sg.tensor(np.ones((2, 3)))
+    with pytest.raises(NotImplementedError, match="custom_vjp function inside vmap"):
+        sg.grad(lambda x: sg.vmap(lambda r: _clip_gradient(r).sum())(x).sum())(xs)
+
+
+def test_nested_vmap_of_grad_is_a_per_pair_gradient() -> None:
+    rng = np.random.default_rng(11)
+    a, b = rng.normal(size=(3, 4)), rng.normal(size=(5, 4))
+    g = sg.grad(lambda u, v: sg.tanh(u * v).sum())
+    got = sg.vmap(sg.vmap(g, in_axes=(None, 0)), in_axes=(0, None))(sg.tensor(a), sg.tensor(b))
+    expected = (1 - np.tanh(a[:, None] * b[None]) ** 2) * b[None]
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in _SAMPLE][:12], ids=lambda c: c.name)
+def test_vmap_of_op_table_rows_compiles(case: Case) -> None:
+    """The batched function traces to an ordinary graph (numpy backend: the reference)."""
+    per = _examples(case)
+    stacked = [sg.tensor(np.stack([ex[i] for ex in per])) for i in range(len(case.inputs))]
+    fn = sg.vmap(case.fn)
+    np.testing.assert_allclose(
+        sg.compile(fn, backend="numpy")(*stacked).numpy(), fn(*stacked).numpy(), rtol=1e-12
+    )
