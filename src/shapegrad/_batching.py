@@ -110,7 +110,8 @@ class BatchOps:
         return self.wrap(_Slot(value, True, (prim, tuple(inputs), attrs)), aval)
 
     def _unbatched(self, prim: Prim, values: list[Tensor], attrs: Attrs) -> Tensor:
-        if prim in COLLECTIVES or prim is Prim.INPUT:
+        """An op on values without a batch axis runs once, as itself (a collective too)."""
+        if prim is Prim.INPUT:
             raise _unsupported(prim)
         ops = None if values else self.inner
         return prims.bind(prim, values, ops=ops, **attrs)
