@@ -179,6 +179,14 @@ def test_pytree_in_axes_and_outputs() -> None:
     np.testing.assert_allclose(total.numpy(), d["b"].sum(), rtol=1e-12)
 
 
+def test_dict_output_with_dict_out_axes() -> None:
+    xs = np.arange(6.0).reshape(3, 2)
+    fn = sg.vmap(lambda x: {"s": x.sum(), "x": x * 2.0}, out_axes={"s": 0, "x": 1})
+    out = fn(sg.tensor(xs))
+    np.testing.assert_allclose(out["s"].numpy(), xs.sum(1))
+    np.testing.assert_allclose(out["x"].numpy(), (xs * 2.0).T)
+
+
 def test_unbatched_output_is_broadcast() -> None:
     got = sg.vmap(lambda x: sg.ones((2,)))(sg.tensor(np.zeros((3, 5))))
     assert got.shape == (3, 2)

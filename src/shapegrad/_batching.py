@@ -512,6 +512,8 @@ def _unwrap_outputs(ops: BatchOps, out: Any, out_axes: AxisSpec) -> Any:
     leaves, td = tree.flatten(out)
     single = not isinstance(out, tuple | list)
     values = [out] if single else list(out)
+    if single and not (out_axes is None or isinstance(out_axes, int | tuple | list)):
+        out_axes = (out_axes,)  # a pytree of axes for the one (pytree) output
     axes_nested = _axes_per_leaf(out_axes, values, "out_axes")
     axes = [a for per in axes_nested for a in per]
     result = []
