@@ -7,6 +7,7 @@ eagerly (NumPy + tape) or compiled (``sg.compile``).
 # First: installs Tensor's operators (defined above the ops they forward to).
 from shapegrad import _tensor_methods  # noqa: F401  # isort: skip
 from shapegrad import data, nn, random, tree
+from shapegrad._batching import vmap
 from shapegrad._composites import (
     all,
     any,
@@ -244,6 +245,7 @@ __all__ = [
     "value_and_grad",
     "var",
     "vjp",
+    "vmap",
     "where",
     "zeros",
     "zeros_like",
