@@ -27,7 +27,7 @@ import hashlib
 import inspect
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from shapegrad.backends.base import (
 from shapegrad.compiler.budget import CompileStats
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
+from shapegrad.jit.buckets import BucketPlan, Bucketed
 from shapegrad.jit.fastpath import SCALARS, FastEntry, fast_entry, fast_key, ready_array
 from shapegrad.jit.stages import Lowered, Traced
 from shapegrad.ops.eager import EAGER
@@ -514,6 +515,9 @@ def compile(
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
     name: str | None = None,
+    buckets: Mapping[Any, Sequence[int]] | None = None,
+    length_arg: str | None = None,
+    out_axis: int | None = None,
     **backend_options: Any,
 ) -> Any:
     """Compile ``fn`` (written against Tensor) into a cached, optimized executable.
@@ -530,6 +534,16 @@ def compile(
             structure and types is taken as the new value. Donated eager tensors must not
             be used after the call (the NumPy backend never overwrites; the C backend may).
         name: readable name for debug dumps (defaults to ``fn.__name__``).
+        buckets: shape buckets for ONE varying length (``jit/buckets.py`` states the
+            contract): ``{"t": (64, 128, 256)}`` (a dim name of ``fn``'s jaxtyping
+            annotations) or ``{("ids", 1): (64, 128, 256)}`` (argument, axis). Those axes are
+            padded with zeros at the end to the next bucket, so ``fn`` compiles at most once
+            per bucket; exact for functions causal along the dim, otherwise mask with
+            ``length_arg``. A length above the largest bucket raises ``ValueError``.
+        length_arg: with ``buckets``: the keyword parameter of ``fn`` that receives the true
+            length (an int32 scalar tensor) for masking.
+        out_axis: with ``buckets``: slice every output back to the true length along this
+            axis (``None``: outputs keep the bucket's size).
         backend_options: the backend's options (C: ``denormals``, ``cflags``, ``target``,
             ...; CUDA: ``device``, ``arch``, ``target``; ANE: ``precision``, ``cache_dir``;
             NumPy: none), checked now against the backend's ``Options`` dataclass
@@ -552,12 +566,18 @@ def compile(
         raise ValueError(f"unknown backend {backend!r}; choose one of {known_backends()}")
     chosen = options_type(backend).from_kwargs(backend_options, backend)  # errors now, not later
 
-    def make(f: Callable[..., Any]) -> Compiled:
+    if buckets is None and (length_arg is not None or out_axis is not None):
+        raise TypeError("sg.compile: length_arg and out_axis only apply with buckets=...")
+
+    def make(f: Callable[..., Any]) -> Any:
         label = safe_name(name or str(getattr(f, "__name__", "fn")))
         options = CompileOptions(name=label, backend_options=chosen)
-        return Compiled(f, backend, nums, options, donate)
+        compiled = Compiled(f, backend, nums, options, donate)
+        if buckets is None:
+            return compiled
+        return Bucketed(compiled, BucketPlan(f, buckets, length_arg, out_axis))
 
     return make if fn is None else make(fn)
 
 
-__all__ = ["Compiled", "Lowered", "RetraceWarning", "Traced", "compile"]
+__all__ = ["Bucketed", "Compiled", "Lowered", "RetraceWarning", "Traced", "compile"]
