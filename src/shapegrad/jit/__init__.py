@@ -45,7 +45,7 @@ from shapegrad.backends.base import (
 from shapegrad.compiler.budget import CompileStats
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
-from shapegrad.jit.buckets import BucketPlan, Bucketed
+from shapegrad.jit.buckets import Bucketed, BucketPlan
 from shapegrad.jit.fastpath import SCALARS, FastEntry, fast_entry, fast_key, ready_array
 from shapegrad.jit.stages import Lowered, Traced
 from shapegrad.ops.eager import EAGER
@@ -240,18 +240,48 @@ class RetraceWarning(UserWarning):
 RETRACE_WARNING_AT = 5  # retraces (traces after the first) before the one warning
 
 
-def _retrace_message(name: str, signatures: list[dict[str, str]]) -> str:
-    """Which inputs changed type across ``signatures`` (input path -> dtype[shape])."""
+def _retrace_message(name: str, signatures: list[dict[str, AVal]]) -> str:
+    """Which inputs changed type across ``signatures`` (input path -> its AVal)."""
     paths = list(dict.fromkeys(p for sig in signatures for p in sig))
     changed = []
+    varying: dict[str, list[AVal]] = {}
     for path in paths:
-        seen = list(dict.fromkeys(sig.get(path, "absent") for sig in signatures))
+        seen = list(dict.fromkeys(str(sig.get(path, "absent")) for sig in signatures))
         if len(seen) > 1:
             changed.append(f"{path}: {', '.join(seen)}")
+            varying[path] = [sig[path] for sig in signatures if path in sig]
     return (
         f"sg.compile({name}) traced and compiled {len(signatures)} times, once per new "
         f"argument shape; the inputs that changed: {'; '.join(changed) or 'structure only'}. "
-        "Each new shape compiles a new program; pad the inputs to a few fixed shapes to reuse them"
+        "Each new shape compiles a new program; "
+        + (_bucket_hint(varying) or "pad the inputs to a few fixed shapes to reuse them")
+    )
+
+
+def _bucket_hint(varying: dict[str, list[AVal]]) -> str | None:
+    """``buckets=`` advice when every changed input is a whole argument whose shapes differ
+    in one axis only and all those axes share one length (a sequence length, say)."""
+    keys: list[str] = []
+    lengths: set[tuple[int, ...]] = set()
+    for path, avals in varying.items():
+        ranks = {len(a.shape) for a in avals}
+        dtypes = {a.dtype for a in avals}
+        if not path.isidentifier() or len(ranks) != 1 or len(dtypes) != 1:
+            return None
+        axes = [k for k in range(ranks.pop()) if len({a.shape[k] for a in avals}) > 1]
+        if len(axes) != 1:
+            return None
+        keys.append(f"({path!r}, {axes[0]})")
+        lengths.add(tuple(a.shape[axes[0]] for a in avals))
+    if not keys or len(lengths) != 1:
+        return None
+    top = max(lengths.pop())
+    cap = 1 << max(0, (top - 1).bit_length())  # the power of two holding the longest seen
+    sizes = sorted({max(1, cap // 4), max(1, cap // 2), cap})
+    spec = ", ".join(f"{key}: {tuple(sizes)}" for key in keys)
+    return (
+        f"if only that length varies, pass buckets={{{spec}}} to sg.compile to pad it to the "
+        "next bucket and compile once per bucket (see sg.compile's buckets, length_arg, out_axis)"
     )
 
 
@@ -278,7 +308,7 @@ class Compiled:
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
-        self._signatures: list[dict[str, str]] = []  # input path -> dtype[shape], per trace
+        self._signatures: list[dict[str, AVal]] = []  # input path -> type, per trace
         self._fast: dict[Any, FastEntry] = {}  # exact argument structure -> ready call
         try:
             self._param_names = list(inspect.signature(fn).parameters)
@@ -410,7 +440,7 @@ class Compiled:
             return  # warned already: keep no more
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
-        self._signatures.append({n: str(a) for n, a in zip(names, avals, strict=True)})
+        self._signatures.append(dict(zip(names, avals, strict=True)))
         if len(self._signatures) == RETRACE_WARNING_AT + 1:
             name = getattr(self.fn, "__name__", "function")
             warnings.warn(_retrace_message(name, self._signatures), RetraceWarning, stacklevel=4)

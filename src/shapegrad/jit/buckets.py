@@ -48,7 +48,7 @@ def _annotated_axes(fn: Callable[..., Any]) -> dict[str, list[tuple[str, int]]]:
     """Dim name -> the (parameter, axis) pairs whose annotation names it at a fixed axis."""
     try:
         hints = get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: no named dims to offer
+    except Exception:  # unresolvable annotations: no named dims to offer
         return {}
     found: dict[str, list[tuple[str, int]]] = {}
     for param, annotation in hints.items():
