@@ -34,7 +34,7 @@ class custom_jvp:  # a decorator, spelled like JAX's
         >>> @sg.custom_jvp
         ... def log1pexp(x):
         ...     return sg.log(1.0 + sg.exp(x))
-        >>> log1pexp.defjvp(lambda p, t: (log1pexp(p[0]), sg.sigmoid(p[0]) * t[0]))
+        >>> _ = log1pexp.defjvp(lambda p, t: (log1pexp(p[0]), sg.sigmoid(p[0]) * t[0]))
         >>> sg.jvp(log1pexp, (sg.tensor([0.0]),), (sg.tensor([2.0]),))[1].numpy()
         array([1.], dtype=float32)
 
