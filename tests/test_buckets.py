@@ -120,6 +120,16 @@ def test_bad_calls_say_what_is_wrong() -> None:
         mixed(np.ones(3, np.float32))
 
 
+def test_inside_another_trace_it_runs_on_the_exact_shapes() -> None:
+    inner = sg.compile(masked_mean, buckets={("x", 1): (4, 8)}, length_arg="n")
+    outer = sg.compile(lambda x: inner(x) * 2.0)
+    x = RNG.normal(size=(2, 5)).astype(np.float32)
+    np.testing.assert_allclose(outer(x).numpy(), 2 * np.exp(x).mean(axis=1), rtol=1e-6)
+    assert inner.trace_count == 0  # inlined into outer's trace
+    with pytest.raises(TypeError, match="'n' is the length_arg"):
+        inner(x, n=3)
+
+
 def _retrace_messages(f: Any, shapes: list[tuple[int, ...]]) -> list[str]:
     w = sg.tensor(np.ones(3, np.float32))
     with warnings.catch_warnings(record=True) as caught:

@@ -24,7 +24,8 @@ Keys: a string is a dim name from the function's jaxtyping annotations
 (``ids: Int[Tensor, "b t"]`` -> ``"t"`` is axis 1 of ``ids``, and of every other annotated
 argument that names ``t``); a pair ``(argument, axis)`` names an argument by parameter name
 (or positional index) and an axis (negative counts from the end). A bucketed argument must
-be an array or tensor, not a container.
+be an array or tensor, not a container. Called inside another trace (a compiled
+function calling it) it runs on the exact shapes, inlined, with the true length.
 """
 
 from __future__ import annotations
@@ -191,6 +192,16 @@ class BucketPlan:
                 )
             arrays[(param, axis)] = array
             lengths[f"{param} axis {axis}"] = int(array.shape[axis])
+        if not lengths:
+            raise TypeError(
+                f"{self.where}: none of the bucketed arguments "
+                f"{sorted({p for p, _ in self.targets})} was passed"
+            )
+        if self.length_arg is not None and self.length_arg in bound.arguments:
+            raise TypeError(
+                f"{self.where}: {self.length_arg!r} is the length_arg, which the compiled "
+                "function passes itself (the true length); do not pass it"
+            )
         if len(set(lengths.values())) != 1:
             raise ValueError(
                 f"{self.where}: the bucketed axes must share one length, got "
@@ -240,8 +251,6 @@ class BucketPlan:
 
 def _as_array(value: Any, param: str, where: str) -> np.ndarray:
     if isinstance(value, Tensor):
-        if value.is_traced:
-            raise TypeError(f"{where}: a bucketed function cannot be called inside a trace")
         return value.numpy()
     if isinstance(value, np.ndarray):
         return value
@@ -276,8 +285,21 @@ class Bucketed:
         return self.plan.sizes
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(x, Tensor) and x.is_traced for x in tree.flatten((args, kwargs))[0]):
+            return self._inline(args, kwargs)
         padded, call_kwargs, n, size = self.plan.pad(args, kwargs)
         return self.plan.unpad(self.compiled(*padded, **call_kwargs), n, size)
+
+    def _inline(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Called inside another trace: shapes are fixed there, so call ``fn`` on the exact
+        shapes (no padding, nothing to slice), with the true length when it takes one."""
+        if self.plan.length_arg is None:
+            return self.compiled.fn(*args, **kwargs)
+        assert self.plan.signature is not None
+        bound = self.plan.signature.bind_partial(*args, **kwargs)
+        param, axis = next((p, a) for p, a in self.plan.targets if p in bound.arguments)
+        n = int(np.shape(bound.arguments[param])[axis])
+        return self.compiled.fn(*args, **kwargs, **{self.plan.length_arg: n})
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """``Compiled.lower`` for these arguments padded to their bucket."""
