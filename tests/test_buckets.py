@@ -74,6 +74,8 @@ def test_a_bucketed_length_that_matches_a_bucket_is_not_padded() -> None:
     np.testing.assert_array_equal(f(x).numpy(), x * 2)
     assert f.graph(x).inputs[0].aval.shape == (4,)
     assert f.graph(x[:3]).inputs[0].aval.shape == (4,)  # padded: the same program
+    assert f.trace(x[:1]).graph.inputs[0].aval.shape == (2,)
+    assert f.stats(x[:1]).compile_seconds >= 0
 
 
 @pytest.mark.parametrize(

@@ -112,3 +112,31 @@ def test_errors_name_the_function_and_what_is_wrong() -> None:
     f.defjvp(lambda p, t: t[0])  # returns the tangent alone: not a pair
     with pytest.raises(TypeError, match=r"must return \(output, tangent_output\), got Tensor"):
         sg.grad(lambda x: f(x).sum())(sg.tensor(X))
+
+
+@sg.custom_jvp
+def pair(p: dict[str, sg.Tensor], x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+    return p["a"] * x, sg.exp(x)
+
+
+# Not the true derivative (d out0/da is x, d out1/dx is exp(x)): 2x and 7 show the rule.
+pair.defjvp(lambda pr, t: (pair(*pr), (pr[0]["a"] * t[1] + 2.0 * t[0]["a"] * pr[1], 7.0 * t[1])))
+
+
+def _pair_jvp(a: Any, x: Any, ta: Any, tx: Any) -> Any:
+    return sg.jvp(pair, ({"a": a}, x), ({"a": ta}, tx))[1]
+
+
+@pytest.mark.parametrize("backend", [None, "c"])
+def test_pytree_arguments_and_several_outputs(backend: str | None) -> None:
+    a, x = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
+    ta, tx = np.array([1.0, -1.0], np.float32), np.array([0.5, 0.25], np.float32)
+    run = _pair_jvp if backend is None else sg.compile(_pair_jvp, backend=backend)
+    t0, t1 = run(*(sg.tensor(v) for v in (a, x, ta, tx)))
+    np.testing.assert_allclose(t0.numpy(), a * tx + 2 * ta * x, rtol=1e-6)
+    np.testing.assert_allclose(t1.numpy(), 7 * tx, rtol=1e-6)
+    ga, gx = sg.grad(lambda p, v: sum(o.sum() for o in pair(p, v)), (0, 1))(
+        {"a": sg.tensor(a)}, sg.tensor(x)
+    )
+    np.testing.assert_allclose(ga["a"].numpy(), 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(gx.numpy(), a + 7, rtol=1e-6)

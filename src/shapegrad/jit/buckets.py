@@ -310,5 +310,15 @@ class Bucketed:
         """The optimized graph of these arguments' bucket."""
         return self.lower(*args, **kwargs).graph
 
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """``Compiled.trace`` for these arguments padded to their bucket."""
+        padded, call_kwargs, _, _ = self.plan.pad(args, kwargs)
+        return self.compiled.trace(*padded, **call_kwargs)
+
+    def stats(self, *args: Any, **kwargs: Any) -> Any:
+        """``Compiled.stats`` of these arguments' bucket."""
+        padded, call_kwargs, _, _ = self.plan.pad(args, kwargs)
+        return self.compiled.stats(*padded, **call_kwargs)
+
 
 __all__ = ["BucketPlan", "Bucketed"]
