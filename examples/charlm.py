@@ -63,6 +63,60 @@ def batches(
     return chunks[..., :-1], chunks[..., 1:]
 
 
+def bucket_sizes(context: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to the context (which is always the last bucket)."""
+    sizes = []
+    size = smallest
+    while size < context:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, context)
+
+
+def sampler(args: argparse.Namespace, backend: str = "c") -> Any:
+    """The compiled next-character logits of a ``[1, t]`` prefix, for any ``t <= context``.
+
+    The prefix grows by one character per sampled token; compiled for each exact length it
+    would trace and compile 200 times in a 200-token generation. Buckets pad ``t`` with zeros
+    at the end up to 16, 32, 64, ...: the model is causal (position ``i`` attends to
+    positions ``<= i``, and every other layer is per position), so the logits at the real
+    positions are exact, and ``out_axis=1`` slices them back to ``t``. It compiles at most
+    once per bucket.
+    """
+
+    def next_logits(params: dict[str, Any], ids: sg.Tensor) -> sg.Tensor:
+        return logits_of(params, ids, args)
+
+    return sg.compile(
+        next_logits, backend=backend, buckets={("ids", 1): bucket_sizes(args.context)}, out_axis=1
+    )
+
+
+def generate(
+    step: Any,
+    params: dict[str, Any],
+    prompt: np.ndarray,
+    count: int,
+    context: int,
+    rng: np.random.Generator,
+    temperature: float = 0.8,
+) -> list[int]:
+    """``count`` character ids sampled with ``step`` (:func:`sampler`) after ``prompt``.
+
+    The window is the prompt plus what was sampled so far, at most its last ``context`` ids.
+    """
+    window = [int(i) for i in prompt]
+    out: list[int] = []
+    for _ in range(count):
+        ids = np.array([window[-context:]], dtype=np.int32)  # one row: [1, t <= context]
+        logits = step(params, ids).numpy()[0, -1].astype(np.float64) / temperature
+        probs = np.exp(logits - logits.max())
+        nxt = int(rng.choice(len(probs), p=probs / probs.sum()))
+        window.append(nxt)
+        out.append(nxt)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("steps", nargs="?", type=int, default=600)
@@ -74,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--chunk", type=int, default=10, help="steps per native call")
     parser.add_argument("--sample", type=int, default=200, help="characters to generate")
+    parser.add_argument("--prompt", type=int, default=16, help="prompt characters")
     parser.add_argument("--no-remat", dest="remat", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -119,18 +174,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     accuracy = 100.0 * float(np.mean(hits))
     print(f"next-character accuracy: {accuracy:.1f}% (held-out text)")
 
-    # sampling: a window of the last `context` characters, temperature 0.8
-    window = list(data[split : split + args.context])
-    out: list[str] = []
-    sampler = np.random.default_rng(args.seed + 2)
-    for _ in range(args.sample):
-        ids = np.array([window[-args.context :]], dtype=np.int32)  # one row: [1, context]
-        logits = forward(trained, sg.tensor(ids)).numpy()[0, -1].astype(np.float64) / 0.8
-        probs = np.exp(logits - logits.max())
-        nxt = int(sampler.choice(len(vocab), p=probs / probs.sum()))
-        window.append(nxt)
-        out.append(vocab[nxt])
-    prompt = "".join(vocab[i] for i in data[split : split + args.context])
+    # sampling: a growing window (at most the last `context` characters), temperature 0.8
+    prompt_ids = data[split : split + args.prompt]
+    step = sampler(args)
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(args.seed + 2)
+    sampled = generate(step, trained, prompt_ids, args.sample, args.context, rng)
+    print(
+        f"sampled {args.sample} characters in {time.perf_counter() - t0:.2f} s, "
+        f"{step.trace_count} compiles (buckets {step.buckets})"
+    )
+    out = [vocab[i] for i in sampled]
+    prompt = "".join(vocab[i] for i in prompt_ids)
     print("--- prompt ---\n" + prompt + "\n--- sample ---\n" + "".join(out))
     return {"losses": losses, "accuracy": accuracy}
 

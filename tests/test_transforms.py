@@ -336,7 +336,7 @@ def test_hvp_every_op(case: Case) -> None:
     check_hvp(case)
 
 
-@pytest.mark.parametrize("module", ["transforms", "_custom_vjp"])
+@pytest.mark.parametrize("module", ["transforms", "_custom_vjp", "_custom_jvp"])
 def test_docstring_examples_run(module: str) -> None:
     mod = importlib.import_module(f"shapegrad.{module}")
     result = doctest.testmod(mod, extraglobs={"sg": sg}, optionflags=doctest.ELLIPSIS)

@@ -25,6 +25,7 @@ from shapegrad._composites import (
     tril,
     triu,
 )
+from shapegrad._custom_jvp import custom_jvp
 from shapegrad._custom_vjp import custom_vjp
 from shapegrad._resample import conv1d, conv_transpose2d, interpolate, upsample
 from shapegrad._typechecked import ShapeTypeError, typechecked
@@ -158,6 +159,7 @@ __all__ = [
     "cos",
     "cross_entropy",
     "cumsum",
+    "custom_jvp",
     "custom_vjp",
     "data",
     "detach",

@@ -11,6 +11,8 @@ in eager and compiled modes alike. ``jacrev`` pulls back a basis of the output,
 
 A ``sg.custom_vjp`` function is linearized through its backward, which must then be
 linear in its cotangent (a clipped backward is not: its tangent is that of the clip at 0).
+A ``sg.custom_jvp`` function is a ``custom_vjp`` whose backward transposes the user's JVP
+rule (``_custom_jvp.py``), so this transposition gives back the rule.
 """
 
 from __future__ import annotations

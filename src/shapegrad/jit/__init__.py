@@ -27,7 +27,7 @@ import hashlib
 import inspect
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from shapegrad.backends.base import (
 from shapegrad.compiler.budget import CompileStats
 from shapegrad.dtypes import DType, bool_, dtype_of_array, float32, int32, to_numpy
 from shapegrad.ir import Graph
+from shapegrad.jit.buckets import Bucketed, BucketPlan
 from shapegrad.jit.fastpath import SCALARS, FastEntry, fast_entry, fast_key, ready_array
 from shapegrad.jit.stages import Lowered, Traced
 from shapegrad.ops.eager import EAGER
@@ -239,18 +240,48 @@ class RetraceWarning(UserWarning):
 RETRACE_WARNING_AT = 5  # retraces (traces after the first) before the one warning
 
 
-def _retrace_message(name: str, signatures: list[dict[str, str]]) -> str:
-    """Which inputs changed type across ``signatures`` (input path -> dtype[shape])."""
+def _retrace_message(name: str, signatures: list[dict[str, AVal]]) -> str:
+    """Which inputs changed type across ``signatures`` (input path -> its AVal)."""
     paths = list(dict.fromkeys(p for sig in signatures for p in sig))
     changed = []
+    varying: dict[str, list[AVal]] = {}
     for path in paths:
-        seen = list(dict.fromkeys(sig.get(path, "absent") for sig in signatures))
+        seen = list(dict.fromkeys(str(sig.get(path, "absent")) for sig in signatures))
         if len(seen) > 1:
             changed.append(f"{path}: {', '.join(seen)}")
+            varying[path] = [sig[path] for sig in signatures if path in sig]
     return (
         f"sg.compile({name}) traced and compiled {len(signatures)} times, once per new "
         f"argument shape; the inputs that changed: {'; '.join(changed) or 'structure only'}. "
-        "Each new shape compiles a new program; pad the inputs to a few fixed shapes to reuse them"
+        "Each new shape compiles a new program; "
+        + (_bucket_hint(varying) or "pad the inputs to a few fixed shapes to reuse them")
+    )
+
+
+def _bucket_hint(varying: dict[str, list[AVal]]) -> str | None:
+    """``buckets=`` advice when every changed input is a whole argument whose shapes differ
+    in one axis only and all those axes share one length (a sequence length, say)."""
+    keys: list[str] = []
+    lengths: set[tuple[int, ...]] = set()
+    for path, avals in varying.items():
+        ranks = {len(a.shape) for a in avals}
+        dtypes = {a.dtype for a in avals}
+        if not path.isidentifier() or len(ranks) != 1 or len(dtypes) != 1:
+            return None
+        axes = [k for k in range(ranks.pop()) if len({a.shape[k] for a in avals}) > 1]
+        if len(axes) != 1:
+            return None
+        keys.append(f"({path!r}, {axes[0]})")
+        lengths.add(tuple(a.shape[axes[0]] for a in avals))
+    if not keys or len(lengths) != 1:
+        return None
+    top = max(lengths.pop())
+    cap = 1 << max(0, (top - 1).bit_length())  # the power of two holding the longest seen
+    sizes = sorted({max(1, cap // 4), max(1, cap // 2), cap})
+    spec = ", ".join(f"{key}: {tuple(sizes)}" for key in keys)
+    return (
+        f"if only that length varies, pass buckets={{{spec}}} to sg.compile to pad it to the "
+        "next bucket and compile once per bucket (see sg.compile's buckets, length_arg, out_axis)"
     )
 
 
@@ -277,7 +308,7 @@ class Compiled:
         self.options = options
         self.trace_count = 0
         self._cache: dict[Any, Lowered] = {}
-        self._signatures: list[dict[str, str]] = []  # input path -> dtype[shape], per trace
+        self._signatures: list[dict[str, AVal]] = []  # input path -> type, per trace
         self._fast: dict[Any, FastEntry] = {}  # exact argument structure -> ready call
         try:
             self._param_names = list(inspect.signature(fn).parameters)
@@ -409,7 +440,7 @@ class Compiled:
             return  # warned already: keep no more
         names = self._input_names(td)
         avals = _leaf_avals(leaves)
-        self._signatures.append({n: str(a) for n, a in zip(names, avals, strict=True)})
+        self._signatures.append(dict(zip(names, avals, strict=True)))
         if len(self._signatures) == RETRACE_WARNING_AT + 1:
             name = getattr(self.fn, "__name__", "function")
             warnings.warn(_retrace_message(name, self._signatures), RetraceWarning, stacklevel=4)
@@ -514,6 +545,9 @@ def compile(
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),
     name: str | None = None,
+    buckets: Mapping[Any, Sequence[int]] | None = None,
+    length_arg: str | None = None,
+    out_axis: int | None = None,
     **backend_options: Any,
 ) -> Any:
     """Compile ``fn`` (written against Tensor) into a cached, optimized executable.
@@ -530,6 +564,16 @@ def compile(
             structure and types is taken as the new value. Donated eager tensors must not
             be used after the call (the NumPy backend never overwrites; the C backend may).
         name: readable name for debug dumps (defaults to ``fn.__name__``).
+        buckets: shape buckets for ONE varying length (``jit/buckets.py`` states the
+            contract): ``{"t": (64, 128, 256)}`` (a dim name of ``fn``'s jaxtyping
+            annotations) or ``{("ids", 1): (64, 128, 256)}`` (argument, axis). Those axes are
+            padded with zeros at the end to the next bucket, so ``fn`` compiles at most once
+            per bucket; exact for functions causal along the dim, otherwise mask with
+            ``length_arg``. A length above the largest bucket raises ``ValueError``.
+        length_arg: with ``buckets``: the keyword parameter of ``fn`` that receives the true
+            length (an int32 scalar tensor) for masking.
+        out_axis: with ``buckets``: slice every output back to the true length along this
+            axis (``None``: outputs keep the bucket's size).
         backend_options: the backend's options (C: ``denormals``, ``cflags``, ``target``,
             ...; CUDA: ``device``, ``arch``, ``target``; ANE: ``precision``, ``cache_dir``;
             NumPy: none), checked now against the backend's ``Options`` dataclass
@@ -552,12 +596,18 @@ def compile(
         raise ValueError(f"unknown backend {backend!r}; choose one of {known_backends()}")
     chosen = options_type(backend).from_kwargs(backend_options, backend)  # errors now, not later
 
-    def make(f: Callable[..., Any]) -> Compiled:
+    if buckets is None and (length_arg is not None or out_axis is not None):
+        raise TypeError("sg.compile: length_arg and out_axis only apply with buckets=...")
+
+    def make(f: Callable[..., Any]) -> Any:
         label = safe_name(name or str(getattr(f, "__name__", "fn")))
         options = CompileOptions(name=label, backend_options=chosen)
-        return Compiled(f, backend, nums, options, donate)
+        compiled = Compiled(f, backend, nums, options, donate)
+        if buckets is None:
+            return compiled
+        return Bucketed(compiled, BucketPlan(f, buckets, length_arg, out_axis))
 
     return make if fn is None else make(fn)
 
 
-__all__ = ["Compiled", "Lowered", "RetraceWarning", "Traced", "compile"]
+__all__ = ["Bucketed", "Compiled", "Lowered", "RetraceWarning", "Traced", "compile"]
