@@ -33,15 +33,12 @@ class Blocks(Module):  # every field has a leading `layers` dim: one scan step p
     w_down: Float[Tensor, "layers d f"] = field(init=normal)
 
 
-def rotary(t: int, head_dim: int) -> tuple[Tensor, Tensor]:
-    """cos and sin of position * frequency, [t, head_dim / 2] (frequencies 10000^(-2i/hd))."""
-    angles = np.outer(np.arange(t), 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim))
-    return sg.tensor(np.cos(angles).astype(np.float32)), sg.tensor(np.sin(angles).astype(np.float32))
-
-
-def rotate(x: Float[Tensor, "b h t e"], cos: Tensor, sin: Tensor) -> Float[Tensor, "b h t e"]:
-    half = x.shape[-1] // 2  # rotate pairs (i, i + half), as Hugging Face's LLaMA does
-    x1, x2 = x[..., :half], x[..., half:]
+def rotate(x: Float[Tensor, "b h t e"]) -> Float[Tensor, "b h t e"]:
+    """Rotary position embedding: rotate pairs (i, i + e/2) by position * 10000^(-2i/e)."""
+    t, e = x.shape[-2:]
+    angles = np.outer(np.arange(t), 10000.0 ** (-np.arange(0, e, 2) / e)).astype(x.dtype.numpy)
+    cos, sin = sg.tensor(np.cos(angles)), sg.tensor(np.sin(angles))
+    x1, x2 = x[..., : e // 2], x[..., e // 2 :]
     return sg.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
@@ -54,9 +51,12 @@ class Llama(Module):
 
     def block(self, x: Float[Tensor, "b t d"], w: Blocks) -> Float[Tensor, "b t d"]:
         b, t, d = x.shape
-        qkv = (rms_norm(x, w.attn_norm) @ w.wqkv.T).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        cos, sin = rotary(t, d // self.heads)
-        q, k = rotate(qkv[0], cos, sin), rotate(qkv[1], cos, sin)
+        qkv = (
+            (rms_norm(x, w.attn_norm) @ w.wqkv.T)
+            .view(b, t, 3, self.heads, -1)
+            .permute(2, 0, 3, 1, 4)
+        )
+        q, k = rotate(qkv[0]), rotate(qkv[1])
         att = sg.nn.scaled_dot_product_attention(q, k, qkv[2], causal=True)  # [b, h, t, e]
         x = x + att.swapaxes(1, 2).reshape((b, t, d)) @ w.wo.T
         h = rms_norm(x, w.mlp_norm)
@@ -73,21 +73,45 @@ def loss(model: Llama, ids: Int[Tensor, "b t"], targets: Int[Tensor, "b t"]) -> 
     return sg.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def windows(data: np.ndarray, count: int, batch: int, context: int, rng: np.random.Generator) -> list:
+def train(
+    model: Llama, batches: list, eager: bool = False, progress: bool = True
+) -> tuple[Llama, list[float]]:
+    optimizer = sg.optim.AdamW(lr=3e-3, weight_decay=0.01)
+    trainer = sg.ScalarTrainer(
+        loss, model, mode="eager" if eager else "compiled", optimizer=optimizer
+    )
+    losses = trainer.fit(batches, progress=progress).loss
+    return trainer.get_params(), losses
+
+
+def windows(
+    data: np.ndarray, count: int, batch: int, context: int, rng: np.random.Generator
+) -> list:
     starts = rng.integers(0, len(data) - context - 1, size=(count, batch))
     chunks = data[starts[..., None] + np.arange(context + 1)]
     return [(c[:, :-1], c[:, 1:]) for c in chunks]
 
 
-def sample(model: Llama, forward, prompt: list[int], n: int, temperature: float, top_k: int, context: int, rng) -> list[int]:
+def sample(
+    model: Llama,
+    forward,
+    prompt: list[int],
+    n: int,
+    temperature: float,
+    top_k: int,
+    context: int,
+    rng,
+) -> list[int]:
     out = list(prompt)
     for _ in range(n):
-        logits = forward(model, sg.tensor(np.array([out[-context:]], dtype=np.int32))).numpy()[0, -1]
+        logits = forward(model, sg.tensor(np.array([out[-context:]], dtype=np.int32))).numpy()[
+            0, -1
+        ]
         logits = logits.astype(np.float64) / temperature
         logits[logits < np.sort(logits)[-top_k]] = -np.inf  # top-k on the host
         probs = np.exp(logits - logits.max())
         out.append(int(rng.choice(len(probs), p=probs / probs.sum())))
-    return out[len(prompt):]
+    return out[len(prompt) :]
 
 
 if __name__ == "__main__":
@@ -102,15 +126,13 @@ if __name__ == "__main__":
     text = Path(difflib.__file__).read_text(encoding="utf-8")  # ~80 KB that every Python ships
     vocab = sorted(set(text))
     data = np.array([vocab.index(c) for c in text], dtype=np.int32)
-    train, held_out = data[: len(data) * 9 // 10], data[len(data) * 9 // 10 :]
+    text_train, held_out = data[: len(data) * 9 // 10], data[len(data) * 9 // 10 :]
     model = Llama.init(seed=0, v=len(vocab), d=args.d, f=4 * args.d, layers=args.layers)
     print(model.summary())
-    mode = "eager" if args.eager else "compiled"
-    trainer = sg.ScalarTrainer(loss, model, mode=mode, optimizer=sg.optim.AdamW(lr=3e-3, weight_decay=0.01))
-    history = trainer.fit(windows(train, args.steps, 32, args.context, np.random.default_rng(0)))
-    print(f"loss {history.loss[0]:.3f} -> {history.loss[-1]:.3f} ({mode})")
+    batches = windows(text_train, args.steps, 32, args.context, np.random.default_rng(0))
+    trained, losses = train(model, batches, eager=args.eager)
+    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} ({'eager' if args.eager else 'compiled C'})")
 
-    trained = trainer.get_params()
     forward = sg.compile(lambda m, i: m(i), backend="c")
     ids, targets = windows(held_out, 1, 64, args.context, np.random.default_rng(1))[0]
     eager, compiled = trained(sg.tensor(ids)).numpy(), forward(trained, sg.tensor(ids)).numpy()
@@ -119,4 +141,9 @@ if __name__ == "__main__":
     print(f"next-character accuracy: {(compiled.argmax(-1) == targets).mean():.1%} (held-out text)")
     prompt = list(held_out[: args.context])
     out = sample(trained, forward, prompt, 200, 0.8, 10, args.context, np.random.default_rng(2))
-    print("--- prompt ---\n" + "".join(vocab[i] for i in prompt) + "\n--- sample ---\n" + "".join(vocab[i] for i in out))
+    print(
+        "--- prompt ---\n"
+        + "".join(vocab[i] for i in prompt)
+        + "\n--- sample ---\n"
+        + "".join(vocab[i] for i in out)
+    )

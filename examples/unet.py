@@ -57,10 +57,20 @@ def loss(model: UNet, noisy: Tensor, clean: Tensor) -> Float[Tensor, ""]:
     return sg.mse(model(noisy), clean)
 
 
+def train(
+    model: UNet, batches, epochs: int = 1, eager: bool = False, progress: bool = True
+) -> tuple[UNet, list[float]]:
+    trainer = sg.ScalarTrainer(
+        loss, model, mode="eager" if eager else "compiled", optimizer=sg.optim.Adam(lr=3e-3)
+    )
+    losses = trainer.fit(batches, epochs=epochs, progress=progress).loss
+    return trainer.get_params(), losses
+
+
 def noisy_batches(images: np.ndarray, batch: int, sigma: float, rng: np.random.Generator) -> list:
     order = rng.permutation(len(images))[: len(images) // batch * batch].reshape(-1, batch)
-    noise = rng.normal(0.0, sigma, size=(len(order), batch, 1, 8, 8)).astype(np.float32)
-    return [(images[i] + e, images[i]) for i, e in zip(order, noise)]
+    noise = rng.normal(0.0, sigma, size=(len(order), batch, 1, 8, 8)).astype(images.dtype)
+    return [(images[i] + e, images[i]) for i, e in zip(order, noise, strict=True)]
 
 
 if __name__ == "__main__":
@@ -73,14 +83,14 @@ if __name__ == "__main__":
     digits = sg.data.load_digits(images=True)
     model = UNet.init(seed=0, c=16)
     print(model.summary())
-    mode = "eager" if args.eager else "compiled"
-    trainer = sg.ScalarTrainer(loss, model, mode=mode, optimizer=sg.optim.Adam(lr=3e-3))
     rng = np.random.default_rng(0)
-    history = trainer.fit(lambda epoch: noisy_batches(digits.x_train, 32, args.sigma, rng), epochs=args.epochs)
-    print(f"loss {history.loss[0]:.4f} -> {history.loss[-1]:.4f} ({mode})")
+    batches = lambda epoch: noisy_batches(digits.x_train, 32, args.sigma, rng)  # noqa: E731  new noise every epoch
+    trained, losses = train(model, batches, args.epochs, eager=args.eager)
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f} ({'eager' if args.eager else 'compiled C'})")
 
-    trained = trainer.get_params()
-    noisy, clean = noisy_batches(digits.x_test, len(digits.x_test), args.sigma, np.random.default_rng(1))[0]
+    noisy, clean = noisy_batches(
+        digits.x_test, len(digits.x_test), args.sigma, np.random.default_rng(1)
+    )[0]
     eager = trained(sg.tensor(noisy)).numpy()
     compiled = sg.compile(lambda m, x: m(x), backend="c")(trained, sg.tensor(noisy)).numpy()
     print(f"eager vs compiled C: max |difference| {np.abs(eager - compiled).max():.2e}")
