@@ -111,3 +111,20 @@ def train_unet(model: UNet, batches: list) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+# --- LSTM (examples/lstm.py's Recaller; used by benchmarks/examples_time.py) ------------
+
+
+class Recaller(nn.Module):
+    def __init__(self, v: int, d: int, h: int) -> None:
+        super().__init__()
+        self.embed, self.rnn, self.head = (
+            nn.Embedding(v, d),
+            nn.LSTM(d, h, batch_first=True),
+            nn.Linear(h, v),
+        )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ys, _ = self.rnn(self.embed(ids))
+        return self.head(ys)
