@@ -58,7 +58,7 @@ class Llama(Module):
         )
         q, k = rotate(qkv[0]), rotate(qkv[1])
         att = sg.nn.scaled_dot_product_attention(q, k, qkv[2], causal=True)  # [b, h, t, e]
-        x = x + att.swapaxes(1, 2).reshape((b, t, d)) @ w.wo.T
+        x = x + att.swapaxes(1, 2).flatten(2) @ w.wo.T
         h = rms_norm(x, w.mlp_norm)
         return x + (sg.silu(h @ w.w_gate.T) * (h @ w.w_up.T)) @ w.w_down.T
 
