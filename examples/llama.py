@@ -12,6 +12,7 @@ Run: python examples/llama.py [steps] [--eager]
 import argparse
 import difflib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -94,13 +95,13 @@ def windows(
 
 def sample(
     model: Llama,
-    forward,
+    forward: Callable[[Llama, Tensor], Tensor],
     prompt: list[int],
     n: int,
-    temperature: float,
-    top_k: int,
     context: int,
-    rng,
+    rng: np.random.Generator,
+    temperature: float = 0.8,
+    top_k: int = 10,
 ) -> list[int]:
     out = list(prompt)
     for _ in range(n):
@@ -140,7 +141,7 @@ if __name__ == "__main__":
     assert np.allclose(eager, compiled, rtol=1e-3, atol=1e-3), "eager and compiled C disagree"
     print(f"next-character accuracy: {(compiled.argmax(-1) == targets).mean():.1%} (held-out text)")
     prompt = list(held_out[: args.context])
-    out = sample(trained, forward, prompt, 200, 0.8, 10, args.context, np.random.default_rng(2))
+    out = sample(trained, forward, prompt, 200, args.context, np.random.default_rng(2))
     print(
         "--- prompt ---\n"
         + "".join(vocab[i] for i in prompt)

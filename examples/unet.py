@@ -11,6 +11,7 @@ Run: python examples/unet.py [epochs] [--eager]
 
 import argparse
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def loss(model: UNet, noisy: Tensor, clean: Tensor) -> Float[Tensor, ""]:
 
 
 def train(
-    model: UNet, batches, epochs: int = 1, eager: bool = False, progress: bool = True
+    model: UNet, batches: Any, epochs: int = 1, eager: bool = False, progress: bool = True
 ) -> tuple[UNet, list[float]]:
     trainer = sg.ScalarTrainer(
         loss, model, mode="eager" if eager else "compiled", optimizer=sg.optim.Adam(lr=3e-3)
