@@ -61,6 +61,9 @@ def unet_weights(ours: Any) -> dict[str, np.ndarray]:
 def test_llama_trains_like_pytorch(eager: bool) -> None:
     llama, sizes = example("llama"), {"v": 11, "d": 16, "f": 32, "layers": 2}
     ours = llama.Llama.init(seed=3, dtype=sg.float64, **sizes)
+    # queries and keys 25x the example's init: attention far from uniform, so the rotary
+    # embedding and the causal mask change the losses well beyond the tolerance
+    ours = ours.replace(blocks=ours.blocks.replace(wqkv=ours.blocks.wqkv * 25.0))
     reference = torch_models.Llama(**sizes).double()
     load(reference, llama_weights(ours, sizes["layers"]))
     rng = np.random.default_rng(0)
