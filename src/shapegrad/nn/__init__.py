@@ -16,6 +16,7 @@
 
 from shapegrad.nn import init
 from shapegrad.nn._module import Module, field
+from shapegrad.nn._state import StateUpdates, state_updates
 from shapegrad.nn.attention import (
     AttentionParams,
     multi_head_attention,
@@ -55,6 +56,7 @@ __all__ = [
     "Module",
     "MultiheadAttention",
     "RMSNorm",
+    "StateUpdates",
     "embed",
     "field",
     "init",
@@ -63,6 +65,7 @@ __all__ = [
     "multi_head_attention",
     "rms_norm",
     "scaled_dot_product_attention",
+    "state_updates",
     "transformer_block",
     "transformer_stack",
 ]

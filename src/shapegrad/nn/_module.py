@@ -45,6 +45,7 @@ from shapegrad import _specs, tree
 from shapegrad._specs import Role, infer_role
 from shapegrad.dtypes import DTypeLike, as_dtype, float32
 from shapegrad.nn import init as _init
+from shapegrad.nn._state import record_state
 from shapegrad.ops.eager import tensor
 from shapegrad.random import check_seed
 from shapegrad.shapes import ShapeError, fmt
@@ -187,6 +188,14 @@ class Module:
         values = {f.name: getattr(self, f.name) for f in self._fields()}
         values.update(changes)
         return type(self)(**values)
+
+    def with_state(self, **changes: Any) -> Self:
+        """``replace(**changes)`` for updated state (running statistics), also recorded in
+        the active :func:`shapegrad.nn.state_updates` collector (ScalarTrainer opens one
+        around the loss), so callers need not thread the copy back by hand."""
+        new = self.replace(**changes)
+        record_state(self, new)
+        return new
 
     # --- construction from the annotations --------------------------------------------
 

@@ -6,7 +6,10 @@ fields (non-trainable: optimizers leave them alone, checkpoints save them).
 Name the channel dim from an enclosing module with ``field(dims={"c": "h"})``.
 
 BatchNorm is pure: ``y, bn = bn(x, training=True)`` returns the module with its
-running statistics updated; keep the returned one (eval mode returns ``self``).
+running statistics updated (eval mode returns ``self``). The update is also recorded in
+the active ``sg.nn.state_updates()`` collector, which ScalarTrainer opens around the
+loss: there ``y, _ = self.bn(x, training=True)`` is enough, the trainer keeps the new
+statistics (no ``replace`` up through the enclosing modules).
 
 Example:
     >>> bn = sg.nn.BatchNorm.init(c=16)
@@ -62,7 +65,7 @@ class BatchNorm(Module):
         )
         if not training:
             return y, self
-        return y, self.replace(running_mean=mean, running_var=var)
+        return y, self.with_state(running_mean=mean, running_var=var)
 
 
 class GroupNorm(Module):

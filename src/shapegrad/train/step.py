@@ -19,7 +19,10 @@ Two optional loss conventions:
 * **updated state**: a loss may return ``(loss, new_params)`` (e.g. a model whose
   batch-norm running statistics moved); the step then takes every non-trainable
   leaf (``requires_grad`` False: running statistics, frozen tensors) from
-  ``new_params``, the trainable ones from the optimizer.
+  ``new_params``, the trainable ones from the optimizer. A loss that returns only
+  the scalar gets the same from the updates its modules recorded
+  (``Module.with_state``, e.g. ``BatchNorm`` in training): the loss runs inside
+  ``sg.nn.state_updates()`` and the step applies what was recorded.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from shapegrad import random, tree
 from shapegrad.autodiff import value_and_grad
 from shapegrad.dtypes import DType, float16, int32
+from shapegrad.nn._state import state_updates
 from shapegrad.ops import prims as p
 from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
@@ -105,12 +109,15 @@ def _loss_and_updated(
     leaves of ``new_params``."""
     leaves, _ = tree.flatten(params)
     compute = _compute_params(plan, leaves)
-    out = (
-        plan.loss_fn(compute, *inputs, key=key)
-        if key is not None
-        else plan.loss_fn(compute, *inputs)
-    )
+    with state_updates() as recorded:
+        out = (
+            plan.loss_fn(compute, *inputs, key=key)
+            if key is not None
+            else plan.loss_fn(compute, *inputs)
+        )
     updated: list[Tensor] | None = None
+    if not isinstance(out, tuple) and len(recorded):  # modules recorded new state
+        updated = tree.flatten(recorded.apply(compute))[0]
     if isinstance(out, tuple) and len(out) == 2:
         out, new_params = out
         new_leaves, new_def = tree.flatten(new_params)
