@@ -1,7 +1,7 @@
-"""PyTorch versions of examples/llama.py and examples/unet.py, written as a PyTorch user
-would, for tests/test_example_parity.py (same architectures, same optimizers; the test
-copies our initial weights in, trains both and compares the losses, and compares the
-line counts of the model + training code)."""
+"""PyTorch versions of examples/llama.py, examples/unet.py and examples/lstm.py, written
+as a PyTorch user would, for tests/test_example_parity.py (same architectures, same
+optimizers; the test copies our initial weights in, trains both and compares the losses,
+and compares the line counts of the model + training code)."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def train_unet(model: UNet, batches: list) -> list[float]:
     return losses
 
 
-# --- LSTM (examples/lstm.py's Recaller; used by benchmarks/examples_time.py) ------------
+# --- LSTM (examples/lstm.py's Recaller; also used by benchmarks/examples_time.py) -------
 
 
 class Recaller(nn.Module):
@@ -128,3 +128,22 @@ class Recaller(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         ys, _ = self.rnn(self.embed(ids))
         return self.head(ys)
+
+
+def recaller_loss(
+    model: Recaller, ids: torch.Tensor, targets: torch.Tensor, delay: int = 3
+) -> torch.Tensor:
+    scores = model(ids)[:, delay:]
+    return F.cross_entropy(scores.reshape(-1, scores.shape[-1]), targets.reshape(-1))
+
+
+def train_recaller(model: Recaller, batches: list) -> list[float]:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for ids, targets in batches:
+        loss = recaller_loss(model, torch.as_tensor(ids).long(), torch.as_tensor(targets).long())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
