@@ -16,7 +16,6 @@ from mypy.nodes import (
     ARG_STAR,
     ARG_STAR2,
     Expression,
-    ListExpr,
     NameExpr,
     StarExpr,
     TempNode,
@@ -309,8 +308,10 @@ def vmap(ctx: FunctionContext) -> Type:
     n = len(fn.arg_types)
     in_slot, out_slot = _arg(ctx, "in_axes", 1), _arg(ctx, "out_axes", 2)
     in_axes = _axes(ctx.args[in_slot][0] if in_slot is not None else None, n)
-    out_axis = _axes(ctx.args[out_slot][0] if out_slot is not None else None, 1)
-    if in_axes is None or out_axis is None or out_axis[0] is None:
+    out_expr = ctx.args[out_slot][0] if out_slot is not None else None
+    # One int for every output; per-output tuples and None (unbatched outputs) not followed.
+    out_axis = 0 if out_expr is None else int_of(out_expr)
+    if in_axes is None or out_axis is None:
         return ctx.default_return_type
     env = Env(ctx.api)
     dim = Sym(_unused_name(fn), _scope(fn))
@@ -318,7 +319,7 @@ def vmap(ctx: FunctionContext) -> Type:
         _batched(env, t, dim, axis) if axis is not None else t
         for t, axis in zip(fn.arg_types, in_axes, strict=True)
     ]
-    ret = _batched(env, fn.ret_type, dim, out_axis[0])
+    ret = _batched(env, fn.ret_type, dim, out_axis)
     if ret is None or any(p is None for p in params) or all(a is None for a in in_axes):
         return ctx.default_return_type
     # No definition: the body is written for one example and must not be re-read with
@@ -329,14 +330,14 @@ def vmap(ctx: FunctionContext) -> Type:
 
 
 def _axes(expr: Expression | None, n: int) -> list[int | None] | None:
-    """``in_axes``/``out_axes`` per argument: absent 0, an int literal, None, or a literal tuple."""
+    """``in_axes`` per argument: absent 0, an int literal, None, or a literal tuple of those."""
     if expr is None:
         return [0] * n
     if _is_none(expr):
         return [None] * n
     if (single := int_of(expr)) is not None:
         return [single] * n
-    if isinstance(expr, TupleExpr | ListExpr) and len(expr.items) == n:
+    if isinstance(expr, TupleExpr) and len(expr.items) == n:
         out: list[int | None] = []
         for item in expr.items:
             value = None if _is_none(item) else int_of(item)
@@ -384,7 +385,8 @@ def _batched(env: Env, typ: Type, dim: Sym, axis: int) -> Type | None:
             return None
         return proper.copy_modified(items=[i for i in items if i is not None])
     if not is_tensor(proper):
-        return typ if not tensor_items(proper) else None
+        # An int or a list batched is a Tensor per example: f's annotation would not hold.
+        return AnyType(TypeOfAny.special_form) if not tensor_items(proper) else None
     shape = shape_of(proper)  # the callee's own names, not restricted to the caller's
     if shape is None:
         return attach(proper, None, env.str_type())
