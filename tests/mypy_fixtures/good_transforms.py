@@ -21,6 +21,11 @@ def energy(x: Float[Tensor, " i"]) -> Float[Tensor, ""]:
     return (x * x).sum()
 
 
+@sg.typechecked
+def pair(x: Float[Tensor, " i"]) -> tuple[Float[Tensor, " i"], Float[Tensor, ""]]:
+    return x, x.sum()
+
+
 @sg.custom_vjp
 def clip_grad(x: Float[Tensor, "n d"]) -> Float[Tensor, "n d"]:
     return x
@@ -59,9 +64,21 @@ def transforms(
     sg.reveal_shape(clip_grad(xs))
     # N: Revealed shape is "float[3]"
     sg.reveal_shape(softplus(v))
+    # N: Revealed shape is "float[3]"
+    sg.reveal_shape(sg.jvp(softplus, (v,), (v,))[1])
+    out, f_jvp = sg.linearize(affine, w, v)
+    # N: Revealed shape is "float[5]"
+    sg.reveal_shape(out)
+    # N: Revealed shape is "not a Tensor"
+    sg.reveal_shape(f_jvp(w, v))  # the tangent function is not followed
+    axes = (None, 0)
+    # N: Revealed shape is "not a Tensor"
+    sg.reveal_shape(sg.vmap(affine, in_axes=axes)(w, xs))  # axes not literal: not followed
+    # N: Revealed shape is "(float[8, 3], float[8])"
+    sg.reveal_shape(sg.vmap(pair)(xs))
     hess = sg.hessian(energy)(v)  # not followed: unknown, never an error
     jac = sg.jacrev(affine, argnums=1)(w, v)
-    return ys.sum() + tangent.sum() + hess.sum() + jac.sum() + softplus(v).sum()
+    return out.sum() + ys.sum() + tangent.sum() + hess.sum() + jac.sum() + softplus(v).sum()
 
 
 def run() -> float:

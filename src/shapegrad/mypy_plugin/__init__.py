@@ -463,6 +463,7 @@ _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
     T.CHECKPOINT: T.checkpoint,
     T.VMAP: T.vmap,
     T.JVP: T.jvp,
+    T.LINEARIZE: T.linearize,
     T.CUSTOM_VJP: T.custom_rule,
     T.CUSTOM_JVP: T.custom_rule,
 }

@@ -287,6 +287,7 @@ def _check_carry(env: Env, ctx: FunctionContext, name: str, init: Type, out: Typ
 
 VMAP = "shapegrad._batching.vmap"
 JVP = "shapegrad.transforms.jvp"
+LINEARIZE = "shapegrad.transforms.linearize"
 CUSTOM_VJP = "shapegrad._custom_vjp.custom_vjp"
 CUSTOM_JVP = "shapegrad._custom_jvp.custom_jvp"
 CUSTOM_CALLS = frozenset({f"{CUSTOM_VJP}.__call__", f"{CUSTOM_JVP}.__call__"})
@@ -380,6 +381,8 @@ def _batched(env: Env, typ: Type, dim: Sym, axis: int) -> Type | None:
     """``typ`` with ``dim`` inserted at ``axis`` of each tensor; None where that is unsure."""
     proper = get_proper_type(typ)
     if isinstance(proper, TupleType):
+        if proper.partial_fallback.type.fullname != "builtins.tuple":
+            return None  # a ParamList or NamedTuple checks its own shapes: not batched there
         items = [_batched(env, t, dim, axis) for t in proper.items]
         if any(i is None for i in items):
             return None
@@ -429,3 +432,24 @@ def custom_rule(ctx: FunctionContext) -> Type:
     """``sg.custom_vjp(f)`` / ``sg.custom_jvp(f)``: the instance remembers ``f``'s signature."""
     fn = _fn_type(ctx)
     return ctx.default_return_type if fn is None else attach_fn(ctx.default_return_type, fn)
+
+
+def linearize(ctx: FunctionContext) -> Type:
+    """``sg.linearize(f, *primals)``: ``(f(*primals), f_jvp)``; the primals checked against ``f``.
+
+    ``f_jvp`` stays the plain ``Callable`` (its tangents are not followed).
+    """
+    fn = _fn_type(ctx)
+    slot = _arg(ctx, "primals", 1)
+    default = get_proper_type(ctx.default_return_type)
+    if fn is None or slot is None or not isinstance(default, TupleType):
+        return ctx.default_return_type
+    exprs, types = ctx.args[slot], ctx.arg_types[slot]
+    if len(exprs) != len(fn.arg_types) or any(k != ARG_POS for k in ctx.arg_kinds[slot]):
+        return ctx.default_return_type  # a *splat, or another count: not followed
+    laid = positional(fn, list(exprs), list(types), 0)
+    if laid is None:
+        return ctx.default_return_type
+    name = (fn.name or "fn").split(" of ")[0]
+    out = check_call(Env(ctx.api), ctx.context, fn, *laid, fn.ret_type, name)
+    return default.copy_modified(items=[out, *default.items[1:]])
