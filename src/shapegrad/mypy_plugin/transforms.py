@@ -7,6 +7,10 @@ returning ``(f's result, d/d argnums)``, ``grad(f)`` returns the gradients,
 ``compile(f)`` is a :class:`Compiled` instance remembering ``f`` (its ``.graph``
 and ``.stats`` still type-check), and ``ScalarTrainer(loss, params)`` remembers
 ``loss``, so ``trainer.step(x, y)`` is checked against ``loss``'s inputs.
+``vmap(f)`` is ``f``'s signature with a batch dim on each batched argument and
+output, ``jvp``/``linearize`` return ``f``'s result (checked on literal primals),
+and ``custom_vjp(f)``/``custom_jvp(f)`` remember ``f``. Whatever is not a literal
+(axes in a variable, pytrees of axes, ``*args``) keeps the plain runtime type.
 """
 
 from __future__ import annotations
