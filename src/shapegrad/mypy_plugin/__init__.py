@@ -236,7 +236,7 @@ class ShapePlugin(Plugin):
         if cls == TENSOR and name in METHOD_RULES:
             rule = METHOD_RULES[name]
             return _guarded(lambda ctx: self._apply(rule, ctx, ctx, name), _default)
-        if fullname == T.COMPILED_CALL:
+        if fullname == T.COMPILED_CALL or fullname in T.CUSTOM_CALLS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
         if fullname in T.TRAINER_METHODS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 1), _default)
@@ -461,6 +461,11 @@ _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
     T.TRAINER: T.make_trainer,
     T.SCAN: T.scan,
     T.CHECKPOINT: T.checkpoint,
+    T.VMAP: T.vmap,
+    T.JVP: T.jvp,
+    T.LINEARIZE: T.linearize,
+    T.CUSTOM_VJP: T.custom_rule,
+    T.CUSTOM_JVP: T.custom_rule,
 }
 
 

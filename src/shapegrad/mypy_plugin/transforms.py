@@ -7,11 +7,25 @@ returning ``(f's result, d/d argnums)``, ``grad(f)`` returns the gradients,
 ``compile(f)`` is a :class:`Compiled` instance remembering ``f`` (its ``.graph``
 and ``.stats`` still type-check), and ``ScalarTrainer(loss, params)`` remembers
 ``loss``, so ``trainer.step(x, y)`` is checked against ``loss``'s inputs.
+``vmap(f)`` is ``f``'s signature with a batch dim on each batched argument and
+output, ``jvp``/``linearize`` return ``f``'s result (checked on literal primals),
+and ``custom_vjp(f)``/``custom_jvp(f)`` remember ``f``. Whatever is not a literal
+(axes in a variable, pytrees of axes, ``*args``) keeps the plain runtime type.
 """
 
 from __future__ import annotations
 
-from mypy.nodes import ARG_STAR, ARG_STAR2, TempNode, TupleExpr, TypeInfo
+from mypy.nodes import (
+    ARG_POS,
+    ARG_STAR,
+    ARG_STAR2,
+    Expression,
+    NameExpr,
+    StarExpr,
+    TempNode,
+    TupleExpr,
+    TypeInfo,
+)
 from mypy.plugin import FunctionContext, FunctionSigContext, MethodContext
 from mypy.types import (
     AnyType,
@@ -26,10 +40,10 @@ from mypy.types import (
 )
 
 from .calls import check_call, positional
-from .carrier import attach, attach_fn, is_tensor, tensor_items, wrapped_fn
+from .carrier import attach, attach_fn, is_tensor, shape_of, tensor_items, wrapped_fn
 from .env import Env
 from .literals import bool_of, int_of
-from .spec import Item, restrict, show
+from .spec import Item, Sym, names_in, restrict, show
 from .unify import compare
 
 VALUE_AND_GRAD = "shapegrad.autodiff.value_and_grad"
@@ -271,3 +285,175 @@ def _check_carry(env: Env, ctx: FunctionContext, name: str, init: Type, out: Typ
                 ctx.context,
             )
             return
+
+
+# --- sg.vmap / sg.jvp / sg.custom_vjp / sg.custom_jvp -----------------------------------------
+
+VMAP = "shapegrad._batching.vmap"
+JVP = "shapegrad.transforms.jvp"
+LINEARIZE = "shapegrad.transforms.linearize"
+CUSTOM_VJP = "shapegrad._custom_vjp.custom_vjp"
+CUSTOM_JVP = "shapegrad._custom_jvp.custom_jvp"
+CUSTOM_CALLS = frozenset({f"{CUSTOM_VJP}.__call__", f"{CUSTOM_JVP}.__call__"})
+BATCH_DIM = "vmap_batch"  # the batch dim vmap adds, named in the messages
+
+
+def vmap(ctx: FunctionContext) -> Type:
+    """``sg.vmap(f, in_axes, out_axes)``: ``f``'s signature with a batch dim per batched argument.
+
+    The batch dim is one named dim of the new signature, so two arguments of different
+    batch sizes are reported at the call, and the outputs gain it at ``out_axes``.
+    Only literal axes are followed (an int, or a tuple of ints and None); anything
+    else, or an argument whose shapes sit where the batch dim cannot be placed (a
+    ``ParamList``), leaves the plain ``Callable`` (a false positive is worse than a miss).
+    """
+    fn = _fn_type(ctx)
+    if fn is None or any(k != ARG_POS for k in fn.arg_kinds):
+        return ctx.default_return_type
+    n = len(fn.arg_types)
+    in_slot, out_slot = _arg(ctx, "in_axes", 1), _arg(ctx, "out_axes", 2)
+    in_axes = _axes(ctx.args[in_slot][0] if in_slot is not None else None, n)
+    out_expr = ctx.args[out_slot][0] if out_slot is not None else None
+    # One int for every output; per-output tuples and None (unbatched outputs) not followed.
+    out_axis = 0 if out_expr is None else int_of(out_expr)
+    if in_axes is None or out_axis is None:
+        return ctx.default_return_type
+    env = Env(ctx.api)
+    dim = Sym(_unused_name(fn), _scope(fn))
+    params = [
+        _batched(env, t, dim, axis) if axis is not None else t
+        for t, axis in zip(fn.arg_types, in_axes, strict=True)
+    ]
+    ret = _batched(env, fn.ret_type, dim, out_axis)
+    if ret is None or any(p is None for p in params) or all(a is None for a in in_axes):
+        return ctx.default_return_type
+    # No definition: the body is written for one example and must not be re-read with
+    # batched arguments (calls.py infers an unannotated result from a helper's body).
+    return fn.copy_modified(
+        arg_types=[p for p in params if p is not None], ret_type=ret, definition=None
+    )
+
+
+def _axes(expr: Expression | None, n: int) -> list[int | None] | None:
+    """``in_axes`` per argument: absent 0, an int literal, None, or a literal tuple of those."""
+    if expr is None:
+        return [0] * n
+    if _is_none(expr):
+        return [None] * n
+    if (single := int_of(expr)) is not None:
+        return [single] * n
+    if isinstance(expr, TupleExpr) and len(expr.items) == n:
+        out: list[int | None] = []
+        for item in expr.items:
+            value = None if _is_none(item) else int_of(item)
+            if value is None and not _is_none(item):
+                return None  # a pytree of axes, or a name: not followed
+            out.append(value)
+        return out
+    return None
+
+
+def _is_none(expr: Expression) -> bool:
+    return isinstance(expr, NameExpr) and expr.fullname == "builtins.None"
+
+
+def _unused_name(fn: CallableType) -> str:
+    taken = {
+        n.name
+        for t in [*fn.arg_types, fn.ret_type]
+        for _, s in tensor_items(t)
+        for n in names_in(s)
+        if isinstance(n, Sym)
+    } | {a for a in fn.arg_names if a}
+    name, k = BATCH_DIM, 1
+    while name in taken:
+        name, k = f"{BATCH_DIM}{k}", k + 1
+    return name
+
+
+def _scope(fn: CallableType) -> str:
+    """The scope of ``fn``'s own named dims (where its annotations were written)."""
+    for t in [*fn.arg_types, fn.ret_type]:
+        for _, shape in tensor_items(t):
+            for n in names_in(shape):
+                if isinstance(n, Sym):
+                    return n.scope
+    return fn.name or ""
+
+
+def _batched(env: Env, typ: Type, dim: Sym, axis: int) -> Type | None:
+    """``typ`` with ``dim`` inserted at ``axis`` of each tensor; None where that is unsure."""
+    proper = get_proper_type(typ)
+    if isinstance(proper, TupleType):
+        if proper.partial_fallback.type.fullname != "builtins.tuple":
+            return None  # a ParamList or NamedTuple checks its own shapes: not batched there
+        items = [_batched(env, t, dim, axis) for t in proper.items]
+        if any(i is None for i in items):
+            return None
+        return proper.copy_modified(items=[i for i in items if i is not None])
+    if not is_tensor(proper):
+        # An int or a list batched is a Tensor per example: f's annotation would not hold.
+        return AnyType(TypeOfAny.special_form) if not tensor_items(proper) else None
+    shape = shape_of(proper)  # the callee's own names, not restricted to the caller's
+    if shape is None:
+        return attach(proper, None, env.str_type())
+    if axis != 0 and not (shape.fixed and -len(shape.dims) - 1 <= axis <= len(shape.dims)):
+        return attach(proper, None, env.str_type())  # unknown rank: the place is unknown
+    at = axis if axis >= 0 else len(shape.dims) + 1 + axis
+    dims = (*shape.dims[:at], dim, *shape.dims[at:])
+    return attach(proper, shape.with_dims(dims), env.str_type())
+
+
+def jvp(ctx: FunctionContext) -> Type:
+    """``sg.jvp(f, primals, tangents)``: ``(out, out)`` with ``out`` what ``f(*primals)`` returns.
+
+    Literal tuples of primals and tangents are each checked against ``f``'s parameters.
+    """
+    fn = _fn_type(ctx)
+    p_slot, t_slot = _arg(ctx, "primals", 1), _arg(ctx, "tangents", 2)
+    default = get_proper_type(ctx.default_return_type)
+    if fn is None or p_slot is None or not isinstance(default, TupleType):
+        return ctx.default_return_type
+    env = Env(ctx.api)
+    name = (fn.name or "fn").split(" of ")[0]
+    out: Type | None = None
+    for slot in (p_slot, t_slot):
+        expr = ctx.args[slot][0] if slot is not None else None
+        if not isinstance(expr, TupleExpr) or any(isinstance(e, StarExpr) for e in expr.items):
+            continue
+        types = [env.type_of(e) or AnyType(TypeOfAny.special_form) for e in expr.items]
+        laid = positional(fn, list(expr.items), types, 0)
+        if laid is None or len(expr.items) != len(fn.arg_types):
+            continue
+        result = check_call(env, ctx.context, fn, *laid, fn.ret_type, name)
+        out = result if out is None else out
+    if out is None:
+        return ctx.default_return_type
+    return default.copy_modified(items=[out, out])
+
+
+def custom_rule(ctx: FunctionContext) -> Type:
+    """``sg.custom_vjp(f)`` / ``sg.custom_jvp(f)``: the instance remembers ``f``'s signature."""
+    fn = _fn_type(ctx)
+    return ctx.default_return_type if fn is None else attach_fn(ctx.default_return_type, fn)
+
+
+def linearize(ctx: FunctionContext) -> Type:
+    """``sg.linearize(f, *primals)``: ``(f(*primals), f_jvp)``; the primals checked against ``f``.
+
+    ``f_jvp`` stays the plain ``Callable`` (its tangents are not followed).
+    """
+    fn = _fn_type(ctx)
+    slot = _arg(ctx, "primals", 1)
+    default = get_proper_type(ctx.default_return_type)
+    if fn is None or slot is None or not isinstance(default, TupleType):
+        return ctx.default_return_type
+    exprs, types = ctx.args[slot], ctx.arg_types[slot]
+    if len(exprs) != len(fn.arg_types) or any(k != ARG_POS for k in ctx.arg_kinds[slot]):
+        return ctx.default_return_type  # a *splat, or another count: not followed
+    laid = positional(fn, list(exprs), list(types), 0)
+    if laid is None:
+        return ctx.default_return_type
+    name = (fn.name or "fn").split(" of ")[0]
+    out = check_call(Env(ctx.api), ctx.context, fn, *laid, fn.ret_type, name)
+    return default.copy_modified(items=[out, *default.items[1:]])
