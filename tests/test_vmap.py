@@ -380,3 +380,26 @@ def test_vmap_of_op_table_rows_compiles(case: Case) -> None:
     np.testing.assert_allclose(
         sg.compile(fn, backend="numpy")(*stacked).numpy(), fn(*stacked).numpy(), rtol=1e-12
     )
+
+
+def test_per_example_gradients_of_a_typed_paramlist() -> None:
+    """vmap(grad) over a typed ParamList: the per-example gradients carry a batch dim the
+    ParamList's annotations do not declare, so they come back as a plain tuple (a typed
+    rebuild raised ShapeError), each equal to a loop of grads."""
+    from shapegrad import Float, Tensor
+
+    class Params(sg.ParamList[Float[Tensor, "10 4"], Float[Tensor, "10"]]):
+        names = ("w", "b")
+
+    def loss(p: Params, x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
+        return ((x @ p.w.T + p.b - y) ** 2).sum()
+
+    rng = np.random.default_rng(3)
+    params = Params.init(sg.nn.init.kaiming, seed=0, dtype=sg.float64)
+    xs, ys = rng.standard_normal((6, 4)), rng.standard_normal((6, 10))
+    got = sg.vmap(sg.grad(loss), in_axes=(None, 0, 0))(params, sg.tensor(xs), sg.tensor(ys))
+    assert type(got) is tuple and [g.shape for g in got] == [(6, 10, 4), (6, 10)]
+    for i in range(6):
+        want = sg.grad(loss)(params, sg.tensor(xs[i]), sg.tensor(ys[i]))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g.numpy()[i], w.numpy(), rtol=1e-12, atol=1e-12)
