@@ -538,27 +538,4 @@ def _unwrap_outputs(ops: BatchOps, out: Any, out_axes: AxisSpec) -> Any:
     try:
         return tree.unflatten(td, result)
     except ShapeError:  # a typed ParamList/TList cannot hold batched leaves: plain tuples
-        return _unflatten_untyped(td, iter(result))
-
-
-def _unflatten_untyped(td: tree.TreeDef, leaves: Any) -> Any:
-    """``tree.unflatten`` with every typed sequence (ParamList, TList) rebuilt as a plain
-    tuple: per-example results carry a batch dim their annotations do not declare."""
-    if td.kind == "leaf":
-        return next(leaves)
-    if td.kind == "static":
-        return td.static
-    children = [_unflatten_untyped(c, leaves) for c in td.children]
-    if td.kind == "dict":
-        return td.node_type(zip(td.keys, children, strict=True))
-    if td.kind == "node":
-        node = tree.node_for(td.node_type)
-        assert node is not None
-        return node.unflatten(td.static, children)
-    if getattr(td.template, "_sg_rebuild", None) is not None:
-        return tuple(children)
-    if td.node_type in (tuple, list):
-        return td.node_type(children)
-    if hasattr(td.node_type, "_fields"):  # namedtuple
-        return td.node_type(*children)
-    return td.node_type(children)
+        return tree.unflatten(td, result, typed=False)

@@ -287,23 +287,26 @@ def _find_tensor(obj: Any, depth: int = 0) -> str | None:
     return None
 
 
-def unflatten(treedef: TreeDef, leaves: list[Any]) -> Any:
-    return _unflatten(treedef, iter(leaves))
+def unflatten(treedef: TreeDef, leaves: list[Any], typed: bool = True) -> Any:
+    """The value of structure ``treedef`` with ``leaves``. With ``typed=False`` a typed
+    sequence (ParamList, TList) comes back as a plain tuple, unchecked: for leaves its
+    annotations do not describe (``sg.vmap``'s per-example results carry a batch dim)."""
+    return _unflatten(treedef, iter(leaves), typed)
 
 
-def _unflatten(td: TreeDef, leaves: Any) -> Any:
+def _unflatten(td: TreeDef, leaves: Any, typed: bool = True) -> Any:
     if td.kind == "leaf":
         return next(leaves)
     if td.kind == "static":
         return td.static
-    children = [_unflatten(c, leaves) for c in td.children]
+    children = [_unflatten(c, leaves, typed) for c in td.children]
     if td.kind == "dict":
         return td.node_type(zip(td.keys, children, strict=True))
     if td.kind == "node":
         return _REGISTRY[td.node_type].unflatten(td.static, children)
     rebuild: Callable[[list[Any]], Any] | None = getattr(td.template, "_sg_rebuild", None)
     if rebuild is not None:
-        return rebuild(children)
+        return rebuild(children) if typed else tuple(children)
     if td.node_type in (tuple, list):
         return td.node_type(children)
     if hasattr(td.node_type, "_fields"):  # namedtuple
