@@ -34,9 +34,6 @@ def _gpt_step(loop: bool) -> tuple[Any, tuple[Any, ...]]:
     from shapegrad.nn.transformer import (
         BlockStack,
         block_init,
-        embed,
-        transformer_block,
-        transformer_stack,
     )
 
     vocab, d, blocks, heads, t, bsz = 94, 128, 2, 4, 64, 32
@@ -51,16 +48,9 @@ def _gpt_step(loop: bool) -> tuple[Any, tuple[Any, ...]]:
         "ln_b": sg.zeros(d),
     }
 
-    def loss(p: dict[str, Any], ids: Any, targets: Any) -> Any:
-        h = embed(p["tokens"], p["positions"], ids)
-        if loop:
-            h = transformer_stack(p["blocks"], h, heads, causal=True, loop=True, remat=False)
-        else:
-            for i in range(blocks):
-                h = transformer_block([w[i] for w in p["blocks"]], h, heads, causal=True)
-        h = sg.layer_norm(h, p["ln_w"], p["ln_b"])
-        logits = h @ p["tokens"].T
-        return sg.cross_entropy(logits.reshape((-1, vocab)), targets.reshape((-1,)))
+    from charlm_model import charlm_loss
+
+    loss = charlm_loss(blocks, heads, vocab, loop)
 
     from shapegrad.tree import tree_map
 
@@ -96,10 +86,18 @@ def render_case(case: str) -> dict[str, str]:
     if case.endswith("_profile"):
         extra += (("profile", True),)
     graph = sg.compile(step, backend="numpy").graph(*args)
-    options = CompileOptions(name=case, extra=extra)
+    settings = dict(extra)
+    if "backend_options" in CompileOptions.__dataclass_fields__:  # typed options (#23)
+        from shapegrad.backends.c import COptions
+
+        denormals = "flush" if settings.get("flush_denormals") else "keep"
+        typed = COptions(vector_math=True, denormals=denormals, profile="profile" in settings)
+        options = CompileOptions(name=case, backend_options=typed)
+    else:  # a tree from before the typed options: the untyped bag
+        options = CompileOptions(name=case, extra=extra)  # type: ignore[call-arg]
     program, source = cback.generate(graph, options)
     out = {"one unit": source}
-    units = render_c_units(program, options.get("profile", False), True)
+    units = render_c_units(program, bool(settings.get("profile", False)), True)
     if len(units) > 1:  # what the backend compiles (see render_c_units)
         for unit in units:
             out[f"unit {unit.name}"] = unit.source

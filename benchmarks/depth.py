@@ -53,7 +53,10 @@ os.environ.setdefault(
 import numpy as np  # noqa: E402
 
 import shapegrad as sg  # noqa: E402
-from shapegrad.nn.transformer import BlockStack, block_init, transformer_block, transformer_stack  # noqa: E402
+from shapegrad.nn.transformer import BlockStack, block_init, transformer_stack  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from charlm_model import charlm_loss  # noqa: E402
 
 VARIANTS = {"unrolled": (False, False), "loop": (True, False), "loop+remat": (True, True)}
 
@@ -314,21 +317,9 @@ def charlm_bench() -> None:
     results: dict[str, list[float]] = {}
 
     # shapegrad: the examples/charlm.py model and loss, K steps per native call
-    from shapegrad.nn.transformer import embed
 
     def make_loss(loop: bool) -> Any:
-        def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
-            h = embed(p["tokens"], p["positions"], ids)
-            if loop:
-                h = transformer_stack(p["blocks"], h, heads, causal=True, loop=True, remat=False)
-            else:
-                for i in range(blocks):
-                    h = transformer_block([w[i] for w in p["blocks"]], h, heads, causal=True)
-            h = sg.layer_norm(h, p["ln_w"], p["ln_b"])
-            logits = h @ p["tokens"].T
-            return sg.cross_entropy(logits.reshape((-1, vocab)), targets.reshape((-1,)))
-
-        return loss
+        return charlm_loss(blocks, heads, vocab, loop)
 
     trainers = {}
     for name, loop in (("shapegrad C (unrolled)", False), ("shapegrad C (layer loop)", True)):

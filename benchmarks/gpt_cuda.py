@@ -18,7 +18,9 @@ bf16 >= 1.5x faster than float32.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,10 +31,10 @@ import shapegrad as sg
 from shapegrad.nn.transformer import (
     BlockStack,
     block_init,
-    embed,
-    transformer_block,
-    transformer_stack,
 )
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from charlm_model import charlm_loss
 
 VOCAB, D, HEADS, T = 94, 128, 4, 64
 
@@ -42,16 +44,7 @@ def shapegrad_trainer(
 ) -> Any:
     blocks = stack[0].shape[0]
 
-    def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
-        h = embed(p["tokens"], p["positions"], ids)
-        if loop:
-            h = transformer_stack(p["blocks"], h, HEADS, causal=True, loop=True, remat=False)
-        else:
-            for i in range(blocks):
-                h = transformer_block([w[i] for w in p["blocks"]], h, HEADS, causal=True)
-        h = sg.layer_norm(h, p["ln_w"], p["ln_b"])
-        logits = h @ p["tokens"].T
-        return sg.cross_entropy(logits.reshape((-1, VOCAB)), targets.reshape((-1,)))
+    loss = charlm_loss(blocks, HEADS, VOCAB, loop)
 
     params = {
         "tokens": sg.tensor(tok),

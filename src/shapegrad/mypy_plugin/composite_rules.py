@@ -7,6 +7,7 @@ never a guess; :class:`Mismatch` only for a call that certainly fails at run tim
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from . import algebra as A
@@ -80,6 +81,12 @@ def _ints_only(dims: tuple[Item, ...]) -> list[int] | None:
     )
 
 
+def _flat_size(dims: tuple[Item, ...]) -> int | None:
+    """The element count of literal sizes (a flattened result's one dim), else None."""
+    sizes = _ints_only(dims)
+    return None if sizes is None else math.prod(sizes)
+
+
 def tile(call: Call) -> TShape | None:
     """``np.tile`` with literal ``reps`` on a shape of literal sizes."""
     x = _x(call)
@@ -103,13 +110,8 @@ def repeat(call: Call) -> TShape | None:
     if x is None or count is None or not x.shape.fixed:
         return None
     if is_none(axis_expr):
-        dims = _ints_only(x.shape.dims)
-        if dims is None:
-            return None
-        size = 1
-        for d in dims:
-            size *= d
-        return x.shape.with_dims([size * count])
+        size = _flat_size(x.shape.dims)
+        return None if size is None else x.shape.with_dims([size * count])
     axis = int_of(axis_expr)
     pos = None if axis is None else A.resolve_axis("repeat", x, axis)
     if pos is None:
@@ -172,13 +174,8 @@ def cumsum(call: Call) -> TShape | None:
     if x is None or not x.shape.fixed:
         return None
     if is_none(axis_expr):
-        dims = _ints_only(x.shape.dims)
-        if dims is None:
-            return None
-        size = 1
-        for d in dims:
-            size *= d
-        return x.shape.with_dims([size])
+        size = _flat_size(x.shape.dims)
+        return None if size is None else x.shape.with_dims([size])
     axis = int_of(axis_expr)
     if axis is not None:
         A.resolve_axis("cumsum", x, axis)
