@@ -61,10 +61,9 @@ from shapegrad.tensor import Tensor
 from shapegrad.train import mixed_precision as mp
 from shapegrad.train.mixed_precision import LossScalePolicy
 from shapegrad.train.optim import Optimizer, OptState
-from shapegrad.train.step import StepPlan, full_grads, loss_and_grads
+from shapegrad.train.step import LossFn, StepPlan, full_grads, loss_and_grads
 from shapegrad.train.strategies import FunctionCache, Kind, StepStrategy, convert_input
 
-LossFn = Callable[..., Tensor]
 RunnerFactory = Callable[[MilProgram], MilRunner]
 
 
@@ -367,7 +366,13 @@ class AneStrategy(StepStrategy):
         return engine
 
     def _structured_loss(self, params: list[Tensor], *inputs: Any) -> Tensor:
-        return self.plan.loss_fn(tree.unflatten(self.plan.treedef, list(params)), *inputs)
+        out = self.plan.loss_fn(tree.unflatten(self.plan.treedef, list(params)), *inputs)
+        if isinstance(out, tuple):  # the device program has no output for updated state
+            raise TypeError(
+                "ScalarTrainer(backend='ane'): a loss returning (loss, new_params) is not "
+                "supported on the Neural Engine; train it with backend='c' or mode='eager'"
+            )
+        return out
 
     def _store(self, engine: AneTrainer) -> None:
         self._leaves, self._opt_state = engine.params, engine.opt_state

@@ -44,7 +44,9 @@ from shapegrad.train import mixed_precision as mp
 from shapegrad.train.optim import Optimizer, OptState, clip_by_global_norm
 from shapegrad.train.schedules import Schedule
 
-LossFn = Callable[..., Tensor]
+# A loss returns the scalar loss, or ``(loss, new_params)`` when the model updates state
+# by hand (the documented pattern before ``Module.with_state``); both are accepted.
+LossFn = Callable[..., Tensor | tuple[Tensor, Any]]
 _BUCKET_GRADIENTS = True  # one all-reduce per step for loss + all gradients (see below)
 
 
