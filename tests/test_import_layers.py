@@ -72,6 +72,7 @@ CORE_SUBLAYERS: list[tuple[str, set[str]]] = [
             "shapegrad.ops.einsum_plan",
             "shapegrad.ops.einsum_roles",
             "shapegrad.ops.reference",
+            "shapegrad.ops.special",
             "shapegrad.ops.scan",
             "shapegrad.ir",
         },

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,18 +11,9 @@ import numpy.typing as npt
 from shapegrad.dtypes import DType, bfloat16, float32
 from shapegrad.ops.einsum_plan import einsum_macs, plan_einsum
 from shapegrad.ops.protocol import COLLECTIVES, Attrs, Prim, operands
+from shapegrad.ops.special import erf
 
 Array = npt.NDArray[Any]
-
-
-def erf(x: Array) -> Array:
-    """The error function, elementwise: ``math.erf`` (float64), the result rounded once to
-    ``x``'s float dtype. NumPy has no erf and SciPy is not a dependency; this runs at
-    Python speed, about 60 ns an element (``map`` over a list: 1.6x ``np.frompyfunc``)."""
-    x = np.asarray(x)
-    flat = x.astype(np.float64).ravel().tolist()
-    out = np.fromiter(map(math.erf, flat), np.float64, len(flat)).reshape(x.shape)
-    return out.astype(x.dtype) if x.dtype.kind == "f" else out
 
 
 UNARY: dict[Prim, Callable[[Array], Array]] = {
