@@ -168,6 +168,25 @@ def test_compiled_gradient_matches_eager() -> None:
 
 
 @needs_cc
+def test_sorts_inside_a_scanned_layer_compile_with_their_gradient() -> None:
+    xs = RNG.standard_normal((5, 4, 30))
+    h0 = RNG.standard_normal((4, 30))
+
+    def body(h: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        values, _ = sg.topk(h + x, 3)
+        return sg.sort(h * x, axis=1, descending=True) * 0.5 + h, values
+
+    def loss(h: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        last, ys = sg.scan(body, h, x)
+        return sg.sum(last) + sg.sum(ys * ys)
+
+    args = (sg.tensor(h0), sg.tensor(xs))
+    np.testing.assert_allclose(sg.compile(loss, backend="c")(*args).item(), loss(*args).item(), rtol=1e-12)
+    got = sg.compile(sg.grad(loss), backend="c")(*args).numpy()
+    np.testing.assert_allclose(got, sg.grad(loss)(*args).numpy(), rtol=1e-10, atol=1e-12)
+
+
+@needs_cc
 def test_rows_are_split_across_the_thread_team() -> None:
     x = sg.tensor(RNG.standard_normal((256, 512)).astype(np.float32))
     lowered = sg.compile(lambda t: sg.argsort(t), backend="c").trace(x).lower()
