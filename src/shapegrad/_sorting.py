@@ -34,7 +34,8 @@ def argsort(
 
     ``np.argsort(x, axis, kind="stable")``, or with ``descending`` the largest first (ties
     still in their original order, as ``torch.argsort(descending=True, stable=True)``).
-    NaN sorts as the largest value. PyTorch's ``dim=`` is accepted for ``axis=``. Not
+    NaN sorts as the largest value. PyTorch's ``dim=`` is accepted for ``axis=``, and its
+    ``stable=`` (the sort is stable either way: also a valid unstable order). Not
     differentiable.
 
     Example:
@@ -42,7 +43,7 @@ def argsort(
         [1, 3, 2, 0]
     """
     x = p.as_tensor(x, "argsort")
-    del stable  # always stable (also a valid answer where an unstable sort was asked for)
+    del stable  # always stable
     axis = _axis("argsort", x, _torch_axis("argsort", axis, dim, default=-1))
     return p.argsort(x, axis, descending)
 
@@ -52,8 +53,9 @@ def sort(
 ) -> Tensor:
     """``x`` sorted along ``axis`` (``np.sort``; largest first with ``descending``).
 
-    Stable, NaN last ascending and first descending. The gradient goes back to the
-    position each value came from. ``dim=`` is refused: ``torch.sort(dim=)`` returns
+    Stable (``stable=`` is accepted and changes nothing), NaN last ascending and first
+    descending. The gradient goes back to the position each value came from. ``dim=`` is
+    refused: ``torch.sort(dim=)`` returns
     (values, indices); use ``sg.sort(x, axis=...)`` and ``sg.argsort`` (or ``sg.topk``
     with ``k`` the axis size).
 
@@ -68,7 +70,7 @@ def sort(
     )
     del stable  # always stable
     axis = _axis("sort", x, axis)
-    return take_along_axis(x, p.argsort(x, axis, descending), axis)
+    return take_along_axis(x, p.argsort(x, axis, descending), axis, "sort")
 
 
 def topk(
@@ -103,10 +105,10 @@ def topk(
         )
     del sorted  # always sorted: a valid answer whatever was asked
     indices = p.argsort(x, axis, largest, int(k))
-    return take_along_axis(x, indices, axis), indices
+    return take_along_axis(x, indices, axis, "topk"), indices
 
 
-def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
+def take_along_axis(x: Tensor, indices: Tensor, axis: int, op: str = "take_along_axis") -> Tensor:
     """``np.take_along_axis`` for ``indices`` shaped like ``x`` outside ``axis`` (in range):
     one flat ``GATHER`` of the rows laid end to end, so the gradient is one scatter."""
     moved = [d for d in range(x.ndim) if d != axis] + [axis]
@@ -121,7 +123,8 @@ def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
     count = math.prod(lead)
     if count * builtins.max(n, 1) > _MAX_FLAT:
         raise ShapeError(
-            "take_along_axis", f"{fmt(x.shape)} has more than {_MAX_FLAT} elements (int32 positions)"
+            op, f"{fmt(x.shape)} has more than {_MAX_FLAT} elements (its values are gathered "
+            "by int32 positions)",
         )
     flat_x = p.reshape(rows_x, [count * n])
     flat_i = p.reshape(rows_i, [count, k])
