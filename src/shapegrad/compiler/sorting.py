@@ -36,8 +36,11 @@ class KernelBuilder(Protocol):
     def add(self, root: Node, body: tuple[L.Stmt, ...], work: int, ex: ExprBuilder) -> None: ...
 
 # Up to this many kept elements, keeping them sorted by insertion while scanning the row
-# beats sorting the whole row (n*k moves at worst against n*log2(n) merge steps; for k = 16
-# that is n = 65536's depth, and random data moves far fewer).
+# beats sorting the whole row: its worst case (every element enters: n*k moves) is about a
+# merge sort's n*log2(n) for k = 16, and random data moves far fewer. Measured (C, one
+# thread, 64 rows of 32000 float32, a 2-core machine under load; benchmark in the commit
+# message): top-16 by selection 1.2 ms against 320-440 ms for the merge sort (NumPy's
+# stable argsort: 330-430 ms); on ascending rows (the worst case) 37 ms against 50 ms.
 SELECT_MAX_K = 16
 
 
