@@ -22,6 +22,8 @@ def ops(x: Float[Tensor, "b 8"], logits: Float[Tensor, "b t 50"]) -> Float[Tenso
     sg.reveal_shape(indices)
     # N: Revealed shape is "float[b, 2, 50]"
     sg.reveal_shape(sg.topk(logits, 2, dim=1, largest=False)[0])
+    # N: Revealed shape is "int[b, t, 1]"
+    sg.reveal_shape(logits.topk(1)[1])
     return x
 
 

@@ -194,6 +194,9 @@ LIBRARY_FUNCTIONS: dict[str, LibraryRule] = {
     "shapegrad._sorting.topk": CR.topk,
 }
 
+# Tensor methods whose result is a tuple of tensors (one shape per item, the receiver is x).
+LIBRARY_METHODS: dict[str, LibraryRule] = {"topk": CR.topk}
+
 
 # --- Modules ----------------------------------------------------------------------------------
 
