@@ -307,3 +307,25 @@ def test_cuda_source_compiles_with_nvcc() -> None:
     source = INCLUDES + "\n".join(units)
     assert source.count("argsort (") >= 3
     compile_check(source)
+
+
+# --- ANE: exact ranks, or a clear error for rows too long to rank ---------------------------
+
+
+def test_ane_ranks_short_rows_and_refuses_long_ones_clearly() -> None:
+    from shapegrad.backends.ane import AneLoweringError, lower_to_mil
+    from shapegrad.backends.ane._mil import CoremltoolsMissing, coremltools
+
+    try:
+        coremltools()
+    except CoremltoolsMissing:
+        pytest.skip("the ane backend needs coremltools")
+    from ane_support import run_lowered, traced_graph
+
+    x = _with_nans(3, 40).astype(np.float32)
+    mil = lower_to_mil(traced_graph(lambda t: sg.argsort(t, axis=0, descending=True), [x]))
+    (got,) = run_lowered(mil, [x])
+    np.testing.assert_array_equal(got, sg.argsort(sg.tensor(x), axis=0, descending=True).numpy())
+    long_rows = np.zeros((2, 3000), np.float32)
+    with pytest.raises(AneLoweringError, match=r"argsort: a row of 3000 elements.*at most 2048.*backend='c'"):
+        lower_to_mil(traced_graph(lambda t: sg.topk(t, 3)[0], [long_rows]))
