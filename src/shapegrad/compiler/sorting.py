@@ -35,6 +35,7 @@ class KernelBuilder(Protocol):
     def expr_builder(self) -> ExprBuilder: ...
     def add(self, root: Node, body: tuple[L.Stmt, ...], work: int, ex: ExprBuilder) -> None: ...
 
+
 # Up to this many kept elements, keeping them sorted by insertion while scanning the row
 # beats sorting the whole row: its worst case (every element enters: n*k moves) is about a
 # merge sort's n*log2(n) for k = 16, and random data moves far fewer. Measured (C, one
