@@ -105,13 +105,10 @@ def sample(
 ) -> list[int]:
     out = list(prompt)
     for _ in range(n):
-        logits = forward(model, sg.tensor(np.array([out[-context:]], dtype=np.int32))).numpy()[
-            0, -1
-        ]
-        logits = logits.astype(np.float64) / temperature
-        logits[logits < np.sort(logits)[-top_k]] = -np.inf  # top-k on the host
-        probs = np.exp(logits - logits.max())
-        out.append(int(rng.choice(len(probs), p=probs / probs.sum())))
+        logits = forward(model, sg.tensor(np.array([out[-context:]], dtype=np.int32)))[0, -1]
+        values, indices = sg.topk(logits / temperature, top_k)
+        probs = sg.softmax(values).numpy().astype(np.float64)
+        out.append(int(indices.numpy()[rng.choice(top_k, p=probs / probs.sum())]))
     return out[len(prompt) :]
 
 

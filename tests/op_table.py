@@ -512,6 +512,51 @@ def issue25_cases() -> list[Case]:
     ]
 
 
+def _ties(*shape: int) -> Gen:
+    """Few distinct values (halves in [-1.5, 1.5]): many ties, exact in every float type."""
+    return lambda rng: rng.integers(-3, 4, shape).astype(np.float64) * 0.5
+
+
+def _with_nans(*shape: int) -> Gen:
+    def gen(rng: np.random.Generator) -> np.ndarray:
+        x = rng.standard_normal(shape)
+        x.reshape(-1)[:: 5] = np.nan
+        return x
+
+    return gen
+
+
+def _desc_positions(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Stable descending order (ties in their original order) without NaN: argsort of -x."""
+    return np.argsort(-x, axis=axis, kind="stable").astype(np.int32)
+
+
+def sorting_cases() -> list[Case]:
+    """sort / argsort / topk: both directions, several axes, ties, k = 1 and k = n, both
+    kernel methods (a short top-k is a bounded selection, the rest a merge sort)."""
+    stable = lambda x, axis=-1: np.argsort(x, axis=axis, kind="stable").astype(np.int32)  # noqa: E731
+    return [
+        Case("sort", sg.sort, [distinct(4, 7)], lambda x: np.sort(x, axis=-1), ("sort", "argsort", "gather")),
+        Case("sort[axis0_desc]", lambda x: sg.sort(x, axis=0, descending=True), [distinct(5, 3, 4)], lambda x: -np.sort(-x, axis=0), ("sort",)),
+        Case("sort[long]", lambda x: x.sort(axis=1), [distinct(3, 70)], lambda x: np.sort(x, axis=1), ("sort",)),
+        Case("sort[ties]", sg.sort, [_ties(4, 9)], np.sort, ("sort",), grad=False),
+        Case("sort[nan]", lambda x: sg.sort(x, axis=0), [_with_nans(6, 4)], lambda x: np.sort(x, axis=0), ("sort",), grad=False),
+        Case("sort[nan_desc]", lambda x: sg.sort(x, descending=True), [_with_nans(3, 8)], lambda x: np.flip(np.sort(x), -1), ("sort",), grad=False),
+        Case("argsort", lambda x: sg.argsort(x, axis=1), [_ties(3, 20)], lambda x: stable(x, 1), ("argsort",), grad=False),
+        Case("argsort[desc_ties]", lambda x: sg.argsort(x, descending=True), [_ties(5, 40)], _desc_positions, ("argsort",), grad=False),
+        Case("argsort[axis0]", lambda x: x.argsort(dim=0), [_ties(9, 2, 3)], lambda x: stable(x, 0), ("argsort",), grad=False),
+        Case("argsort[int]", sg.argsort, [ints(-4, 4, 3, 33)], stable, ("argsort",), grad=False),
+        Case("argsort[empty]", sg.argsort, [normal(0, 3)], stable, ("argsort",), grad=False),
+        Case("topk", lambda x: sg.topk(x, 3)[0], [distinct(4, 10)], lambda x: -np.sort(-x)[:, :3], ("topk", "argsort")),
+        Case("topk[select]", lambda x: sg.topk(x, 5)[0], [distinct(3, 50)], lambda x: -np.sort(-x)[:, :5], ("topk",)),
+        Case("topk[smallest_axis0]", lambda x: sg.topk(x, 2, axis=0, largest=False)[0], [distinct(6, 3, 2)], lambda x: np.sort(x, axis=0)[:2], ("topk",)),
+        Case("topk[k1]", lambda x: sg.topk(x, 1)[0], [distinct(5, 6)], lambda x: np.max(x, axis=-1, keepdims=True), ("topk",)),
+        Case("topk[kn]", lambda x: x.topk(7)[0], [distinct(2, 7)], lambda x: -np.sort(-x), ("topk",)),
+        Case("topk[indices]", lambda x: sg.topk(x, 4, dim=0)[1], [_ties(12, 3)], lambda x: _desc_positions(x, 0)[:4], ("topk",), grad=False),
+        Case("topk[indices_select]", lambda x: sg.topk(x, 3, largest=False)[1], [_ties(2, 60)], lambda x: stable(x)[:, :3], ("topk",), grad=False),
+    ]
+
+
 CASES: list[Case] = [
     *elementwise_cases(),
     *reduction_cases(),
@@ -521,6 +566,7 @@ CASES: list[Case] = [
     *constructor_cases(),
     *parity_cases(),
     *issue25_cases(),
+    *sorting_cases(),
 ]
 GRAD_CASES = [c for c in CASES if c.grad]
 # fmt: on

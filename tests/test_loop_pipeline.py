@@ -265,6 +265,8 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
         _batch_fused(),
         L.Collective("all_reduce", "x", "y", 4, float32, 0, "sum", 1, 2),
         L.LayerLoop(L.Program("body", {}, []), 3, True, (L.LayerSlot("y", 0, 4, True),), "ar"),
+        L.SortRow("x", L.var(i) * 5, 1, 5, "ix", L.var(i) * 2, 1, 2, "w", L.var(i) * 10,
+                  float32, True, "merge"),
     ]
     assert {type(s) for s in samples} == set(L.stmt_types())
     renderer = CRenderer(L.Program("p", {}, []))
@@ -276,6 +278,7 @@ def test_c_renderer_has_a_rule_for_every_statement() -> None:
     assert "{ /* i = 2 */" in text and "y[2] = x[i];" in text
     assert "sg_mpi_allreduce(x, y, 4," in text and "sg_rank != 1" in text
     assert "sg_layer0(sg_sub, (char *)ar)" in text and len(renderer.functions) == 1
+    assert "argsort (merge, descending): 2 of 5 positions" in text and "ix[2 * i + 1 * sg_t]" in text
 
 
 def test_negative_constants_render_parenthesised() -> None:

@@ -137,7 +137,17 @@ def test_large_magnitudes(name: str, fn: Any, want: np.ndarray, runner: Runner) 
 
 @pytest.mark.parametrize(
     "module",
-    ["functional", "_einsum", "_conv", "_creation", "_norms", "random", "_composites", "_resample"],
+    [
+        "functional",
+        "_einsum",
+        "_conv",
+        "_creation",
+        "_norms",
+        "random",
+        "_composites",
+        "_resample",
+        "_sorting",
+    ],
 )
 def test_docstring_examples_run(module: str) -> None:
     import importlib

@@ -51,6 +51,9 @@ PARITY: list[tuple[str, Callable[..., Any], Callable[..., Any], list[tuple[int, 
     ("interpolate[bilinear_fraction]", lambda x: sg.interpolate(x, scale_factor=(1.7, 0.6), mode="bilinear"), lambda x: TF.interpolate(x, scale_factor=(1.7, 0.6), mode="bilinear"), [(1, 2, 5, 7)]),
     ("interpolate[nearest_size]", lambda x: sg.interpolate(x, size=(7, 3)), lambda x: TF.interpolate(x, size=(7, 3)), [(1, 2, 5, 7)]),
     ("interpolate[linear_corners]", lambda x: sg.interpolate(x, size=9, mode="linear", align_corners=True), lambda x: TF.interpolate(x, size=9, mode="linear", align_corners=True), [(2, 1, 4)]),
+    ("sort[desc]", lambda x: sg.sort(x, axis=0, descending=True) ** 2, lambda x: torch.sort(x, dim=0, descending=True, stable=True).values ** 2, [(5, 4)]),
+    ("topk", lambda x: sg.topk(x, 2, axis=1)[0] * sg.arange(2.0).astype(sg.float64), lambda x: torch.topk(x, 2, dim=1).values * torch.arange(2.0, dtype=torch.float64), [(4, 6)]),
+    ("topk[smallest_select]", lambda x: sg.topk(x, 3, largest=False)[0] ** 3, lambda x: torch.topk(x, 3, largest=False).values ** 3, [(2, 40)]),
 ]  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from shapegrad._composites import (
 from shapegrad._custom_jvp import custom_jvp
 from shapegrad._custom_vjp import custom_vjp
 from shapegrad._resample import conv1d, conv_transpose2d, interpolate, upsample
+from shapegrad._sorting import argsort, sort, topk
 from shapegrad._typechecked import ShapeTypeError, typechecked
 from shapegrad._version import __version__
 from shapegrad.autodiff import grad, value_and_grad, vjp
@@ -142,6 +143,7 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "argsort",
     "avg_pool2d",
     "batch_norm",
     "bfloat16",
@@ -228,6 +230,7 @@ __all__ = [
     "slice",
     "softmax",
     "softplus",
+    "sort",
     "sqrt",
     "squeeze",
     "stack",
@@ -237,6 +240,7 @@ __all__ = [
     "tanh",
     "tensor",
     "tile",
+    "topk",
     "transpose",
     "tree",
     "tril",

@@ -217,6 +217,11 @@ def _layout(prim: Prim) -> Rule:
     return rule
 
 
+def _argsort(ops: BatchOps, slots: list[_Slot], attrs: Attrs, aval: AVal) -> Tensor:
+    """Each example's rows are rows of the batched value: the sorted axis moves by one."""
+    return prims.bind(Prim.ARGSORT, [slots[0].value], **{**attrs, "axis": attrs["axis"] + 1})
+
+
 def _concat(ops: BatchOps, slots: list[_Slot], attrs: Attrs, aval: AVal) -> Tensor:
     parts = [ops.batched(s) for s in slots]
     return prims.bind(Prim.CONCAT, parts, **{**attrs, "axis": attrs["axis"] + 1})
@@ -372,6 +377,7 @@ _RULES[Prim.EINSUM] = _einsum
 _RULES[Prim.GATHER] = _gather
 _RULES[Prim.SCATTER_ADD] = _scatter_add
 _RULES[Prim.SCAN] = _scan
+_RULES[Prim.ARGSORT] = _argsort
 # Sources (CONSTANT, IOTA, RANDOM) have no operands: always unbatched (``_unbatched``).
 # Collectives and INPUT have no rule: ``_unsupported``.
 

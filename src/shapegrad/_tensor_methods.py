@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad import _indexing
+from shapegrad import _indexing, _sorting
 from shapegrad import functional as _F
 from shapegrad.dtypes import DType, DTypeLike, as_dtype
 from shapegrad.ops import prims as _p
@@ -271,6 +271,21 @@ class _TensorMethods(Tensor):
         self, axis: int = -1, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None
     ) -> Tensor:
         return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    def sort(
+        self, axis: int = -1, descending: bool = False, *, dim: int | None = None, stable: bool = True
+    ) -> Tensor:
+        return _sorting.sort(self, axis, descending, dim=dim, stable=stable)
+
+    def argsort(
+        self, axis: int = -1, descending: bool = False, *, dim: int | None = None, stable: bool = True
+    ) -> Tensor:
+        return _sorting.argsort(self, axis, descending, dim=dim, stable=stable)
+
+    def topk(
+        self, k: int, axis: int = -1, largest: bool = True, sorted: bool = True, *, dim: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        return _sorting.topk(self, k, axis, largest, sorted, dim=dim)
 
     def any(self) -> Tensor:
         return _F.max(self.astype("int32"), axis=None) > 0

@@ -263,6 +263,31 @@ class Tensor:
             dim: int | None = None,
             keepdim: bool | None = None,
         ) -> Tensor: ...
+        def sort(
+            self,
+            axis: int = -1,
+            descending: bool = False,
+            *,
+            dim: int | None = None,
+            stable: bool = True,
+        ) -> Tensor: ...
+        def argsort(
+            self,
+            axis: int = -1,
+            descending: bool = False,
+            *,
+            dim: int | None = None,
+            stable: bool = True,
+        ) -> Tensor: ...
+        def topk(
+            self,
+            k: int,
+            axis: int = -1,
+            largest: bool = True,
+            sorted: bool = True,
+            *,
+            dim: int | None = None,
+        ) -> tuple[Tensor, Tensor]: ...
         def any(self) -> Tensor: ...
         def all(self) -> Tensor: ...
         def exp(self) -> Tensor: ...

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from shapegrad.backends.sort_text import SortRowText
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.segments import window_rows
 from shapegrad.compiler.splitting import split_loop
@@ -289,6 +290,8 @@ class CStyleRenderer:
             self.collective(s, depth)
         elif isinstance(s, L.LayerLoop):
             self.layer_loop(s, depth)
+        elif isinstance(s, L.SortRow):
+            SortRowText(self, s).emit(depth)
         else:
             raise NotImplementedError(f"{type(self).__name__}: statement {type(s).__name__}")
 

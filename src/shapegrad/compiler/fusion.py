@@ -3,8 +3,8 @@
 ``plan_fusion`` is one named pass from a Graph to a :class:`FusionPlan`:
 
 * **Materialized** nodes are written to memory by their own kernel. Inputs,
-  outputs, reductions, contractions, gathers, scatters and collectives (and
-  the operands of collectives) always are;
+  outputs, reductions, contractions, gathers, scatters, sorts and collectives (and
+  the operands of sorts and collectives) always are;
   non-scalar constants become read-only buffers.
 * Every other node (elementwise math, layout views, iota, random) is
   **inlined**: its consumers recompute it from its operands at the index they
@@ -29,7 +29,15 @@ from shapegrad.ops.protocol import COLLECTIVES, ELEMENTWISE, Prim
 from shapegrad.shapes import size_of
 
 ROOTS = frozenset(
-    {Prim.REDUCE_SUM, Prim.REDUCE_MAX, Prim.EINSUM, Prim.GATHER, Prim.SCATTER_ADD, *COLLECTIVES}
+    {
+        Prim.REDUCE_SUM,
+        Prim.REDUCE_MAX,
+        Prim.EINSUM,
+        Prim.GATHER,
+        Prim.SCATTER_ADD,
+        Prim.ARGSORT,
+        *COLLECTIVES,
+    }
 )
 _EXPENSIVE = frozenset(
     {Prim.EXP, Prim.LOG, Prim.SIN, Prim.COS, Prim.TANH, Prim.ERF, Prim.POW, Prim.SQRT}
@@ -161,7 +169,8 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
             if plan.cost.get(operand.id, 0) > 0:
                 plan.materialized.add(operand.id)
                 plan.cost[operand.id] = 0
-    elif node.prim in COLLECTIVES:  # the exchange reads a whole buffer
+    elif node.prim in COLLECTIVES or node.prim is Prim.ARGSORT:
+        # the exchange reads a whole buffer; a sort reads each element of a row many times
         plan.materialized.add(node.inputs[0].id)
         plan.cost[node.inputs[0].id] = 0
     elif node.prim is Prim.SCAN:  # a layer loop reads buffers through per-layer slices

@@ -19,7 +19,8 @@ there are no pointers, pragmas, type spellings or thread ids.
   and :class:`Contract` (a matrix-multiply library call), :class:`BatchFused`
   (a product whose operand is produced one batch slice at a time),
   :class:`Collective` (an exchange with the other processes of a communicator:
-  MPI from C, host-staged or NCCL on a GPU).
+  MPI from C, host-staged or NCCL on a GPU), :class:`SortRow` (the stable sorted
+  positions of one row: a loop over rows around it is a row-parallel sort).
 
 **Error-flag contract.** A :class:`CheckBounds` that fails records its ``code``
 as the program's error (the first failure wins) and the rest of the program is
@@ -397,6 +398,34 @@ class Collective(Stmt):
 
 
 @dataclass(frozen=True)
+class SortRow(Stmt):
+    """The positions of one row in stable sorted order: the row is ``src[src_index +
+    src_stride * j]`` for ``j < n``; its first ``k`` sorted positions (int32) go to
+    ``dst[dst_index + dst_stride * t]`` for ``t < k``. Ties keep their order; NaN is the
+    largest value; ``descending`` puts the largest first.
+
+    ``method`` is ``"merge"`` (insertion-sorted runs merged bottom-up: ``2n`` int32 of
+    scratch) or ``"select"`` (the ``k`` best kept sorted by insertion while scanning the
+    row once: ``k`` of scratch); the row's scratch is ``scratch[scratch_index + ...]``, a
+    region no other row touches, so a loop over rows around this statement is parallel.
+    """
+
+    src: str
+    src_index: Affine
+    src_stride: int
+    n: int
+    dst: str
+    dst_index: Affine
+    dst_stride: int
+    k: int
+    scratch: str
+    scratch_index: Affine
+    dtype: DType
+    descending: bool
+    method: str
+
+
+@dataclass(frozen=True)
 class LayerSlot:
     """One entry of a layer body's I/O table: ``buffer + offset + stride * layer`` (elements)."""
 
@@ -532,6 +561,13 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(f"{pad}local {s.name}: {s.dtype.name}[{s.size}]")
         elif isinstance(s, IndexLoad):
             out.append(f"{pad}{s.var.name} = wrap({s.buffer}[{s.index}], {s.var.extent})")
+        elif isinstance(s, SortRow):
+            order = "descending" if s.descending else "ascending"
+            out.append(
+                f"{pad}{s.dst}[{s.dst_index} + {s.dst_stride}*t, t < {s.k}] = argsort_{s.method}("
+                f"{s.src}[{s.src_index} + {s.src_stride}*j, j < {s.n}], {order}, "
+                f"scratch {s.scratch}[{s.scratch_index}...])"
+            )
         elif isinstance(s, CheckBounds):
             out.append(f"{pad}check {s.buffer}[0:{s.size}] in [-{s.n}, {s.n}) else error {s.code}")
         elif isinstance(s, LayerLoop):
@@ -700,6 +736,8 @@ def rename_buffers(body: tuple[Stmt, ...], fix: Callable[[str], str]) -> tuple[S
             return replace(s, scratch=fix(s.scratch))
         if isinstance(s, Collective):
             return replace(s, src=fix(s.src), dst=fix(s.dst))
+        if isinstance(s, SortRow):
+            return replace(s, src=fix(s.src), dst=fix(s.dst), scratch=fix(s.scratch))
         if isinstance(s, LayerLoop):
             slots = tuple(replace(x, buffer=fix(x.buffer)) for x in s.slots)
             return replace(s, slots=slots, arena=fix(s.arena))
@@ -724,6 +762,8 @@ def reads(body: Iterable[Stmt]) -> set[str]:
             names |= {s.alpha_buffer} if s.alpha_buffer else set()
         elif isinstance(s, Collective):
             names.add(s.src)
+        elif isinstance(s, SortRow):  # the scratch is read back after it is written
+            names |= {s.src, s.scratch}
         elif isinstance(s, IndexLoad | CheckBounds) or (isinstance(s, Store) and s.accumulate):
             names.add(s.buffer)
         elif isinstance(s, LayerLoop):  # a layer may read what an earlier layer wrote
@@ -742,6 +782,8 @@ def writes(body: Iterable[Stmt]) -> set[str]:
             out.add(s.c)
         elif isinstance(s, Collective):
             out.add(s.dst)
+        elif isinstance(s, SortRow):
+            out |= {s.dst, s.scratch}
         elif isinstance(s, LayerLoop):
             out |= {x.buffer for x in s.slots if x.writes} | {s.arena}
     return out - local_names(body)
@@ -761,6 +803,7 @@ def stmt_types() -> tuple[type[Stmt], ...]:
         BatchFused,
         Collective,
         LayerLoop,
+        SortRow,
     )
 
 

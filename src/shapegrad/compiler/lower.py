@@ -32,6 +32,7 @@ from shapegrad.compiler.contract import ContractMatch, View, match_contraction
 from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
 from shapegrad.compiler.layerloop import emit_layer_loop
+from shapegrad.compiler.sorting import emit_argsort
 from shapegrad.compiler.target import Target
 from shapegrad.dtypes import DType, as_dtype, bool_, float32, int32
 from shapegrad.ir import Graph, Node
@@ -246,6 +247,8 @@ class KernelBuilder:
             self.emit_scatter(node, dst)
         elif node.prim in COLLECTIVES:
             self.emit_collective(node, dst)
+        elif node.prim is Prim.ARGSORT:
+            emit_argsort(self, node, dst)
         elif node.prim is Prim.SCAN:
             emit_layer_loop(self, node, dst)
         else:

@@ -40,6 +40,7 @@ from shapegrad.compiler.segments import (
     unrolls,
     window_rows,
 )
+from shapegrad.compiler.sorting import row_work
 from shapegrad.compiler.target import CTuning, Target, Tuning
 
 
@@ -57,6 +58,8 @@ def estimate_work(s: L.Stmt) -> int:
         return 2 * s.m * s.n * s.k * s.batch * s.sum_batch
     if isinstance(s, L.CheckBounds):
         return s.size
+    if isinstance(s, L.SortRow):
+        return row_work(s.n, s.method)
     return 1 if isinstance(s, L.Store) else 0
 
 

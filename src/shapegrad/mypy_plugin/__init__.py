@@ -106,7 +106,7 @@ from .calls import instantiate
 from .carrier import TENSOR, attach, attach_all, is_tensor
 from .env import SHAPE_ERROR, Env, describe
 from .inline import receiver_fields
-from .library import LIBRARY_FUNCTIONS, MODULE_CALLS, LibraryRule, ModuleRule
+from .library import LIBRARY_FUNCTIONS, LIBRARY_METHODS, MODULE_CALLS, LibraryRule, ModuleRule
 from .literals import label
 from .optable import OP_FULLNAMES
 from .parsing import parse_spec
@@ -236,6 +236,9 @@ class ShapePlugin(Plugin):
         if cls == TENSOR and name in METHOD_RULES:
             rule = METHOD_RULES[name]
             return _guarded(lambda ctx: self._apply(rule, ctx, ctx, name), _default)
+        if cls == TENSOR and name in LIBRARY_METHODS:
+            tuple_rule = LIBRARY_METHODS[name]
+            return _guarded(lambda ctx: self._apply_library(tuple_rule, ctx, ctx), _default)
         if fullname == T.COMPILED_CALL or fullname in T.CUSTOM_CALLS:
             return _guarded(lambda ctx: T.call_wrapped(ctx, 0), _default)
         if fullname in T.TRAINER_METHODS:
@@ -300,9 +303,17 @@ class ShapePlugin(Plugin):
         self._after_hook(ctx.api)
         return attach(ctx.default_return_type, shape, env.str_type())
 
-    def _apply_library(self, rule: LibraryRule, ctx: FunctionContext) -> Type:
+    def _apply_library(
+        self, rule: LibraryRule, ctx: FunctionContext | MethodContext, method: MethodContext | None = None
+    ) -> Type:
         env = Env(ctx.api)
-        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types)
+        receiver = None
+        if method is not None:  # a Tensor method with a tuple result: the receiver is x
+            receiver = env.operand(_receiver(ctx.context, False), method.type)
+            if receiver is None:
+                self._after_hook(ctx.api)
+                return ctx.default_return_type
+        call = Call(env, list(ctx.callee_arg_names), ctx.args, ctx.arg_types, receiver)
         try:
             shapes = rule(call)
         except Mismatch as err:

@@ -15,7 +15,7 @@ from . import layers as L
 from .algebra import Mismatch, Operand
 from .call import Call
 from .literals import bool_of, int_of, ints_of, is_none, pair_of
-from .spec import Item, TShape, show
+from .spec import Item, TShape, show, show_item
 
 Rule = Callable[[Call], TShape | None]
 
@@ -245,6 +245,52 @@ def cross_entropy(call: Call) -> TShape | None:
     )
 
 
+def _sort_axis(op: str, call: Call, x: Operand) -> int | None:
+    """The position of the sorted axis (``axis=``/``dim=``, default -1) when known; raises
+    for a scalar or an axis out of range."""
+    first = 0 if call.self_operand else 1  # the argument after x (topk's k comes first)
+    axis_expr = call.expr("axis", first + (1 if op == "topk" else 0))
+    axis = -1 if axis_expr is None else int_of(axis_expr)
+    if x.shape.fixed and not x.shape.dims:
+        raise Mismatch(f"{op}: needs a tensor with an axis to sort along, got {x.describe()}")
+    return None if axis is None else A.resolve_axis(op, x, axis)
+
+
+def sort_like(op: str) -> Rule:
+    """``sort``: the shape of ``x``; ``argsort``: the same shape, int positions."""
+
+    def rule(call: Call) -> TShape | None:
+        x = _x(call)
+        if x is None:
+            return None
+        _sort_axis(op, call, x)
+        return x.shape if op == "sort" else TShape(x.shape.dims, "int")
+
+    return rule
+
+
+def topk(call: Call) -> tuple[TShape | None, TShape | None]:
+    """``(values, indices)``: ``x``'s shape with ``k`` on the sorted axis (indices int);
+    a literal ``k`` larger than a known axis size is an error."""
+    x = _x(call)
+    if x is None:
+        return (None, None)
+    pos = _sort_axis("topk", call, x)
+    k_expr = call.expr("k", 0 if call.self_operand else 1)
+    k = call.env.size(k_expr) if k_expr is not None else None
+    if pos is None or k is None:
+        return (None, None)
+    size = x.shape.dims[pos]
+    if isinstance(k, int) and (k < 0 or (isinstance(size, int) and k > size)):
+        raise Mismatch(
+            f"topk: k={k} is out of range for dimension {pos} of {x.describe()} "
+            f"(0 <= k <= {show_item(size)})"
+        )
+    dims = list(x.shape.dims)
+    dims[pos] = k
+    return (x.shape.with_dims(dims), TShape(tuple(dims), "int"))
+
+
 __all__ = [
     "argmin",
     "bool_reduction",
@@ -256,5 +302,7 @@ __all__ = [
     "matrix_like",
     "norm",
     "repeat",
+    "sort_like",
     "tile",
+    "topk",
 ]

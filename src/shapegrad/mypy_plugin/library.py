@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import algebra as A
+from . import composite_rules as CR
 from . import layers as L
 from . import sizes
 from .algebra import Mismatch, Operand, differ
@@ -190,7 +191,11 @@ LIBRARY_FUNCTIONS: dict[str, LibraryRule] = {
     "shapegrad.random.normal": _sample("float", 1),
     "shapegrad.random.uniform": _sample("float", 1),
     "shapegrad.random.bernoulli": _sample("bool", 2),
+    "shapegrad._sorting.topk": CR.topk,
 }
+
+# Tensor methods whose result is a tuple of tensors (one shape per item, the receiver is x).
+LIBRARY_METHODS: dict[str, LibraryRule] = {"topk": CR.topk}
 
 
 # --- Modules ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "flip", "roll", "repeat", "tile", "cumsum",
     ),
     "shapegrad._resample": ("conv1d", "conv_transpose2d", "interpolate"),
+    "shapegrad._sorting": ("sort", "argsort"),
     "shapegrad._norms": ("layer_norm",),
     "shapegrad._creation": (
         "dropout", "zeros_like", "ones_like", "zeros", "ones", "rand", "randn", "full", "eye",

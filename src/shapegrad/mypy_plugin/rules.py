@@ -513,6 +513,8 @@ FUNCTION_RULES: dict[str, Rule] = {
     "conv_transpose2d": CR.conv_transpose2d,
     "cumsum": CR.cumsum,
     "interpolate": CR.interpolate,
+    "sort": CR.sort_like("sort"),
+    "argsort": CR.sort_like("argsort"),
 }
 
 METHOD_RULES: dict[str, Rule] = {
@@ -535,4 +537,6 @@ METHOD_RULES: dict[str, Rule] = {
     "permute": _permute,
     "astype": _astype,
     "broadcast_to": _broadcast_to,
+    "sort": CR.sort_like("sort"),
+    "argsort": CR.sort_like("argsort"),
 }

@@ -55,7 +55,7 @@ _UFUNCS: dict[Prim, Any] = {
 }
 _NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
 # Index maps and selections: no arithmetic, so no floating-point flags either.
-_NO_ARITHMETIC = LAYOUT | SOURCES | {Prim.REDUCE_MAX, Prim.GATHER, Prim.STOP_GRADIENT}
+_NO_ARITHMETIC = LAYOUT | SOURCES | {Prim.REDUCE_MAX, Prim.GATHER, Prim.STOP_GRADIENT, Prim.ARGSORT}
 _AVALS: dict[tuple[Shape, str], AVal] = {}
 
 

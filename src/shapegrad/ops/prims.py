@@ -357,6 +357,15 @@ def scatter_add(updates: Tensor, idx: Tensor, axis: int, size: int) -> Tensor:
     return bind(Prim.SCATTER_ADD, [updates, idx], axis=axis, size=size)
 
 
+def argsort(x: Tensor, axis: int, descending: bool = False, k: int | None = None) -> Tensor:
+    """The int32 positions of the first ``k`` (all when None) elements of a stable sort of
+    ``x`` along ``axis`` (a normalized axis); ``ops/protocol.py``'s ``ARGSORT``."""
+    n = x.shape[axis] if 0 <= axis < len(x.shape) else 0
+    return bind(
+        Prim.ARGSORT, [x], axis=axis, descending=bool(descending), k=n if k is None else k
+    )
+
+
 def stop_gradient(x: Tensor) -> Tensor:
     return bind(Prim.STOP_GRADIENT, [x])
 

@@ -27,6 +27,11 @@ Conventions the rest of the system relies on:
   becomes output axis ``dims[i]``; its size must equal the output's or be 1.
 * ``RANDOM`` is a counter-based hash of (flat index, seed): every backend
   produces identical bits (see ``reference.random_uniform``).
+* ``ARGSORT(axis, descending, k)`` gives int32 positions, not values: the first ``k``
+  of a *stable* sort along ``axis`` (ties keep their order; NaN is the largest value, as
+  in PyTorch). ``sort``/``topk`` values are a ``GATHER`` of these positions, so their
+  gradient is that gather's (a scatter back through the positions) and ARGSORT itself
+  is non-differentiable.
 * Collectives (``ALL_REDUCE``, ``ALL_GATHER``, ``REDUCE_SCATTER``,
   ``BROADCAST_FROM``) carry their communicator in ``attrs["comm"]`` (an object of
   ``shapegrad.distributed``'s ``Communicator`` protocol, hashed by identity): every
@@ -96,6 +101,8 @@ class Prim(enum.Enum):
     CAST = "cast"
     GATHER = "gather"
     SCATTER_ADD = "scatter_add"
+    # ordering: stable sorted positions along one axis (attrs axis, descending, k)
+    ARGSORT = "argsort"
     # sources
     CONSTANT = "constant"
     IOTA = "iota"
@@ -131,7 +138,9 @@ COLLECTIVES = frozenset(
 )
 REDUCE_OPS = ("sum", "mean", "max")
 SCALAR_OPERANDS = BINARY | {Prim.WHERE}  # prims that take ``attrs["scalars"]``
-NON_DIFFERENTIABLE = COMPARISON | {Prim.IOTA, Prim.RANDOM, Prim.CONSTANT, Prim.STOP_GRADIENT}
+NON_DIFFERENTIABLE = COMPARISON | {
+    Prim.IOTA, Prim.RANDOM, Prim.CONSTANT, Prim.STOP_GRADIENT, Prim.ARGSORT
+}
 
 
 @dataclass(frozen=True)
@@ -351,6 +360,36 @@ def _infer_indexing(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     return AVal(out, x.dtype)
 
 
+_MAX_SORTED = (1 << 31) - 1  # positions are int32
+
+
+def _infer_argsort(avals: Sequence[AVal], attrs: Attrs) -> AVal:
+    """``ARGSORT``: the positions (int32) of the first ``k`` elements of each row along
+    ``axis`` in stable sorted order (``descending``: largest first; NaN counts as the
+    largest value, as in PyTorch: last ascending, first descending). The result has ``k``
+    on ``axis`` (``k`` = the axis size for a full argsort)."""
+    (x,) = avals
+    axis: int = attrs["axis"]
+    k: int = attrs["k"]
+    if not x.shape:
+        raise ShapeError("argsort", f"needs a tensor with an axis to sort along, got a scalar {x}")
+    if not 0 <= axis < len(x.shape):
+        raise ShapeError(
+            "argsort", f"axis {axis} is out of range for shape {fmt(x.shape)} (rank {len(x.shape)})"
+        )
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise ShapeError(
+            "argsort", f"k={k} is out of range for dimension {axis} of size {n} of {fmt(x.shape)}"
+        )
+    if n > _MAX_SORTED:
+        raise ShapeError(
+            "argsort", f"dimension {axis} of {fmt(x.shape)} has more than {_MAX_SORTED} elements "
+            "(positions are int32)"
+        )
+    return AVal(x.shape[:axis] + (k,) + x.shape[axis + 1 :], int32)
+
+
 def _infer_collective(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     (x,) = avals
     size = int(attrs["comm"].size)
@@ -406,6 +445,8 @@ def infer_aval(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
         return _infer_indexing(prim, avals, attrs)
     if prim in COLLECTIVES:
         return _infer_collective(prim, avals, attrs)
+    if prim is Prim.ARGSORT:
+        return _infer_argsort(avals, attrs)
     if prim is Prim.SCAN:  # the traced body knows its shapes (``ops/scan.py``)
         aval: AVal = attrs["body"].infer(avals, attrs)
         return aval

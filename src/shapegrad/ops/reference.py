@@ -148,6 +148,20 @@ def _scatter_add(updates: Array, idx: Array, axis: int, size: int) -> Array:
     return out
 
 
+def argsort(x: Array, axis: int, descending: bool, k: int) -> Array:
+    """The first ``k`` positions of a stable sort along ``axis``: ties keep their order in
+    both directions, NaN counts as the largest value (last ascending, first descending),
+    as ``torch.sort(stable=True)`` and ``np.argsort(kind="stable")`` order them."""
+    if descending:
+        # Sorting the reversed row ascending and reversing the result puts ties back in
+        # their original order (a sort of -x would not: -NaN is NaN, and int32 min wraps).
+        order = np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+        order = x.shape[axis] - 1 - order
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
+    return np.take(order, np.arange(k), axis=axis).astype(np.int32)
+
+
 # Primitives that only move or select bfloat16 values (no arithmetic, nothing to widen).
 _BF16_AS_IS = frozenset(
     {Prim.RESHAPE, Prim.PERMUTE, Prim.BROADCAST, Prim.SLICE, Prim.CONCAT, Prim.GATHER,
@@ -220,6 +234,8 @@ def evaluate(prim: Prim, args: Sequence[Array], attrs: Attrs, dtype: DType) -> A
         result = _gather(args[0], args[1], attrs["axis"], attrs.get("what"))
     elif prim is Prim.SCATTER_ADD:
         result = _scatter_add(args[0], args[1], attrs["axis"], attrs["size"])
+    elif prim is Prim.ARGSORT:
+        result = argsort(args[0], attrs["axis"], attrs["descending"], attrs["k"])
     elif prim is Prim.CONSTANT:
         result = attrs["value"].array
     elif prim is Prim.IOTA:

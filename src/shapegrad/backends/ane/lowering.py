@@ -56,6 +56,7 @@ from shapegrad.shapes import fmt
 from ._decompose import lower_einsum, lower_scatter_add
 from ._errors import AneLoweringError
 from ._mil import FP16_MAX, Var, builder, function_class, program_class, target, types_module
+from ._sort import lower_argsort
 
 Array = npt.NDArray[Any]
 
@@ -467,6 +468,7 @@ _RULES: dict[Prim, Rule] = {
     Prim.PAD: _pad,
     Prim.CONCAT: _concat,
     Prim.GATHER: _gather,
+    Prim.ARGSORT: lower_argsort,
     Prim.CONSTANT: _constant,
     Prim.IOTA: _iota,
     Prim.RANDOM: _random,
