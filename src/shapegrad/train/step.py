@@ -45,7 +45,14 @@ from shapegrad.train.optim import Optimizer, OptState, clip_by_global_norm
 from shapegrad.train.schedules import Schedule
 
 LossFn = Callable[..., Tensor]
-_BUCKET_GRADIENTS = True  # one all-reduce per step for loss + all gradients (see below)
+_BUCKET_GRADIENTS = True  # gradients all-reduced in buckets, not one exchange per tensor
+# Bytes per gradient bucket (one all-reduce each). The C backend starts a bucket's
+# all-reduce as soon as its last gradient is written and waits for it just before the
+# update reads it (compiler/overlap.py), so smaller buckets overlap more of the backward
+# pass; each bucket costs a copy into one buffer, a start, a wait and a synchronisation.
+# Measured with benchmarks/data_parallel.py --bucket-sweep (MLP 784-512-512-10, 2 ranks,
+# 2-core AMD EPYC): see DESIGN.md's Distributed paragraph for the figures.
+BUCKET_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -259,25 +266,77 @@ def micro_batches(inputs: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
 
 
 def average_over_processes(
-    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor]
+    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor], bucket_bytes: int | None = None
 ) -> tuple[Tensor, list[Tensor]]:
     """Data parallel: the mean loss and mean gradients over the processes of ``plan.comm``
-    (each process computed them on its own shard of the global batch)."""
+    (each process computed them on its own shard of the global batch).
+
+    The gradients are all-reduced in buckets (:func:`gradient_buckets`: the last
+    parameters first, as the backward pass produces them; ``bucket_bytes`` default
+    :data:`BUCKET_BYTES`), the loss with the first bucket. Each bucket is one ``all_reduce``
+    of the concatenated values (a sum, divided by the process count where each gradient is
+    read, so the division fuses into the optimizer's update)."""
     if plan.comm is None or plan.comm.size == 1:
         return loss, list(grads)
     if not _BUCKET_GRADIENTS or any(g.dtype != loss.dtype for g in grads):
         mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
         return p.all_reduce(loss, plan.comm, "mean"), mean
-    # One bucket, one exchange: every process meets one collective per step instead of one
-    # per tensor (each is a synchronisation point, costly when a process is descheduled).
-    flat = [p.reshape(loss, (1,)), *(p.reshape(g, (g.size,)) for g in grads)]
-    total = p.all_reduce(p.concat(flat, 0), plan.comm, "mean")
-    out, offset = [], 1
-    for g in grads:
-        part = p.slice_(total, [offset], [offset + g.size], [1])
-        out.append(p.reshape(part, g.shape))
-        offset += g.size
-    return p.reshape(p.slice_(total, [0], [1], [1]), ()), out
+    size = float(plan.comm.size)
+    limit = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    itemsize = loss.dtype.numpy.itemsize
+    out: list[Tensor | None] = [None] * len(grads)
+    mean_loss: Tensor | None = None
+    for number, bucket in enumerate(gradient_buckets([g.size for g in grads], itemsize, limit)):
+        if number > 0 and len(bucket) == 1:  # one gradient: exchanged where it is, no copy
+            out[bucket[0]] = p.all_reduce(grads[bucket[0]], plan.comm, "sum") / size
+            continue
+        flat = [p.reshape(grads[i], (grads[i].size,)) for i in bucket]
+        if number == 0:
+            flat.insert(0, p.reshape(loss, (1,)))
+        total = p.all_reduce(p.concat(flat, 0), plan.comm, "sum")
+        offset = 0
+        if number == 0:
+            mean_loss = p.reshape(p.slice_(total, [0], [1], [1]), ()) / size
+            offset = 1
+        for i in bucket:
+            g = grads[i]
+            part = p.slice_(total, [offset], [offset + g.size], [1])
+            out[i] = p.reshape(part, g.shape) / size
+            offset += g.size
+    if mean_loss is None:  # no trainable leaves: the loss alone
+        mean_loss = p.all_reduce(loss, plan.comm, "mean")
+    return mean_loss, [g for g in out if g is not None]
+
+
+def gradient_buckets(sizes: Sequence[int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
+    """Gradient indices grouped into buckets, last gradient first: the backward pass writes
+    the last layer's gradients first, so the first bucket is complete first.
+
+    A gradient of at least ``bucket_bytes`` is a bucket of its own (exchanged in place, no
+    copy; never split). Smaller ones fill a bucket, in order, until it holds at least
+    ``bucket_bytes`` or a large gradient comes between them (a bucket is complete no later
+    than its neighbours in the backward pass).
+
+    Example:
+        >>> gradient_buckets([40, 2, 3, 1], itemsize=4, bucket_bytes=16)
+        [[3, 2], [1], [0]]
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"gradient buckets: bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[list[int]] = []
+    used = bucket_bytes  # >= bucket_bytes: the next gradient opens a bucket
+    for i in reversed(range(len(sizes))):
+        nbytes = sizes[i] * itemsize
+        if nbytes >= bucket_bytes:
+            buckets.append([i])
+            used = bucket_bytes
+            continue
+        if used >= bucket_bytes:
+            buckets.append([])
+            used = 0
+        buckets[-1].append(i)
+        used += nbytes
+    return buckets
 
 
 def full_grads(plan: StepPlan, params: Any, trainable: Sequence[Tensor]) -> Any:
@@ -331,10 +390,12 @@ def train_step(
 
 
 __all__ = [
+    "BUCKET_BYTES",
     "LossFn",
     "StepPlan",
     "average_over_processes",
     "full_grads",
+    "gradient_buckets",
     "loss_and_grads",
     "loss_grads_and_updated",
     "loss_takes_key",
