@@ -18,12 +18,13 @@ exchange (both ranks busy, as in the real step): the **all-reduce share** is
 ``(step - step without all-reduce) / step``, from medians of the alternating steps. The
 same for PyTorch (DDP vs the bare model). The run prints the CPU model, its vector
 width, the core count and the load average before and after, and whether shapegrad's
-2 ranks beat PyTorch DDP's in every round.
+2 ranks beat PyTorch DDP's in every round. For shapegrad 2 ranks, **in-step timers** too:
+the same step compiled with ``profile=True``; the time per step in the kernels that start
+and wait for the exchanges, and its share of the time in all kernels.
 
 ``--bucket-sweep`` instead times, interleaved in one 2-rank launch, the step with
-several bucket sizes, with blocking exchanges (the ``overlap_collectives`` stage off), and
-with waits spinning in ``MPI_Wait`` or testing and sleeping: the measurement behind
-``BUCKET_BYTES`` and ``backends/c/collectives.py``'s ``WAIT_SPIN_POLLS``/``WAIT_SLEEP_NS``.
+several bucket sizes and with blocking exchanges (the ``overlap_collectives`` stage off):
+the measurement behind ``BUCKET_BYTES``.
 
 Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]`` (needs
 ``pip install -e '.[mpi]'``).
@@ -113,7 +114,7 @@ def _interleaved(steps: dict[str, Any], count: int, barrier: Any = None) -> dict
             step()
             if n >= 5:
                 times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ts) if ts else 0.0 for name, ts in times.items()}
 
 
 def _mlp(params: list[Any], x: Any, y: Any) -> Any:
@@ -155,7 +156,38 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     grads = [np.ones(s, np.float32) for s in SHAPES]
     reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
     result["allreduce_ms"] = 1e3 * _interleaved({"r": lambda: reduce(grads)}, steps, barrier)["r"]
+    result["exposed_ms"], result["kernels_ms"] = _exposed_exchange(comm, x, y, steps, barrier)
     return result
+
+
+def _exposed_exchange(
+    comm: Any, x: np.ndarray, y: np.ndarray, steps: int, barrier: Any
+) -> tuple[float, float]:
+    """Timers inside the step: the same data-parallel SGD step compiled with
+    ``profile=True``; (ms per step in the kernels that start and wait for the exchanges,
+    ms per step in all kernels), rank 0's timers."""
+    import types
+
+    import shapegrad as sg
+    from shapegrad.train.step import average_over_processes
+
+    plan = types.SimpleNamespace(comm=comm)
+
+    def step(params: list[Any], x: Any, y: Any) -> Any:
+        loss, grads = sg.value_and_grad(_mlp)(params, x, y)
+        loss, grads = average_over_processes(plan, loss, grads)  # type: ignore[arg-type]
+        return loss, [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
+
+    rng = np.random.default_rng(1)
+    params = [(rng.normal(size=s) * 0.05).astype(np.float32) for s in SHAPES]
+    exe = sg.compile(step, backend="c", profile=True).lower(params, x, y).executable
+    args = [*params, x, y]
+    _interleaved({"warm": lambda: exe(args)}, 0, barrier)
+    before = {name: t for name, _, t in exe.profile()}
+    _interleaved({"timed": lambda: exe(args)}, steps, barrier)
+    spent = {name: (t - before.get(name, 0.0)) / (steps + 5) for name, _, t in exe.profile()}
+    exchange = sum(t for name, t in spent.items() if name.endswith(("_start", "_wait")))
+    return 1e3 * exchange, 1e3 * sum(spent.values())
 
 
 def _bucket_sweep(
@@ -163,26 +195,18 @@ def _bucket_sweep(
 ) -> dict[str, float]:
     """Step medians per bucket size (and blocking), interleaved in one launch."""
     import shapegrad as sg
-    from shapegrad.backends.c import collectives
     from shapegrad.compiler import pipeline
     from shapegrad.train import step as train_step
 
     stages, saved = list(pipeline.LOOP_PIPELINE), train_step.BUCKET_BYTES
-    waits = (collectives.WAIT_SPIN_POLLS, collectives.WAIT_SLEEP_NS)
     sizes = {"1 bucket": 1 << 40, "4 MiB": 4 << 20, "1 MiB": 1 << 20, "256 KiB": 256 << 10}
     sizes |= {"per gradient": 1}
-    modes = {"MPI_Wait": (0, 0), "spin 2000, sleep 20us": (2000, 20_000)}
-    modes |= {"spin 200, sleep 5us": (200, 5_000), "spin 20000, sleep 50us": (20_000, 50_000)}
-    configs = [("blocking, 1 bucket", 1 << 40, False, (0, 0))]
-    configs += [("blocking, 1 MiB", 1 << 20, False, (0, 0))]
-    configs += [(f"{name}, MPI_Wait", size, True, (0, 0)) for name, size in sizes.items()]
-    configs += [(f"1 MiB, {mode}", 1 << 20, True, w) for mode, w in modes.items()]
-    configs += [(f"1 bucket, {mode}", 1 << 40, True, w) for mode, w in modes.items()]
+    configs = [("blocking, 1 bucket", 1 << 40, False), ("blocking, 1 MiB", 1 << 20, False)]
+    configs += [(f"overlapped, {name}", size, True) for name, size in sizes.items()]
     funcs: dict[str, Any] = {}
     try:
-        for name, size, overlap, wait in configs:
+        for name, size, overlap in configs:
             train_step.BUCKET_BYTES = size
-            collectives.WAIT_SPIN_POLLS, collectives.WAIT_SLEEP_NS = wait
             keep = [s for s in stages if overlap or s.name != "overlap_collectives"]
             pipeline.LOOP_PIPELINE[:] = keep
             trainer = sg.ScalarTrainer(
@@ -193,7 +217,6 @@ def _bucket_sweep(
     finally:
         pipeline.LOOP_PIPELINE[:] = stages
         train_step.BUCKET_BYTES = saved
-        collectives.WAIT_SPIN_POLLS, collectives.WAIT_SLEEP_NS = waits
     alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
     funcs["no all-reduce"] = lambda: alone.step(x, y)
     return {k: 1e3 * v for k, v in _interleaved(funcs, steps, barrier).items()}
@@ -291,12 +314,14 @@ def _row(name: str, r: dict[str, Any]) -> str:
     def ms(key: str) -> str:
         return f"{r[key]:.3f}" if key in r else "-"
 
-    share = "-"
+    share = exposed = "-"
     if "step_without_allreduce_ms" in r:
         share = f"{100 * (r['step_ms'] - r['step_without_allreduce_ms']) / r['step_ms']:.1f}%"
+    if "exposed_ms" in r:
+        exposed = f"{r['exposed_ms']:.3f} ({100 * r['exposed_ms'] / r['kernels_ms']:.0f}%)"
     return (
         f"{name:26}{ms('step_ms'):>10}{ms('step_without_allreduce_ms'):>16}{share:>10}"
-        f"{ms('allreduce_ms'):>15}"
+        f"{ms('allreduce_ms'):>13}{exposed:>18}"
     )
 
 
@@ -342,7 +367,10 @@ def main() -> None:
         f"MLP 784-512-512-10, global batch {GLOBAL_BATCH}, SGD, float32; median of {args.steps}"
         f" steps per launch, {args.rounds} interleaved rounds"
     )
-    header = f"{'':26}{'step ms':>10}{'w/o all-red ms':>16}{'AR share':>10}{'AR alone ms':>15}"
+    header = (
+        f"{'':26}{'step ms':>10}{'w/o all-red ms':>16}{'AR share':>10}{'AR alone ms':>13}"
+        f"{'in-step wait ms':>18}"
+    )
     wins = []
     for n in range(args.rounds):
         print(f"round {n + 1}:\n{header}")

@@ -172,7 +172,7 @@ def test_generated_c_starts_tests_and_waits_in_order() -> None:
         return next(n for n, line in enumerate(lines) if text in line)
 
     starts = [n for n, line in enumerate(lines) if "sg_mpi_iallreduce(" in line]
-    waits = [n for n, line in enumerate(lines) if "sg_mpi_finish(&" in line]
+    waits = [n for n, line in enumerate(lines) if "sg_mpi_wait(&" in line]
     sizes = [int(np.prod(s)) for s in SHAPES]
     assert len(starts) == len(waits) == len(gradient_buckets(sizes, 4, 1 << 12)) > 1
     for r, (s, w) in enumerate(zip(starts, waits, strict=True)):

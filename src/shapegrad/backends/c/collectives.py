@@ -19,16 +19,6 @@ from typing import Any
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError, NativeMPI, check_same
 
-# How a rank waits for a nonblocking exchange (sg_mpi_finish below): it tests the request
-# WAIT_SPIN_POLLS times, then sleeps WAIT_SLEEP_NS between tests (0: spin in MPI_Wait).
-# MPICH polls shared memory (no wakeups), so a rank spinning in MPI_Wait keeps its core,
-# and on a machine with more runnable processes than cores the scheduler then charges it
-# for the whole wait and runs it late when its partner's data is there; a rank that
-# sleeps is woken promptly, as PyTorch's gloo ranks (blocked in socket reads) are.
-# Measured with benchmarks/data_parallel.py --bucket-sweep (see DESIGN.md).
-WAIT_SPIN_POLLS = 2000
-WAIT_SLEEP_NS = 20_000
-
 # Order of the handle table passed to sg_mpi_bind (and of the C enum below).
 HANDLES = ("float32", "float64", "int32", "byte", "sum", "max")
 FUNCTIONS = ("MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast",
@@ -36,7 +26,6 @@ FUNCTIONS = ("MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_
 
 _TYPES = r"""
 /* collectives: MPI entry points bound after loading (sg_mpi_bind); see collectives.py */
-#include <time.h>
 typedef {handle} sg_mpi_h;
 typedef int (*sg_allreduce_f)(const void *, void *, int, sg_mpi_h, sg_mpi_h, sg_mpi_h);
 typedef int (*sg_allgather_f)(const void *, int, sg_mpi_h, void *, int, sg_mpi_h, sg_mpi_h);
@@ -64,19 +53,6 @@ enum {{ SG_MPI_FLOAT32, SG_MPI_FLOAT64, SG_MPI_INT32, SG_MPI_BYTE, SG_MPI_SUM, S
 static sg_mpi_h sg_mpi_handle[SG_MPI_NHANDLES];
 static sg_mpi_h sg_mpi_comm[{ncomms}];
 {names}
-/* finish a request: spin-test, then sleep between tests (WAIT_* in collectives.py) */
-static int sg_mpi_finish(sg_mpi_h *request) {{
-    if ({sleep_ns} <= 0) return sg_mpi_wait(request, sg_mpi_status);
-    int done = 0;
-    for (long poll = 0;; ++poll) {{
-        int rc = sg_mpi_test(request, &done, sg_mpi_status);
-        if (rc != 0 || done) return rc;
-        if (poll >= {spin_polls}) {{
-            struct timespec pause = {{0, {sleep_ns}}};
-            nanosleep(&pause, NULL);
-        }}
-    }}
-}}
 int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms) {{
     sg_mpi_allreduce = (sg_allreduce_f)fns[0];
     sg_mpi_allgather = (sg_allgather_f)fns[1];
@@ -118,8 +94,6 @@ def mpi_prelude(program: L.Program) -> str:
         ncomms=len(program.communicators),
         names=names,
         nrequests=max(1, requests(program)),
-        spin_polls=int(WAIT_SPIN_POLLS),
-        sleep_ns=int(WAIT_SLEEP_NS),
     )
 
 
@@ -204,7 +178,10 @@ def _render_nonblocking(s: L.Collective, comm: str, fail: str, emit: Any, depth:
         emit(depth + 1, f"if (sg_mpi_test({request}, &sg_done, sg_mpi_status) != 0) {fail}")
         emit(depth, "}")
     elif s.phase == "wait":
-        emit(depth, f"if (sg_mpi_finish({request}) != 0) {fail}")
+        # MPI_Wait spins (MPICH polls shared memory). Testing and sleeping 2-50 us between
+        # tests instead (so a waiting rank leaves its core to the one it waits for) was
+        # slower on the 2-core AMD EPYC at load 10: 18.5-28.5 vs 16.9 ms per MLP step.
+        emit(depth, f"if (sg_mpi_wait({request}, sg_mpi_status) != 0) {fail}")
     else:
         raise ValueError(f"unknown collective phase {s.phase!r}")
 
