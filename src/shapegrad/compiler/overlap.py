@@ -28,7 +28,9 @@ from its start to its wait (they are read and written by both), so ``pack_arena`
 nothing else their bytes.
 
 Only top-level all-reduces without ``root`` are overlapped (the data-parallel ones); other
-collectives stay blocking and are ordered like any failing kernel.
+collectives stay blocking and are ordered like any failing kernel. An MPI failure ends
+the job (``distributed/_mpi.py``'s failure policy), so the exchanges it leaves in flight are
+never waited for.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from dataclasses import replace
 from shapegrad.compiler import loops as L
 
 # A kernel this large (estimated scalar ops) is followed by an MPI_Test of each exchange in
-# flight. MPI_Test costs ~0.2-1 us; one after each small kernel would be noise, and the
-# data-parallel MLP's products and backward elementwise passes are all above it. Measured
-# on the 2-core AMD EPYC (MLP 784-512-512-10, 2 ranks): see benchmarks/data_parallel.py.
-PROGRESS_MIN_WORK = 50_000
+# flight. MPICH moves a large shared-memory message in chunks, about one per progress call
+# of each side, so more tests move more of it before the wait; a test of an unfinished
+# request costs ~0.2-1 us, so kernels under ~10 us of work (scalar bookkeeping) get none.
+# Not tuned by measurement (the machine was at load ~10 throughout): a reasoned default.
+PROGRESS_MIN_WORK = 10_000
 
 
 def overlap_collectives(program: L.Program) -> L.Program:
@@ -166,13 +169,17 @@ def _schedule(kernels: list[L.Kernel]) -> list[L.Kernel]:
             users[d].append(n)
     waiting = [len(d) for d in deps]
     starts = [n for n, (phase, _) in enumerate(phases) if phase == "start"]
-    ancestors = {n: _closure(deps, n) for n in starts}
+    ancestors = {n: _closure(deps, n) | {n} for n in starts}
     ready = {n for n, w in enumerate(waiting) if w == 0}
     done: set[int] = set()
     in_flight: dict[int, L.Collective] = {}  # request -> its start statement
     order: list[L.Kernel] = []
+    pending = 0  # starts[pending]: the next exchange (program order: the buckets' order)
     while ready:
-        n = _pick(ready, phases, fails, ancestors, starts, done, bool(in_flight))
+        while pending < len(starts) and starts[pending] in done:
+            pending += 1
+        target = ancestors[starts[pending]] if pending < len(starts) else set()
+        n = _pick(ready, phases, fails, target, bool(in_flight))
         ready.discard(n)
         done.add(n)
         kernel = kernels[n]
@@ -199,18 +206,12 @@ def _pick(
     ready: set[int],
     phases: list[tuple[str, int]],
     fails: list[bool],
-    ancestors: dict[int, set[int]],
-    starts: list[int],
-    done: set[int],
+    target: set[int],
     in_flight: bool,
 ) -> int:
-    """The next kernel: first what the next exchange still needs (its start included),
-    then any other kernel in program order; a kernel that can fail only with nothing in
-    flight; a wait only when nothing else is ready."""
-    pending = [s for s in starts if s not in done]
-    target: set[int] = set()
-    if pending:  # program order: the order the buckets were made in (last layer first)
-        target = ancestors[pending[0]] | {pending[0]}
+    """The next kernel: first what the next exchange still needs (``target``: its start
+    and every kernel it depends on), then any other kernel in program order; a kernel that
+    can fail only with nothing in flight; a wait only when nothing else is ready."""
     plain = [n for n in ready if phases[n][0] != "wait" and not (in_flight and fails[n])]
     preferred = [n for n in plain if n in target]
     if preferred:
