@@ -18,7 +18,8 @@ import pytest
 import shapegrad as sg
 from shapegrad.backends.c.render import render_c
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.pipeline import lower_program
+from shapegrad.compiler.overlap import overlap_collectives
+from shapegrad.compiler.pipeline import LOOP_PIPELINE, LoopStage, lower_program
 from shapegrad.compiler.target import C_TARGET
 from shapegrad.distributed import NativeMPI
 from shapegrad.train.step import average_over_processes, gradient_buckets
@@ -74,7 +75,7 @@ def _mlp_loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
     return sg.functional.cross_entropy(h @ params[-2] + params[-1], y)
 
 
-def _step_program(bucket_bytes: int) -> L.Program:
+def _step_program(bucket_bytes: int, pipeline: list[LoopStage] | None = None) -> L.Program:
     """The loop program of one data-parallel SGD step of a 3-layer MLP (C target)."""
     plan = types.SimpleNamespace(comm=_TwoProcesses())
 
@@ -88,7 +89,7 @@ def _step_program(bucket_bytes: int) -> L.Program:
     x = rng.standard_normal((32, 64)).astype(np.float32)
     y = rng.integers(0, 10, 32).astype(np.int32)
     graph = sg.compile(step, backend="numpy").graph(params, x, y)
-    program, _ = lower_program(graph, C_TARGET, name="dp_step")
+    program, _ = lower_program(graph, C_TARGET, name="dp_step", pipeline=pipeline)
     return program
 
 
@@ -159,6 +160,35 @@ def test_each_bucket_starts_after_its_last_gradient_and_waits_before_its_update(
 def test_input_checks_still_run_first() -> None:
     program = _step_program(1)
     assert program.kernels[0].name == "k_checks"
+
+
+def test_no_kernel_moves_across_one_that_can_fail() -> None:
+    """Kernels with bounds checks (here: the labels of the cross-entropy, checked where they
+    are computed) keep exactly the kernels before them that they had without the stage."""
+    without = [s for s in LOOP_PIPELINE if s.name != "overlap_collectives"]
+    plain = _step_program(1 << 12, without)
+    overlapped = _step_program(1 << 12)
+
+    def before_each_check(program: L.Program) -> list[set[str]]:
+        names = [k.name.removesuffix("_start").removesuffix("_wait") for k in program.kernels]
+        return [
+            set(names[:n])
+            for n, k in enumerate(program.kernels)
+            if any(isinstance(s, L.CheckBounds) for s in L.walk(k.body))
+        ]
+
+    checks = before_each_check(plain)
+    assert len(checks) >= 2  # the hoisted input checks and a computed index's check
+    assert before_each_check(overlapped) == checks
+
+
+def test_a_program_without_all_reduce_is_left_as_it_is() -> None:
+    plain = _step_program(1 << 12, [s for s in LOOP_PIPELINE if s.name != "overlap_collectives"])
+    program = L.Program("p", dict(plain.buffers), [k for k in plain.kernels])
+    for k in program.kernels:  # the same program with its exchanges removed
+        k.body = tuple(s for s in k.body if not isinstance(s, L.Collective))
+    kernels = list(program.kernels)
+    assert overlap_collectives(program).kernels == kernels
 
 
 def test_generated_c_starts_tests_and_waits_in_order() -> None:
