@@ -49,9 +49,16 @@ _BUCKET_GRADIENTS = True  # gradients all-reduced in buckets, not one exchange p
 # Bytes per gradient bucket (one all-reduce each). The C backend starts a bucket's
 # all-reduce as soon as its last gradient is written and waits for it just before the
 # update reads it (compiler/overlap.py), so smaller buckets overlap more of the backward
-# pass; each bucket costs a copy into one buffer, a start, a wait and a synchronisation.
-# Measured with benchmarks/data_parallel.py --bucket-sweep (MLP 784-512-512-10, 2 ranks,
-# 2-core AMD EPYC): see DESIGN.md's Distributed paragraph for the figures.
+# pass; each bucket costs a start, a wait and a synchronisation (and a copy into one
+# buffer when it holds several gradients). benchmarks/data_parallel.py --bucket-sweep
+# (MLP 784-512-512-10, 2 ranks x 1 thread, 2-core AMD EPYC, load 9-10 from other jobs),
+# step ms in three runs, each interleaving all of them: overlapped 1 MiB 20.1 / 15.7 /
+# 22.7, one bucket 19.4 / 16.2 / 20.2, per gradient 19.8 / 15.9 / 21.3, 256 KiB 20.0 /
+# 14.2 / 21.7; blocking 1 bucket 20.3 / 16.1 / 19.1, blocking 1 MiB 24.5 / 21.0 / 34.5
+# (no exchange at all: 3.4 / 7.5 / 7.9: at that load the wait for the other rank's
+# time slice dominates, which no bucket size hides). Within that
+# noise the overlapped sizes tie; 1 MiB (PyTorch DDP's first bucket) overlaps the most
+# backward work with the fewest exchanges for this MLP: [b3 W3 b2 loss] [W2] [b1] [W1].
 BUCKET_BYTES = 1 << 20
 
 
@@ -273,9 +280,10 @@ def average_over_processes(
 
     The gradients are all-reduced in buckets (:func:`gradient_buckets`: the last
     parameters first, as the backward pass produces them; ``bucket_bytes`` default
-    :data:`BUCKET_BYTES`), the loss with the first bucket. Each bucket is one ``all_reduce``
-    of the concatenated values (a sum, divided by the process count where each gradient is
-    read, so the division fuses into the optimizer's update)."""
+    :data:`BUCKET_BYTES`), the loss with the first one (or alone when the last gradient
+    fills a bucket by itself). Each bucket is one ``all_reduce`` of its values (concatenated
+    when it holds several), a sum divided by the process count where each value is read,
+    so the division fuses into the optimizer's update."""
     if plan.comm is None or plan.comm.size == 1:
         return loss, list(grads)
     if not _BUCKET_GRADIENTS or any(g.dtype != loss.dtype for g in grads):
@@ -283,29 +291,21 @@ def average_over_processes(
         return p.all_reduce(loss, plan.comm, "mean"), mean
     size = float(plan.comm.size)
     limit = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    itemsize = loss.dtype.numpy.itemsize
-    out: list[Tensor | None] = [None] * len(grads)
-    mean_loss: Tensor | None = None
-    for number, bucket in enumerate(gradient_buckets([g.size for g in grads], itemsize, limit)):
-        if number > 0 and len(bucket) == 1:  # one gradient: exchanged where it is, no copy
-            out[bucket[0]] = p.all_reduce(grads[bucket[0]], plan.comm, "sum") / size
+    parts = [*grads, loss]  # the loss last: the first bucket takes it (it is ready first)
+    means: list[Tensor | None] = [None] * len(parts)
+    for bucket in gradient_buckets([x.size for x in parts], loss.dtype.numpy.itemsize, limit):
+        if len(bucket) == 1:  # exchanged where it is, no copy
+            means[bucket[0]] = p.all_reduce(parts[bucket[0]], plan.comm, "sum") / size
             continue
-        flat = [p.reshape(grads[i], (grads[i].size,)) for i in bucket]
-        if number == 0:
-            flat.insert(0, p.reshape(loss, (1,)))
+        flat = [p.reshape(parts[i], (parts[i].size,)) for i in bucket]
         total = p.all_reduce(p.concat(flat, 0), plan.comm, "sum")
         offset = 0
-        if number == 0:
-            mean_loss = p.reshape(p.slice_(total, [0], [1], [1]), ()) / size
-            offset = 1
         for i in bucket:
-            g = grads[i]
-            part = p.slice_(total, [offset], [offset + g.size], [1])
-            out[i] = p.reshape(part, g.shape) / size
-            offset += g.size
-    if mean_loss is None:  # no trainable leaves: the loss alone
-        mean_loss = p.all_reduce(loss, plan.comm, "mean")
-    return mean_loss, [g for g in out if g is not None]
+            part = p.slice_(total, [offset], [offset + parts[i].size], [1])
+            means[i] = p.reshape(part, parts[i].shape) / size
+            offset += parts[i].size
+    out = [x for x in means if x is not None]
+    return out[-1], out[:-1]
 
 
 def gradient_buckets(sizes: Sequence[int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
