@@ -98,9 +98,17 @@ def mpi_prelude(program: L.Program) -> str:
 
 
 def requests(program: L.Program) -> int:
-    """How many nonblocking requests the program's exchanges number (0: none)."""
+    """How many nonblocking requests the program's exchanges number (0: none). Layer
+    bodies number theirs from 0 too: a layer loop never runs while an exchange of the
+    enclosing program is in flight (``compiler/overlap.py``), so they share the slots."""
     return 1 + max(
-        (s.request for k in program.kernels for s in L.walk(k.body) if isinstance(s, L.Collective)),
+        (
+            s.request
+            for p in L.nested_programs(program)
+            for k in p.kernels
+            for s in L.walk(k.body)
+            if isinstance(s, L.Collective)
+        ),
         default=-1,
     )
 
