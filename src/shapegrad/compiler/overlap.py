@@ -43,9 +43,11 @@ from shapegrad.compiler import loops as L
 
 # A kernel this large (estimated scalar ops) is followed by an MPI_Test of each exchange in
 # flight. MPICH moves a large shared-memory message in chunks, about one per progress call
-# of each side, so more tests move more of it before the wait; a test of an unfinished
-# request costs ~0.2-1 us, so kernels under ~10 us of work (scalar bookkeeping) get none.
-# Not tuned by measurement (the machine was at load ~10 throughout): a reasoned default.
+# of each side, so the tests are what moves the early buckets while the backward runs: on
+# the 2-core AMD EPYC at load ~14 (benchmarks/data_parallel.py --bucket-sweep, five runs)
+# the MLP step with 1 MiB buckets took 24.2-26.2 ms with them and 31.4-38.9 ms without.
+# A test of an unfinished request costs ~0.2-1 us, so kernels under ~10 us of work
+# (scalar bookkeeping) get none (that threshold is reasoned, not measured).
 PROGRESS_MIN_WORK = 10_000
 
 

@@ -51,14 +51,15 @@ _BUCKET_GRADIENTS = True  # gradients all-reduced in buckets, not one exchange p
 # update reads it (compiler/overlap.py), so smaller buckets overlap more of the backward
 # pass; each bucket costs a start, a wait and a synchronisation (and a copy into one
 # buffer when it holds several gradients). benchmarks/data_parallel.py --bucket-sweep
-# (MLP 784-512-512-10, 2 ranks x 1 thread, 2-core AMD EPYC, load 9-10 from other jobs),
-# step ms in three runs, each interleaving all of them: overlapped 1 MiB 20.1 / 15.7 /
-# 22.7, one bucket 19.4 / 16.2 / 20.2, per gradient 19.8 / 15.9 / 21.3, 256 KiB 20.0 /
-# 14.2 / 21.7; blocking 1 bucket 20.3 / 16.1 / 19.1, blocking 1 MiB 24.5 / 21.0 / 34.5
-# (no exchange at all: 3.4 / 7.5 / 7.9: at that load the wait for the other rank's
-# time slice dominates, which no bucket size hides). Within that
-# noise the overlapped sizes tie; 1 MiB (PyTorch DDP's first bucket) overlaps the most
-# backward work with the fewest exchanges for this MLP: [b3 W3 b2 loss] [W2] [b1] [W1].
+# (MLP 784-512-512-10, 2 ranks x 1 thread, 2-core AMD EPYC, load 14-15 from other jobs),
+# step ms in five runs, each interleaving all of them: overlapped 1 MiB 26.2 / 24.2 /
+# 24.9 / 24.2 / 24.2, per gradient 27.7 / 24.1 / 27.1 / 27.7 / 22.4, blocking one bucket
+# 26.1 / 22.5 / 24.0 / 24.4 / 24.5, blocking 1 MiB buckets 36.7 / 38.7 / 38.9 / 28.7 /
+# 32.7; no exchange at all 3.6-11.8: at that load the wait for the other rank's time
+# slice dominates, which no bucket size hides. (For this MLP 256 KiB makes the same
+# buckets as 1 MiB and 4 MiB one bucket.) 1 MiB (PyTorch DDP's first bucket) ties the
+# best and overlaps the most backward work with few exchanges: [b3 W3 b2 loss] [W2]
+# [b1] [W1]; quiet-machine figures are still to be taken.
 BUCKET_BYTES = 1 << 20
 
 
