@@ -9,10 +9,11 @@ nonblocking one:
   (``MPI_Iallreduce``) form one kernel, a ``wait`` and the statements after it another;
 * the kernels are reordered by list scheduling over their true dependencies (read and
   write sets, in the original order): the kernels that the next exchange needs run first
-  (the next: the one needing the least work in all), so it starts as soon as its bucket's
-  last gradient is written; the other kernels keep their order; a ``wait`` runs only when nothing else can, i.e. just before the first
-  kernel that reads the result (the optimizer's update of that bucket's parameters,
-  which reads the reduced gradient in one elementwise pass);
+  (the next: the one needing the least work in all), so it starts as soon as its
+  bucket's last gradient is written; the other kernels keep their order; a ``wait`` runs
+  only when nothing else can, i.e. just before the first kernel that reads the result
+  (the optimizer's update of that bucket's parameters, which reads the reduced gradient
+  in one elementwise pass);
 * while exchanges are in flight, a ``test`` after each kernel of at least
   ``PROGRESS_MIN_WORK`` scalar operations lets the MPI library advance them (MPICH moves
   a nonblocking collective only inside MPI calls; without these the whole exchange would
@@ -29,10 +30,9 @@ nothing else their bytes.
 
 An exchange that nothing runs alongside (one bucket: its start is right before its wait)
 stays blocking. Only top-level all-reduces without ``root`` are overlapped (the
-data-parallel ones); other
-collectives stay blocking and are ordered like any failing kernel. An MPI failure ends
-the job (``distributed/_mpi.py``'s failure policy), so the exchanges it leaves in flight are
-never waited for.
+data-parallel ones); other collectives stay blocking and are ordered like any failing
+kernel. An MPI failure ends the job (``distributed/_mpi.py``'s failure policy), so the
+exchanges it leaves in flight are never waited for.
 """
 
 from __future__ import annotations
@@ -111,40 +111,29 @@ def _overlappable(s: L.Stmt) -> bool:
 
 def _split(kernels: list[L.Kernel]) -> tuple[list[L.Kernel], int]:
     """Each kernel with a top-level overlappable all-reduce becomes a start kernel and a
-    wait kernel (numbered requests from 0, in program order)."""
+    wait kernel (numbered requests from 0, in program order). Lowering gives every
+    collective a kernel of its own; should a kernel hold more than one, the later ones
+    stay blocking (in the wait kernel)."""
     out: list[L.Kernel] = []
     request = 0
     for kernel in kernels:
-        body = list(kernel.body)
-        at = next((i for i, s in enumerate(body) if _overlappable(s)), None)
+        at = next((i for i, s in enumerate(kernel.body) if _overlappable(s)), None)
         if at is None:
             out.append(kernel)
             continue
-        s = body[at]
+        s = kernel.body[at]
         assert isinstance(s, L.Collective)
         start = replace(s, phase="start", request=request)
         wait = replace(s, phase="wait", request=request)
-        out.append(replace(kernel, name=f"{kernel.name}_start", body=(*body[:at], start)))
-        rest = L.Kernel(
-            f"{kernel.name}_wait", (wait, *body[at + 1 :]), kernel.work, kernel.root,
-            list(kernel.inlined),
+        out.append(replace(kernel, name=f"{kernel.name}_start", body=(*kernel.body[:at], start)))
+        out.append(
+            L.Kernel(
+                f"{kernel.name}_wait", (wait, *kernel.body[at + 1 :]), kernel.work, kernel.root,
+                list(kernel.inlined),
+            )
         )  # fmt: skip
-        # a later overlappable all-reduce in the same kernel: split the rest again
-        more, extra = _split([rest]) if any(_overlappable(x) for x in rest.body) else ([rest], 0)
-        if extra:
-            more = [replace(k, body=_renumber(k.body, request + 1)) for k in more]
-        out.extend(more)
-        request += 1 + extra
+        request += 1
     return out, request
-
-
-def _renumber(body: tuple[L.Stmt, ...], first: int) -> tuple[L.Stmt, ...]:
-    return tuple(
-        replace(s, request=s.request + first)
-        if isinstance(s, L.Collective) and s.phase != "blocking"
-        else s
-        for s in body
-    )
 
 
 def _phase(kernel: L.Kernel) -> tuple[str, int]:
