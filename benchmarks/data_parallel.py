@@ -4,17 +4,31 @@ Workload: the MLP 784-512-512-10, softmax cross-entropy, plain SGD, float32, glo
 batch 256. Configurations (both use the machine's 2 cores):
 
 * 1 rank x 2 threads: one process, the whole batch, ``SHAPEGRAD_NUM_THREADS=2``;
-* 2 ranks x 1 thread: ``mpiexec -n 2``, 128 rows per rank, gradients averaged by an
-  all-reduce inside the compiled step (one native call per step).
+* 2 ranks x 1 thread: ``mpiexec -n 2``, 128 rows per rank, gradients averaged inside the
+  compiled step (one native call per step): all-reduced in buckets (``train/step.py``
+  ``BUCKET_BYTES``), each a nonblocking ``MPI_Iallreduce`` started as soon as its last
+  gradient is written and waited for just before the update reads it
+  (``compiler/overlap.py``).
 
-For each we report the median step time; for 2 ranks also the all-reduce alone (the
-gradients' all-reduce compiled on its own, timed on both ranks at once) and the step
-of the same program without the all-reduce (both ranks busy, as in the real step), so
-the all-reduce share is visible. PyTorch runs the same model with
-``DistributedDataParallel`` over gloo (``torch.distributed`` on CPU), launched by the
-same ``mpiexec``, when torch is importable.
+One interleaved run: ``--rounds`` rounds, each launching every configuration once
+(shapegrad 1 rank, shapegrad 2 ranks, PyTorch 1 rank, PyTorch DDP 2 ranks), so a change
+of load hits all of them alike. Within a 2-rank launch, steps of the data-parallel
+trainer alternate with steps of the same model on the same 128-row shard *without* any
+exchange (both ranks busy, as in the real step): the **all-reduce share** is
+``(step - step without all-reduce) / step``, from medians of the alternating steps. The
+same for PyTorch (DDP vs the bare model). The run prints the CPU model, its vector
+width, the core count and the load average before and after, and whether shapegrad's
+2 ranks beat PyTorch DDP's in every round. For shapegrad 2 ranks, **in-step timers** too:
+the same step compiled with ``profile=True``; the time per step in the kernels that start
+and wait for the exchanges, and its share of the time in all kernels.
 
-Run: ``python benchmarks/data_parallel.py [--steps 40]`` (needs ``pip install -e '.[mpi]'``).
+``--bucket-sweep`` instead times, interleaved in one 2-rank launch, the step with
+several bucket sizes, with blocking exchanges (the ``overlap_collectives`` stage off) and
+without the ``MPI_Test`` calls between kernels: the measurement behind ``BUCKET_BYTES``
+and ``PROGRESS_MIN_WORK``.
+
+Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]`` (needs
+``pip install -e '.[mpi]'``).
 
 The plan for more machines: the alpha-beta cost model
 ------------------------------------------------------
@@ -37,14 +51,14 @@ The bandwidth term saturates at 2 S / beta = 0.43 ms; the latency term grows lin
 and dominates from N ~ 50. Past that, a recursive halving/doubling (Rabenseifner)
 all-reduce, T = 2 log2(N) alpha + 2 (N-1)/N S / beta, costs 0.09 + 0.43 = 0.52 ms at
 N = 512 (MPICH and Open MPI switch algorithms by message size and N themselves; we
-call MPI_Allreduce, so we inherit that). With weak scaling (256 rows per machine, a
+call MPI_Iallreduce, so we inherit that). With weak scaling (256 rows per machine, a
 ~3-5 ms step on one 2-core box) the all-reduce is ~10% of the step, and overlapping it
-with the backward pass (all-reducing layer by layer as gradients appear, which our
-single compiled step makes possible by scheduling the collective right after each
-gradient's last write) would hide most of it. With strong scaling (a fixed global
-batch 256 over 512 machines = 0.5 row each) compute vanishes and the 0.5 ms
-all-reduce sets the step time: grow the batch with N, or shard the model instead.
-The script prints these predictions from the same formula (``alpha_beta``).
+with the backward pass (the buckets above: the last layer's gradients are exchanged
+while the first layer's are computed) hides the part that has computation left to hide
+behind. With strong scaling (a fixed global batch 256 over 512 machines = 0.5 row each)
+compute vanishes and the 0.5 ms all-reduce sets the step time: grow the batch with N,
+or shard the model instead. The script prints these predictions from the same formula
+(``alpha_beta``).
 """
 
 from __future__ import annotations
@@ -89,33 +103,37 @@ def _data(rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
-def _median_step(step: Any, steps: int, barrier: Any = None) -> float:
-    for _ in range(5):
-        step()
-    times = []
-    for _ in range(steps):
-        if barrier is not None:
-            barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _interleaved(steps: dict[str, Any], count: int, barrier: Any = None) -> dict[str, float]:
+    """Median seconds of each step function, run alternately (``count`` rounds after 5
+    warm-up rounds), every step after a barrier so the ranks start together."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for n in range(count + 5):
+        for name, step in steps.items():
+            if barrier is not None:
+                barrier()
+            t0 = time.perf_counter()
+            step()
+            if n >= 5:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) if ts else 0.0 for name, ts in times.items()}
 
 
-def run_shapegrad(steps: int) -> dict[str, Any]:
+def _mlp(params: list[Any], x: Any, y: Any) -> Any:
+    import shapegrad as sg
+    from shapegrad import functional as F
+
+    h = x
+    for i in range(0, len(params) - 2, 2):
+        h = sg.relu(h @ params[i] + params[i + 1])
+    return F.cross_entropy(h @ params[-2] + params[-1], y)
+
+
+def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "src"))
     import shapegrad as sg
     from shapegrad import distributed as D
-    from shapegrad import functional as F
 
     comm = D.world()
-
-    def loss(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:
-        h = x
-        for i in range(0, len(params) - 2, 2):
-            h = sg.relu(h @ params[i] + params[i + 1])
-        return F.cross_entropy(h @ params[-2] + params[-1], y)
-
     rng = np.random.default_rng(1)
     params = [sg.tensor(rng.normal(size=s).astype(np.float32) * 0.05) for s in SHAPES]
     x, y = _data(comm.rank, comm.size)
@@ -124,17 +142,90 @@ def run_shapegrad(steps: int) -> dict[str, Any]:
         "ranks": comm.size,
         "threads": os.environ.get("SHAPEGRAD_NUM_THREADS"),
     }
-    dp = sg.ScalarTrainer(loss, params, mode="compiled", backend="c", data_parallel=comm.size > 1)
-    result["step_ms"] = 1e3 * _median_step(lambda: dp.step(x, y), steps, barrier)
-    if comm.size > 1:
-        alone = sg.ScalarTrainer(loss, params, mode="compiled", backend="c")
-        result["step_without_allreduce_ms"] = 1e3 * _median_step(
-            lambda: alone.step(x, y), steps, barrier
-        )
-        grads = [np.ones(s, np.float32) for s in SHAPES]
-        reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
-        result["allreduce_ms"] = 1e3 * _median_step(lambda: reduce(grads), steps, barrier)
+    if sweep:
+        result["sweep_ms"] = _bucket_sweep(params, x, y, steps, barrier)
+        return result
+    dp = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=comm.size > 1)
+    if comm.size == 1:
+        result["step_ms"] = 1e3 * _interleaved({"dp": lambda: dp.step(x, y)}, steps)["dp"]
+        return result
+    alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
+    med = _interleaved(
+        {"dp": lambda: dp.step(x, y), "alone": lambda: alone.step(x, y)}, steps, barrier
+    )
+    result["step_ms"], result["step_without_allreduce_ms"] = 1e3 * med["dp"], 1e3 * med["alone"]
+    grads = [np.ones(s, np.float32) for s in SHAPES]
+    reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
+    result["allreduce_ms"] = 1e3 * _interleaved({"r": lambda: reduce(grads)}, steps, barrier)["r"]
+    result["exposed_ms"], result["kernels_ms"] = _exposed_exchange(comm, x, y, steps, barrier)
     return result
+
+
+def _exposed_exchange(
+    comm: Any, x: np.ndarray, y: np.ndarray, steps: int, barrier: Any
+) -> tuple[float, float]:
+    """Timers inside the step: the same data-parallel SGD step compiled with
+    ``profile=True``; (ms per step in the kernels that start and wait for the exchanges,
+    ms per step in all kernels), rank 0's timers."""
+    import types
+
+    import shapegrad as sg
+    from shapegrad.train.step import average_over_processes
+
+    plan = types.SimpleNamespace(comm=comm)
+
+    def step(params: list[Any], x: Any, y: Any) -> Any:
+        loss, grads = sg.value_and_grad(_mlp)(params, x, y)
+        loss, grads = average_over_processes(plan, loss, grads)  # type: ignore[arg-type]
+        return loss, [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
+
+    rng = np.random.default_rng(1)
+    params = [(rng.normal(size=s) * 0.05).astype(np.float32) for s in SHAPES]
+    exe = sg.compile(step, backend="c", profile=True).lower(params, x, y).executable
+    args = [*params, x, y]
+    _interleaved({"warm": lambda: exe(args)}, 0, barrier)
+    before = {name: t for name, _, t in exe.profile()}
+    _interleaved({"timed": lambda: exe(args)}, steps, barrier)
+    spent = {name: (t - before.get(name, 0.0)) / (steps + 5) for name, _, t in exe.profile()}
+    exchange = sum(t for name, t in spent.items() if name.endswith(("_start", "_wait")))
+    return 1e3 * exchange, 1e3 * sum(spent.values())
+
+
+def _bucket_sweep(
+    params: list[Any], x: np.ndarray, y: np.ndarray, steps: int, barrier: Any
+) -> dict[str, float]:
+    """Step medians per bucket size (and blocking), interleaved in one launch."""
+    import shapegrad as sg
+    from shapegrad.compiler import overlap as overlap_stage
+    from shapegrad.compiler import pipeline
+    from shapegrad.train import step as train_step
+
+    stages, saved = list(pipeline.LOOP_PIPELINE), train_step.BUCKET_BYTES
+    progress = overlap_stage.PROGRESS_MIN_WORK
+    # for this MLP, 256 KiB and 1 MiB make the same buckets, and 4 MiB makes one bucket
+    sizes = {"1 bucket": 1 << 40, "1 MiB": 1 << 20, "per gradient": 1}
+    configs = [("blocking, 1 bucket", 1 << 40, False), ("blocking, 1 MiB", 1 << 20, False)]
+    configs += [(f"overlapped, {name}", size, True) for name, size in sizes.items()]
+    configs += [("overlapped, 1 MiB, no MPI_Test", 1 << 20, True)]
+    funcs: dict[str, Any] = {}
+    try:
+        for name, size, overlap in configs:
+            train_step.BUCKET_BYTES = size
+            overlap_stage.PROGRESS_MIN_WORK = 1 << 62 if "no MPI_Test" in name else progress
+            keep = [s for s in stages if overlap or s.name != "overlap_collectives"]
+            pipeline.LOOP_PIPELINE[:] = keep
+            trainer = sg.ScalarTrainer(
+                _mlp, params, mode="compiled", backend="c", data_parallel=True
+            )
+            trainer.step(x, y)  # traced and compiled now, under these settings
+            funcs[name] = lambda t=trainer: t.step(x, y)
+    finally:
+        pipeline.LOOP_PIPELINE[:] = stages
+        train_step.BUCKET_BYTES = saved
+        overlap_stage.PROGRESS_MIN_WORK = progress
+    alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
+    funcs["no all-reduce"] = lambda: alone.step(x, y)
+    return {k: 1e3 * v for k, v in _interleaved(funcs, steps, barrier).items()}
 
 
 def run_torch(steps: int) -> dict[str, Any]:
@@ -144,69 +235,132 @@ def run_torch(steps: int) -> dict[str, Any]:
     size = int(os.environ.get("PMI_SIZE", "1"))
     rank = int(os.environ.get("PMI_RANK", "0"))
     torch.set_num_threads(int(os.environ.get("SHAPEGRAD_NUM_THREADS", "1")))
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 512), torch.nn.ReLU(),
-        torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10),
-    )  # fmt: skip
-    barrier = None
-    if size > 1:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(size))
-        dist.init_process_group("gloo", init_method="env://")
-        model = torch.nn.parallel.DistributedDataParallel(model)
-        barrier = dist.barrier
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def mlp() -> Any:
+        torch.manual_seed(1)
+        return torch.nn.Sequential(
+            torch.nn.Linear(784, 512), torch.nn.ReLU(),
+            torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10),
+        )  # fmt: skip
+
     xa, ya = _data(rank, size)
     x, y = torch.from_numpy(xa), torch.from_numpy(ya).long()
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    def stepper(model: Any) -> Any:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    result: dict[str, Any] = {"ranks": size, "step_ms": 1e3 * _median_step(step, steps, barrier)}
-    if size > 1:
-        grads = [torch.ones(s) for s in SHAPES]
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
 
-        def reduce() -> None:
-            for g in grads:
-                dist.all_reduce(g)
+        return step
 
-        result["allreduce_ms"] = 1e3 * _median_step(reduce, steps, barrier)
-        # Every rank done before the group goes, and DDP's reducer (its gloo work threads)
-        # gone before it: a reducer torn down at exit after the group ended the process
-        # with std::terminate ("terminate called without an active exception", exit 9).
-        dist.barrier()
-        del model, opt
-        dist.destroy_process_group()
-    return result
+    if size == 1:
+        med = _interleaved({"dp": stepper(mlp())}, steps)
+        return {"ranks": 1, "step_ms": 1e3 * med["dp"]}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size))
+    dist.init_process_group("gloo", init_method="env://")
+    ddp = torch.nn.parallel.DistributedDataParallel(mlp())
+    med = _interleaved({"dp": stepper(ddp), "alone": stepper(mlp())}, steps, dist.barrier)
+    grads = [torch.ones(s) for s in SHAPES]
+
+    def reduce() -> None:
+        for g in grads:
+            dist.all_reduce(g)
+
+    ar = _interleaved({"r": reduce}, steps, dist.barrier)["r"]
+    dist.barrier()
+    return {
+        "ranks": size,
+        "step_ms": 1e3 * med["dp"],
+        "step_without_allreduce_ms": 1e3 * med["alone"],
+        "allreduce_ms": 1e3 * ar,
+    }
 
 
-def _launch(role: str, ranks: int, threads: int, steps: int) -> dict[str, Any]:
+def _launch(role: str, ranks: int, threads: int, steps: int, sweep: bool = False) -> dict[str, Any]:
     env = dict(os.environ, SHAPEGRAD_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     with socket.socket() as s:  # a free port for gloo's rendezvous
         s.bind(("127.0.0.1", 0))
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
     cmd = [sys.executable, __file__, "--role", role, "--steps", str(steps)]
+    cmd += ["--bucket-sweep"] if sweep else []
     if ranks > 1:
         mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
         cmd = [mpiexec, "-n", str(ranks), *cmd]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
-        raise RuntimeError(f"{role} x{ranks} failed:\n{out.stdout}\n{out.stderr}")
+        raise RuntimeError(
+            f"{role} x{ranks} failed (exit {out.returncode}):\n{out.stdout}\n{out.stderr}"
+        )
     return dict(json.loads(lines[0]))
 
 
+def machine() -> str:
+    """CPU model, vector width, cores and load average (the figures' conditions)."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    width = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{model} ({width}), {os.cpu_count()} cores, load average {load}"
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    def ms(key: str) -> str:
+        return f"{r[key]:.3f}" if key in r else "-"
+
+    share = exposed = "-"
+    if "step_without_allreduce_ms" in r:
+        share = f"{100 * (r['step_ms'] - r['step_without_allreduce_ms']) / r['step_ms']:.1f}%"
+    if "exposed_ms" in r:
+        exposed = f"{r['exposed_ms']:.3f} ({100 * r['exposed_ms'] / r['kernels_ms']:.0f}%)"
+    return (
+        f"{name:26}{ms('step_ms'):>10}{ms('step_without_allreduce_ms'):>16}{share:>10}"
+        f"{ms('allreduce_ms'):>13}{exposed:>18}"
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bucket-sweep", action="store_true")
     parser.add_argument("--role", choices=("shapegrad", "torch"))
     args = parser.parse_args()
     if args.role is not None:
-        result = run_shapegrad(args.steps) if args.role == "shapegrad" else run_torch(args.steps)
+        if args.role == "shapegrad":
+            result = run_shapegrad(args.steps, args.bucket_sweep)
+        else:
+            result = run_torch(args.steps)
         if int(os.environ.get("PMI_RANK", "0")) == 0:
             print(json.dumps(result))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if args.role == "torch":
+            # Skip interpreter teardown: gloo's and DDP's threads destroyed at exit end the
+            # process with std::terminate ("terminate called without an active exception",
+            # exit 9) in both ranks' teardown order races; every rank is past its last
+            # collective (the barrier above) and its result is printed.
+            os._exit(0)
+        return
+    print(f"machine: {machine()}")
+    if args.bucket_sweep:
+        r = _launch("shapegrad", 2, 1, args.steps, sweep=True)
+        print(f"shapegrad 2 ranks x 1 thread, step ms (median of {args.steps}, interleaved):")
+        for name, value in r["sweep_ms"].items():
+            print(f"  {name:22}{value:8.3f}")
+        print(f"machine after: {machine()}")
         return
     roles = ["shapegrad"]
     try:
@@ -214,21 +368,33 @@ def main() -> None:
 
         roles.append("torch")
     except ImportError:
-        print("(torch not importable: PyTorch DDP rows skipped)")
+        print("(torch not importable: PyTorch rows skipped)")
     print(
-        f"MLP 784-512-512-10, global batch {GLOBAL_BATCH}, SGD, float32; median of {args.steps} steps"
+        f"MLP 784-512-512-10, global batch {GLOBAL_BATCH}, SGD, float32; median of {args.steps}"
+        f" steps per launch, {args.rounds} interleaved rounds"
     )
-    print(f"{'':24}{'step ms':>10}{'all-reduce ms':>15}{'step w/o AR ms':>16}")
-    for role in roles:
-        for ranks, threads in ((1, 2), (2, 1)):
-            r = _launch(role, ranks, threads, args.steps)
-            ar = f"{r['allreduce_ms']:.3f}" if "allreduce_ms" in r else "-"
-            alone = (
-                f"{r['step_without_allreduce_ms']:.3f}" if "step_without_allreduce_ms" in r else "-"
-            )
-            print(
-                f"{role + f' {ranks} rank x {threads} thr':24}{r['step_ms']:>10.3f}{ar:>15}{alone:>16}"
-            )
+    header = (
+        f"{'':26}{'step ms':>10}{'w/o all-red ms':>16}{'AR share':>10}{'AR alone ms':>13}"
+        f"{'in-step wait ms':>18}"
+    )
+    wins = []
+    for n in range(args.rounds):
+        print(f"round {n + 1}:\n{header}")
+        results: dict[tuple[str, int], dict[str, Any]] = {}
+        for role in roles:
+            for ranks, threads in ((1, 2), (2, 1)):
+                r = _launch(role, ranks, threads, args.steps)
+                results[role, ranks] = r
+                label = "PyTorch DDP" if role == "torch" and ranks > 1 else role
+                print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)
+        if "torch" in roles:
+            ours, theirs = results["shapegrad", 2]["step_ms"], results["torch", 2]["step_ms"]
+            wins.append(ours < theirs)
+            print(f"  shapegrad 2 ranks / PyTorch DDP 2 ranks: {ours / theirs:.2f}x the time")
+    if wins:
+        verdict = "in every round" if all(wins) else f"in {sum(wins)} of {len(wins)} rounds"
+        print(f"shapegrad 2 ranks faster than PyTorch DDP (gloo) 2 ranks {verdict}")
+    print(f"machine after: {machine()}")
     nbytes = 4 * sum(int(np.prod(s)) for s in SHAPES)
     print(f"\nalpha-beta predictions for {nbytes / 1e6:.2f} MB at 100 Gb/s, alpha = 5 us:")
     for n in (8, 64, 512):

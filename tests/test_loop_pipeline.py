@@ -64,6 +64,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "place_state_updates",
+        "overlap_collectives",
         "fuse_elementwise_kernels",
         "split_index_sets",
         "pack_arena",
@@ -73,6 +74,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",
+        "overlap_collectives",
         "fuse_elementwise_kernels",
         "split_index_sets",
     }

@@ -384,6 +384,13 @@ class Collective(Stmt):
     (``root``'s ``count`` elements). Reductions see float32/float64/int32 only (lowering
     stages float16 and bool through those); the other kinds move bytes of any dtype.
     A failure of the exchange records error ``code`` (the error-flag contract).
+
+    ``phase`` splits one exchange into nonblocking parts (``compiler/overlap.py``):
+    ``"blocking"`` (the whole exchange here), ``"start"`` (begin it: request number
+    ``request`` of the program), ``"test"`` (let the MPI library advance request
+    ``request``, if not finished, while kernels run) and ``"wait"`` (finish it: ``dst`` is
+    complete after). Between its start and its wait an exchange reads ``src`` and writes
+    ``dst``: both stay live, and no statement touches them or can fail there.
     """
 
     kind: str
@@ -395,6 +402,8 @@ class Collective(Stmt):
     op: str = "sum"
     root: int | None = None
     code: int = 0
+    phase: str = "blocking"
+    request: int = -1
 
 
 @dataclass(frozen=True)
@@ -592,10 +601,16 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
         elif isinstance(s, Collective):
             how = s.op if s.kind in ("all_reduce", "reduce_scatter") else ""
             at = f" root={s.root}" if s.root is not None else ""
-            out.append(
-                f"{pad}{s.dst} = {s.kind}{'_' + how if how else ''}({s.src}, {s.count} x "
+            call = (
+                f"{s.kind}{'_' + how if how else ''}({s.src}, {s.count} x "
                 f"{s.dtype.name}, comm {s.comm}{at}) else error {s.code}"
             )
+            if s.phase == "blocking":
+                out.append(f"{pad}{s.dst} = {call}")
+            elif s.phase == "test":
+                out.append(f"{pad}progress request {s.request} ({s.dst})")
+            else:
+                out.append(f"{pad}{s.phase} request {s.request}: {s.dst} = {call}")
         elif isinstance(s, Contract):
             scaled = f"*{s.alpha_buffer}[{s.alpha_index}]" if s.alpha_buffer else ""
             out.append(
@@ -760,7 +775,7 @@ def reads(body: Iterable[Stmt]) -> set[str]:
         if isinstance(s, Contract):
             names |= {s.a, s.b} | ({s.c} if s.beta else set())
             names |= {s.alpha_buffer} if s.alpha_buffer else set()
-        elif isinstance(s, Collective):
+        elif isinstance(s, Collective) and s.phase != "test":
             names.add(s.src)
         elif isinstance(s, SortRow):  # the scratch is read back after it is written
             names |= {s.src, s.scratch}
@@ -780,7 +795,7 @@ def writes(body: Iterable[Stmt]) -> set[str]:
             out.add(s.buffer)
         elif isinstance(s, Contract):
             out.add(s.c)
-        elif isinstance(s, Collective):
+        elif isinstance(s, Collective) and s.phase != "test":
             out.add(s.dst)
         elif isinstance(s, SortRow):
             out |= {s.dst, s.scratch}

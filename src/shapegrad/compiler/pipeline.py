@@ -22,6 +22,9 @@ fuse_batch_producers      large batched products build their operand one batch s
 hoist_bounds_checks       index checks of program inputs run before any kernel, so a
                           failing step changes nothing (optional)
 place_state_updates       updated state written in place where safe (``memory.py``)
+overlap_collectives       all-reduces start as soon as their operand is written and are
+                          waited for just before their result is read (``overlap.py``;
+                          optional: GPU targets stage collectives through the host)
 fuse_elementwise_kernels  adjacent elementwise kernels over one index space share one
                           loop nest (``loopfuse.py``; optional)
 split_index_sets          short loops unrolled, loops cut into segments on which their
@@ -56,6 +59,7 @@ from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
+from shapegrad.compiler.overlap import overlap_collectives
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -140,6 +144,11 @@ def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_overlap_collectives(unit: LoopUnit) -> LoopUnit:
+    overlap_collectives(unit.built())
+    return unit
+
+
 def stage_fuse_elementwise_kernels(unit: LoopUnit) -> LoopUnit:
     fuse_elementwise_kernels(unit.built(), unit.target.tuning)
     return unit
@@ -169,6 +178,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
+    LoopStage("overlap_collectives", stage_overlap_collectives, optional=True),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
     LoopStage("pack_arena", stage_pack_arena),

@@ -47,6 +47,9 @@ MPI_FUNCTIONS = (
     "MPI_Reduce_scatter_block",
     "MPI_Bcast",
     "MPI_Comm_rank",
+    "MPI_Iallreduce",
+    "MPI_Test",
+    "MPI_Wait",
 )
 
 

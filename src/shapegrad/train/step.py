@@ -47,7 +47,22 @@ from shapegrad.train.schedules import Schedule
 # A loss returns the scalar loss, or ``(loss, new_params)`` when the model updates state
 # by hand (the documented pattern before ``Module.with_state``); both are accepted.
 LossFn = Callable[..., Tensor | tuple[Tensor, Any]]
-_BUCKET_GRADIENTS = True  # one all-reduce per step for loss + all gradients (see below)
+_BUCKET_GRADIENTS = True  # gradients all-reduced in buckets, not one exchange per tensor
+# Bytes per gradient bucket (one all-reduce each). The C backend starts a bucket's
+# all-reduce as soon as its last gradient is written and waits for it just before the
+# update reads it (compiler/overlap.py), so smaller buckets overlap more of the backward
+# pass; each bucket costs a start, a wait and a synchronisation (and a copy into one
+# buffer when it holds several gradients). benchmarks/data_parallel.py --bucket-sweep
+# (MLP 784-512-512-10, 2 ranks x 1 thread, 2-core AMD EPYC, load 14-15 from other jobs),
+# step ms in five runs, each interleaving all of them: overlapped 1 MiB 26.2 / 24.2 /
+# 24.9 / 24.2 / 24.2, per gradient 27.7 / 24.1 / 27.1 / 27.7 / 22.4, blocking one bucket
+# 26.1 / 22.5 / 24.0 / 24.4 / 24.5, blocking 1 MiB buckets 36.7 / 38.7 / 38.9 / 28.7 /
+# 32.7; no exchange at all 3.6-11.8: at that load the wait for the other rank's time
+# slice dominates, which no bucket size hides. (For this MLP 256 KiB makes the same
+# buckets as 1 MiB and 4 MiB one bucket.) 1 MiB (PyTorch DDP's first bucket) ties the
+# best and overlaps the most backward work with few exchanges: [b3 W3 b2 loss] [W2]
+# [b1] [W1]; quiet-machine figures are still to be taken.
+BUCKET_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,9 @@ class StepPlan:
     base_key: tuple[int, int] | None = None  # set when the loss takes a `key`
     comm: Any = None  # a shapegrad.distributed Communicator: average gradients over it
     accumulate: int = 1  # micro-batches per step (inputs split along their first axis)
+    # Data-parallel bucket size (None: BUCKET_BYTES). The CUDA step stages each exchange
+    # through host memory and ends its CUDA graph there, so it takes one bucket.
+    bucket_bytes: int | None = None
 
     @property
     def trainable(self) -> list[int]:
@@ -202,7 +220,7 @@ def loss_grads_and_updated(
             total = list(grads) if not total else [a + g for a, g in zip(total, grads, strict=True)]
         assert total_loss is not None
         loss, grads = total_loss / float(k), [g / float(k) for g in total]
-    loss, grads = average_over_processes(plan, loss, grads)
+    loss, grads = average_over_processes(plan, loss, grads, plan.bucket_bytes)
     if updated is not None and comm is not None and comm.size > 1:
         updated = [
             p.all_reduce(x, comm, "mean") if x.dtype.is_float and not f else x
@@ -261,25 +279,70 @@ def micro_batches(inputs: tuple[Any, ...], k: int) -> list[tuple[Any, ...]]:
 
 
 def average_over_processes(
-    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor]
+    plan: StepPlan, loss: Tensor, grads: Sequence[Tensor], bucket_bytes: int | None = None
 ) -> tuple[Tensor, list[Tensor]]:
     """Data parallel: the mean loss and mean gradients over the processes of ``plan.comm``
-    (each process computed them on its own shard of the global batch)."""
+    (each process computed them on its own shard of the global batch).
+
+    The gradients are all-reduced in buckets (:func:`gradient_buckets`: the last
+    parameters first, as the backward pass produces them; ``bucket_bytes`` default
+    :data:`BUCKET_BYTES`), the loss with the first one (or alone when the last gradient
+    fills a bucket by itself). Each bucket is one ``all_reduce`` of its values (concatenated
+    when it holds several), a sum divided by the process count where each value is read,
+    so the division fuses into the optimizer's update."""
     if plan.comm is None or plan.comm.size == 1:
         return loss, list(grads)
     if not _BUCKET_GRADIENTS or any(g.dtype != loss.dtype for g in grads):
         mean = [p.all_reduce(g, plan.comm, "mean") for g in grads]
         return p.all_reduce(loss, plan.comm, "mean"), mean
-    # One bucket, one exchange: every process meets one collective per step instead of one
-    # per tensor (each is a synchronisation point, costly when a process is descheduled).
-    flat = [p.reshape(loss, (1,)), *(p.reshape(g, (g.size,)) for g in grads)]
-    total = p.all_reduce(p.concat(flat, 0), plan.comm, "mean")
-    out, offset = [], 1
-    for g in grads:
-        part = p.slice_(total, [offset], [offset + g.size], [1])
-        out.append(p.reshape(part, g.shape))
-        offset += g.size
-    return p.reshape(p.slice_(total, [0], [1], [1]), ()), out
+    size = float(plan.comm.size)
+    limit = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    parts = [*grads, loss]  # the loss last: the first bucket takes it (it is ready first)
+    means: list[Tensor | None] = [None] * len(parts)
+    for bucket in gradient_buckets([x.size for x in parts], loss.dtype.numpy.itemsize, limit):
+        if len(bucket) == 1:  # exchanged where it is, no copy
+            means[bucket[0]] = p.all_reduce(parts[bucket[0]], plan.comm, "sum") / size
+            continue
+        flat = [p.reshape(parts[i], (parts[i].size,)) for i in bucket]
+        total = p.all_reduce(p.concat(flat, 0), plan.comm, "sum")
+        offset = 0
+        for i in bucket:
+            part = p.slice_(total, [offset], [offset + parts[i].size], [1])
+            means[i] = p.reshape(part, parts[i].shape) / size
+            offset += parts[i].size
+    out = [x for x in means if x is not None]
+    return out[-1], out[:-1]
+
+
+def gradient_buckets(sizes: Sequence[int], itemsize: int, bucket_bytes: int) -> list[list[int]]:
+    """Gradient indices grouped into buckets, last gradient first: the backward pass writes
+    the last layer's gradients first, so the first bucket is complete first.
+
+    A gradient of at least ``bucket_bytes`` is a bucket of its own (exchanged in place, no
+    copy; never split). Smaller ones fill a bucket, in order, until it holds at least
+    ``bucket_bytes`` or a large gradient comes between them (a bucket is complete no later
+    than its neighbours in the backward pass).
+
+    Example:
+        >>> gradient_buckets([40, 2, 3, 1], itemsize=4, bucket_bytes=16)
+        [[3, 2], [1], [0]]
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"gradient buckets: bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[list[int]] = []
+    used = bucket_bytes  # >= bucket_bytes: the next gradient opens a bucket
+    for i in reversed(range(len(sizes))):
+        nbytes = sizes[i] * itemsize
+        if nbytes >= bucket_bytes:
+            buckets.append([i])
+            used = bucket_bytes
+            continue
+        if used >= bucket_bytes:
+            buckets.append([])
+            used = 0
+        buckets[-1].append(i)
+        used += nbytes
+    return buckets
 
 
 def full_grads(plan: StepPlan, params: Any, trainable: Sequence[Tensor]) -> Any:
@@ -333,10 +396,12 @@ def train_step(
 
 
 __all__ = [
+    "BUCKET_BYTES",
     "LossFn",
     "StepPlan",
     "average_over_processes",
     "full_grads",
+    "gradient_buckets",
     "loss_and_grads",
     "loss_grads_and_updated",
     "loss_takes_key",

@@ -183,11 +183,12 @@ class ScalarTrainer:
         scaling = mp.LossScalePolicy(loss_scale_window)
         seed = random.check_seed(seed, "ScalarTrainer")  # even when no loss key uses it
         base_key = tuple(random.key(seed).tolist()) if loss_takes_key(loss_fn) else None
+        self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
+        one_bucket = mode == "compiled" and self.backend == "cuda"
         plan = StepPlan(
             loss_fn, treedef, flags, master, compute, clip_norm, schedule, scaling, base_key,
-            self.comm, accumulate,
+            self.comm, accumulate, bucket_bytes=(1 << 62) if one_bucket else None,
         )  # fmt: skip
-        self.backend = _resolve_backend(backend, fallback) if mode == "compiled" else backend
         kind = strategy_kind(mode, self.backend)
         if kind != "ane" and (example_inputs is not None or device_optimizer or ane_runner):
             raise TypeError(
