@@ -21,9 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad import _indexing
+from shapegrad import _composites, _indexing
 from shapegrad import functional as _F
-from shapegrad.dtypes import DType, DTypeLike, as_dtype
+from shapegrad.dtypes import (
+    DType,
+    DTypeLike,
+    as_dtype,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int32,
+    int64,
+    uint8,
+)
 from shapegrad.ops import prims as _p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt, normalize_axis
@@ -268,15 +280,21 @@ class _TensorMethods(Tensor):
         return _F.var(self, axis, keepdims, ddof, dim=dim, keepdim=keepdim, correction=correction)
 
     def argmax(
-        self, axis: int = -1, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None
+        self,
+        axis: int = -1,
+        keepdims: bool = False,
+        *,
+        dim: int | None = None,
+        keepdim: bool | None = None,
+        dtype: DTypeLike = "int32",
     ) -> Tensor:
-        return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
+        return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim, dtype=dtype)
 
     def any(self) -> Tensor:
-        return _F.max(self.astype("int32"), axis=None) > 0
+        return _composites.any(self)
 
     def all(self) -> Tensor:
-        return _F.min(self.astype("int32"), axis=None) > 0
+        return _composites.all(self)
 
     def exp(self) -> Tensor:
         return _F.exp(self)
@@ -324,6 +342,41 @@ class _TensorMethods(Tensor):
         self, axis: Axis = None, keepdims: bool = False, *, dim: Axis = None, keepdim: bool | None = None
     ) -> Tensor:
         return _F.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
+
+    # --- PyTorch's cast methods: each is ``astype`` (differentiable float -> float). Last
+    # in the class: their names would shadow ``float``/``int``/``bool`` in annotations. ---
+
+    def float(self) -> Tensor:
+        """``x.astype(sg.float32)`` (PyTorch's ``x.float()``)."""
+        return _p.cast(self, float32)
+
+    def double(self) -> Tensor:
+        """``x.astype(sg.float64)``."""
+        return _p.cast(self, float64)
+
+    def half(self) -> Tensor:
+        """``x.astype(sg.float16)``."""
+        return _p.cast(self, float16)
+
+    def bfloat16(self) -> Tensor:
+        """``x.astype(sg.bfloat16)``."""
+        return _p.cast(self, bfloat16)
+
+    def int(self) -> Tensor:
+        """``x.astype(sg.int32)`` (floats truncate toward zero)."""
+        return _p.cast(self, int32)
+
+    def long(self) -> Tensor:
+        """``x.astype(sg.int64)``."""
+        return _p.cast(self, int64)
+
+    def bool(self) -> Tensor:
+        """``x.astype(sg.bool_)``: True where ``x`` is non-zero."""
+        return _p.cast(self, bool_)
+
+    def byte(self) -> Tensor:
+        """``x.astype(sg.uint8)`` (PyTorch's byte is unsigned)."""
+        return _p.cast(self, uint8)
 
 
 class _ElementCount(int):

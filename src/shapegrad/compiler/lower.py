@@ -33,7 +33,7 @@ from shapegrad.compiler.expand import ExprBuilder, FlatIx, flat_index
 from shapegrad.compiler.fusion import FusionPlan
 from shapegrad.compiler.layerloop import emit_layer_loop
 from shapegrad.compiler.target import Target
-from shapegrad.dtypes import DType, as_dtype, bool_, float32, int32
+from shapegrad.dtypes import INTEGER_RANGES, DType, as_dtype, bool_, float32, int32
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, Prim
 from shapegrad.shapes import size_of
@@ -142,7 +142,9 @@ def _neutral(op: str, dtype: DType) -> L.Const:
         return L.Const(dtype, False if dtype == bool_ else 0)
     if dtype.is_float:
         return L.Const(dtype, -math.inf)
-    return L.Const(dtype, False if dtype == bool_ else -(2**31))
+    if dtype == bool_:
+        return L.Const(dtype, False)
+    return L.Const(dtype, INTEGER_RANGES[dtype.numpy][0])  # int32, int64; uint8: 0
 
 
 class KernelBuilder:
