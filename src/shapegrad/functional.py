@@ -670,7 +670,8 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
         raise ValueError(f"one_hot: num_classes must be an integer >= 0, got {num_classes!r}")
     shape = (*labels.shape, num_classes)
-    classes = p.iota(shape, len(shape) - 1, int32, like=labels)
+    kind = int64 if labels.dtype == int64 else int32  # labels and classes compare in one dtype
+    classes = p.iota(shape, len(shape) - 1, kind, like=labels)
     spread = p.broadcast_in_dim(labels, shape, tuple(range(labels.ndim)))
     return p.cast(p.binary(Prim.EQ, spread, classes), as_dtype(dtype))
 
@@ -725,8 +726,11 @@ def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
             "cross_entropy",
             f"integer labels must be [{b}] for logits {fmt(logits.shape)}, got {fmt(labels.shape)}",
         )
-    if labels.dtype != int32:
-        raise DTypeError(f"cross_entropy: labels must be int32 or float, got {labels.dtype}")
+    if labels.dtype != int32 and labels.dtype != int64:
+        raise DTypeError(
+            f"cross_entropy: labels must be int32 or float, got {labels.dtype} (int64 also "
+            "works); cast them with .int()"
+        )
     valid = where(labels >= 0, labels < c, False)
     if not labels.is_traced and labels.size and not bool(valid.all()):
         raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")
