@@ -382,6 +382,11 @@ def test_cuda_source_with_int64_and_uint8_compiles(
             sg.take(x, i.long(), axis=0),
             sg.argmax(x.float(), dtype=sg.int64),
             img**2 + img.min(),
+            y.half(),
+            img.half(),
+            img.bfloat16(),
+            sg.einsum("i,i->", y, y),
+            sg.grad(lambda t: sg.take(t, i.long(), axis=0).sum())(x.float()),
         )
 
     args = (
