@@ -2,9 +2,10 @@
 
 Names are NumPy's; PyTorch's spellings are accepted where they mean the same (``dim=``,
 ``keepdim=``, ``view``, ``flatten(1)``, ``dim()``, ``numel()``, ``swapaxes``, ``expand``,
-``clamp``) and refused with the shapegrad spelling where PyTorch's meaning differs
-(``x.size()``, ``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)``
-on a 3-d tensor, ``x.view(dtype)``).
+``clamp``, the casts ``float() double() half() bfloat16() int() long() bool() byte()``)
+and refused with the shapegrad spelling where PyTorch's meaning differs (``x.size()``,
+``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)`` on a 3-d tensor,
+``x.view(dtype)``).
 
 ``tensor.py`` sits below the primitives and the functional ops (which build Tensors) and
 only declares these for the type checker; they are defined here, as a subclass so that
