@@ -344,8 +344,13 @@ class _TensorMethods(Tensor):
     ) -> Tensor:
         return _F.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
-    # --- PyTorch's cast methods: each is ``astype`` (differentiable float -> float). Last
-    # in the class: their names would shadow ``float``/``int``/``bool`` in annotations. ---
+
+class _CastMethods(Tensor):
+    """PyTorch's cast methods, each ``astype`` (differentiable float -> float). A class of
+    their own: in a class body their names would shadow ``float``/``int``/``bool`` in the
+    annotations after them (see ``tensor._CastMethods``)."""
+
+    __slots__ = ()
 
     def float(self) -> Tensor:
         """``x.astype(sg.float32)`` (PyTorch's ``x.float()``)."""
@@ -405,7 +410,7 @@ def _axes_arg(op: str, axes: tuple[Any, ...]) -> tuple[int, ...] | None:
 
 
 def _install() -> None:
-    for name, value in vars(_TensorMethods).items():
+    for name, value in [*vars(_TensorMethods).items(), *vars(_CastMethods).items()]:
         function = value.fget if isinstance(value, property) else value
         if isinstance(function, FunctionType):
             function.__qualname__ = f"Tensor.{name}"  # what tracebacks and help() show
