@@ -126,10 +126,10 @@ def infer_dtype(value: object) -> DType:
 
 
 _INT32: Final = np.dtype(np.int32)
-_INT32_RANGE: Final = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
 # Value ranges of the integer dtypes, by NumPy dtype (what ``check_fits`` guards).
 INTEGER_RANGES: Final[dict[np.dtype[Any], tuple[int, int]]] = {
-    np.dtype(t): (int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in (np.int32, np.int64, np.uint8)
+    np.dtype(d.numpy): (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max))  # type: ignore[type-var]
+    for d in INTEGER_DTYPES
 }
 
 
