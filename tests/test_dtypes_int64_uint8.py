@@ -385,6 +385,7 @@ def test_cuda_source_with_int64_and_uint8_compiles(
             y.half(),
             img.half(),
             img.bfloat16(),
+            img.half().long() + y.bfloat16().byte().long(),
             sg.einsum("i,i->", y, y),
             sg.grad(lambda t: sg.take(t, i.long(), axis=0).sum())(x.float()),
         )
