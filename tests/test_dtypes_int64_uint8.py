@@ -294,6 +294,30 @@ def test_cast_methods_compile(backend: str) -> None:
         np.testing.assert_array_equal(np.asarray(e, np.float64), np.asarray(c, np.float64))
 
 
+def test_trainer_takes_uint8_images_eager_and_compiled() -> None:
+    """uint8 pixels go into the step as they are and are scaled inside the loss; the
+    compiled C step (uint8 input buffers) follows the eager one."""
+    if _unavailable("c"):
+        pytest.skip(str(_unavailable("c")))
+    from shapegrad import models
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (8, 64)).astype(np.uint8)
+    y = rng.integers(0, 10, 8).astype(np.int32)
+
+    def loss(params: Any, xb: sg.Tensor, yb: sg.Tensor) -> sg.Tensor:
+        assert xb.dtype == sg.uint8
+        return models.digits_loss(params, xb.float() / 255.0, yb)
+
+    runs = []
+    for mode, backend in [("eager", "numpy"), ("compiled", "c")]:
+        params = models.DigitsMLP.init(sg.nn.init.kaiming, seed=0, h=8)
+        trainer = sg.ScalarTrainer(loss, params, mode=mode, backend=backend)
+        runs.append([float(trainer.step(x, y)) for _ in range(3)])
+    assert runs[0][2] < runs[0][0]  # it learns
+    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-5)
+
+
 # --- checkpoints ----------------------------------------------------------------------------
 
 
