@@ -48,6 +48,8 @@ class Case:
         fd_step: finite-difference step (raise it for piecewise-linear-in-rounding ops).
         keeps_dtype: float outputs have the float inputs' dtype.
         skip_modes: mode name -> reason, for a mode that cannot run this case yet.
+        ane_error: a pattern of the AneLoweringError the ANE lowering must raise (a dtype
+            Core ML has no type for), or None: the ANE table tests compare values.
     """
 
     name: str
@@ -62,6 +64,7 @@ class Case:
     fd_step: float = 1e-6
     keeps_dtype: bool = True
     skip_modes: Mapping[str, str] = field(default_factory=dict)
+    ane_error: str | None = None
 
     def arrays(self) -> list[np.ndarray]:
         """The inputs, reproducible per case name."""
@@ -90,6 +93,16 @@ def uniform(lo: float, hi: float, *shape: int) -> Gen:
 
 def ints(lo: int, hi: int, *shape: int) -> Gen:
     return lambda rng: rng.integers(lo, hi, shape).astype(np.int32)
+
+
+def bytes_(*shape: int) -> Gen:
+    """uint8 values over the whole range 0..255."""
+    return lambda rng: rng.integers(0, 256, shape).astype(np.uint8)
+
+
+def nonzero_ints(*shape: int) -> Gen:
+    """int32 values in -9..9 without 0 (divisors)."""
+    return lambda rng: (rng.integers(1, 10, shape) * rng.choice([-1, 1], shape)).astype(np.int32)
 
 
 def bools(*shape: int) -> Gen:
@@ -138,6 +151,7 @@ def check_forward(case: Case, runner: Runner, dtype: type) -> None:
     want = np.asarray(case.ref(*_cast_floats(arrays, np.float64)))
     assert got.shape == want.shape, f"{case.name}: shape {got.shape} != reference {want.shape}"
     if want.dtype.kind == "b" or want.dtype.kind in "iu":
+        assert got.dtype == want.dtype, f"{case.name}: dtype {got.dtype} != reference {want.dtype}"
         np.testing.assert_array_equal(got, want)
         return
     if case.keeps_dtype:

@@ -19,9 +19,11 @@ import shapegrad as sg
 from harness import (
     Case,
     bools,
+    bytes_,
     distinct,
     fixed,
     ints,
+    nonzero_ints,
     normal,
     signs,
     strided,
@@ -557,6 +559,40 @@ def sorting_cases() -> list[Case]:
     ]
 
 
+# Core ML has no int64 or uint8 type: the ANE lowering refuses them by name.
+NO_ANE_INT64 = r"dtype int64, which Core ML does not compute in.*x\.int\(\)"
+NO_ANE_UINT8 = r"dtype uint8, which Core ML does not compute in"
+
+
+def dtype_cases() -> list[Case]:
+    """int64 and uint8 (issue 25): casts, arithmetic (int64 exact; uint8 wraps modulo 256
+    like NumPy's), int64 sums and indices, uint8 images to float, bool masks."""
+    i64 = np.int64
+    return [
+        Case("int64[cast]", lambda x: (x * 3.0).long(), [normal(2, 5)], lambda x: np.trunc(x * 3.0).astype(i64), ("cast",), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[arith]", lambda i: (i.long() * 3 + 2**40) - i.long(), [ints(-1000, 1000, 3, 4)], lambda i: (i.astype(i64) * 3 + 2**40) - i.astype(i64), ("add", "mul", "sub", "cast"), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[div]", lambda i, j: i.long() * 2**33 / j.long(), [ints(-1000, 1000, 3, 4), nonzero_ints(3, 4)], lambda i, j: np.trunc(i.astype(np.float64) * 2**33 / j).astype(i64), ("div",), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[pow_neg]", lambda i: -(i.long() ** 3), [ints(-2000, 2000, 5)], lambda i: -(i.astype(i64) ** 3), ("pow", "neg"), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[sum]", lambda i: sg.sum(i.long() * 2**33, axis=1), [ints(-1000, 1000, 3, 7)], lambda i: np.sum(i.astype(i64) * 2**33, axis=1), ("sum", "reduce_sum"), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[max_min]", lambda i: sg.max(i.long() - 2**40, axis=0) + sg.min(i.long(), axis=0), [ints(-1000, 1000, 4, 3)], lambda i: np.max(i.astype(i64) - 2**40, axis=0) + np.min(i, axis=0), ("max", "min", "reduce_max"), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[take]", lambda x, i: sg.take(x, i.long(), axis=1), [normal(3, 5), ints(-5, 5, 4)], lambda x, i: np.take(x, i, axis=1), ("take", "gather"), diff=(True, False), ane_error=NO_ANE_INT64),
+        Case("int64[argmax]", lambda x: sg.argmax(x, axis=0, dtype=sg.int64), [distinct(5, 3)], lambda x: np.argmax(x, axis=0).astype(i64), ("argmax",), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[argmin]", lambda x: sg.argmin(x, axis=1, dtype=sg.int64), [distinct(3, 5)], lambda x: np.argmin(x, axis=1).astype(i64), ("argmin",), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[arange]", lambda x: sg.arange(2**40, 2**40 + 3 * x.shape[0], 3, dtype=sg.int64), [normal(4)], lambda x: np.arange(2**40, 2**40 + 12, 3, dtype=i64), ("arange",), grad=False, ane_error=NO_ANE_INT64),
+        Case("int64[one_hot]", lambda i: sg.one_hot(i.long(), 5), [ints(0, 5, 2, 3)], lambda i: np.eye(5)[i], ("one_hot",), grad=False, keeps_dtype=False, ane_error=NO_ANE_INT64),
+        Case("int64[cross_entropy]", lambda x, y: sg.cross_entropy(x, y.long()), [normal(4, 5), ints(0, 5, 4)], R.cross_entropy_int, ("cross_entropy",), diff=(True, False), ane_error=NO_ANE_INT64),
+        Case("uint8[to_float]", lambda b, x: b.astype(x.dtype) / 255.0 * x, [bytes_(2, 5), normal(2, 5)], lambda b, x: b / 255.0 * x, ("cast", "div", "mul"), diff=(False, True), ane_error=NO_ANE_UINT8),
+        Case("uint8[from_float]", lambda x: x.byte(), [uniform(0, 255.9, 3, 4)], lambda x: x.astype(np.uint8), ("cast",), grad=False, ane_error=NO_ANE_UINT8),
+        Case("uint8[arith]", lambda b: b * 3 + 200, [bytes_(3, 4)], lambda b: b * 3 + 200, ("mul", "add"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("uint8[sub_neg]", lambda a, b: -(a - b), [bytes_(3, 4), bytes_(3, 4)], lambda a, b: -(a - b), ("sub", "neg"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("uint8[div_pow]", lambda a, b: a / b + b**2, [bytes_(3, 4), lambda rng: rng.integers(1, 256, (3, 4)).astype(np.uint8)], lambda a, b: a // b + b**2, ("div", "pow"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("uint8[where_mask]", lambda b: sg.where(b > 128, b, 255 - b), [bytes_(3, 5)], lambda b: np.where(b > 128, b, 255 - b), ("where", "gt"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("uint8[max_min]", lambda b: sg.maximum(sg.max(b, axis=0), sg.min(b, axis=0) + 100), [bytes_(4, 6)], lambda b: np.maximum(b.max(axis=0), b.min(axis=0) + 100), ("max", "min", "maximum"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("bool[masks]", lambda x: sg.where(sg.all(x > -1.5, axis=1, keepdims=True), (x > 0).byte().bool(), sg.any(x > 1.0)), [normal(4, 3)], lambda x: np.where(np.all(x > -1.5, axis=1, keepdims=True), x > 0, np.any(x > 1.0)), ("where", "all", "any", "cast"), grad=False, ane_error=NO_ANE_UINT8),
+        Case("cast[methods]", lambda x: (x.double() * 2.0).astype(x.dtype) + x.int().float().astype(x.dtype), [normal(3, 4)], lambda x: x * 2.0 + np.trunc(x), ("cast",), fd_step=1e-3),
+    ]
+
+
 CASES: list[Case] = [
     *elementwise_cases(),
     *reduction_cases(),
@@ -567,6 +603,7 @@ CASES: list[Case] = [
     *parity_cases(),
     *issue25_cases(),
     *sorting_cases(),
+    *dtype_cases(),
 ]
 GRAD_CASES = [c for c in CASES if c.grad]
 # fmt: on

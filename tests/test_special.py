@@ -51,3 +51,10 @@ def test_erf_rounds_once_to_the_input_float_dtype_and_widens_integers() -> None:
     ints = erf(np.arange(-3, 4, dtype=np.int32))
     assert ints.dtype == np.float64
     np.testing.assert_allclose(ints, _math_erf(np.arange(-3, 4)), rtol=4e-15)
+
+
+def test_erf_of_a_scalar_and_of_a_matrix_keeps_the_shape() -> None:
+    assert erf(np.array(0.5)).shape == ()
+    np.testing.assert_allclose(erf(np.array(0.5)), math.erf(0.5), rtol=4e-15)
+    m = np.linspace(-3, 3, 12).reshape(3, 4)
+    np.testing.assert_allclose(erf(m), _math_erf(m), rtol=4e-15)

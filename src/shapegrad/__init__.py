@@ -42,6 +42,8 @@ from shapegrad.dtypes import (
     float32,
     float64,
     int32,
+    int64,
+    uint8,
 )
 from shapegrad.functional import (
     abs,
@@ -185,6 +187,7 @@ __all__ = [
     "hessian",
     "hinge",
     "int32",
+    "int64",
     "interpolate",
     "jacfwd",
     "jacrev",
@@ -246,6 +249,7 @@ __all__ = [
     "tril",
     "triu",
     "typechecked",
+    "uint8",
     "unsqueeze",
     "upsample",
     "value_and_grad",

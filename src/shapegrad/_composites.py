@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shapegrad import functional as F
-from shapegrad.dtypes import DTypeError, bfloat16, bool_, float16, float32, int32
+from shapegrad.dtypes import DTypeError, DTypeLike, bfloat16, bool_, float16, float32, int32, uint8
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt, normalize_axes, normalize_axis
@@ -113,8 +113,9 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 # --- reductions -----------------------------------------------------------------------
 
 
-def argmin(x: Tensor, axis: int = -1) -> Tensor:
-    """Index of the first minimum along ``axis`` (int32, not differentiable).
+def argmin(x: Tensor, axis: int = -1, *, dtype: DTypeLike = "int32") -> Tensor:
+    """Index of the first minimum along ``axis`` (int32, or ``dtype=sg.int64``; not
+    differentiable).
 
     Example:
         >>> sg.argmin(sg.tensor([[3.0, 1.0, 1.0], [0.0, 2.0, -1.0]]), axis=1).tolist()
@@ -126,7 +127,7 @@ def argmin(x: Tensor, axis: int = -1) -> Tensor:
     if n == 0:
         raise ShapeError("argmin", f"axis {axis} of {fmt(x.shape)} is empty: no minimum")
     best = F.stop_gradient(F.min(x, axis=axis, keepdims=True))
-    positions = p.iota(x.shape, axis, int32, like=x)
+    positions = p.iota(x.shape, axis, F.index_dtype("argmin", dtype), like=x)
     candidates = F.where(x == best, positions, n)
     return -F.max(-candidates, axis=axis)
 
@@ -368,6 +369,8 @@ def cumsum(x: Tensor, axis: int | None = None) -> Tensor:
     x = p.as_tensor(x, "cumsum")
     if x.dtype == bool_:
         raise DTypeError("cumsum: bool tensors have no sum; cast with .astype('int32')")
+    if x.dtype == uint8:
+        raise DTypeError("cumsum: uint8 sums would wrap at 256; cast with .astype('int32')")
     if x.dtype in (float16, bfloat16):  # low-precision floats accumulate in float32
         return p.cast(cumsum(p.cast(x, float32), axis), x.dtype)
     if axis is None:

@@ -11,7 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from shapegrad.dtypes import DTypeLike, Int32OverflowError, as_dtype, float32, float64, int32
+from shapegrad.dtypes import (
+    DTypeLike,
+    Int32OverflowError,
+    as_dtype,
+    check_fits,
+    float32,
+    float64,
+    int32,
+    int64,
+    uint8,
+)
 from shapegrad.ops import prims
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt
@@ -85,15 +95,21 @@ def arange(
         raise ValueError("arange: step must not be zero")
     integral = all(isinstance(v, int) for v in (start, stop, step))
     target = as_dtype(dtype) if dtype is not None else (int32 if integral else float32)
-    n = max(0, math.ceil((stop - start) / step))
+    # The count: exact for ints of any size (a float division rounds beyond 2**53).
+    exact = -((int(start) - int(stop)) // int(step)) if integral else 0
+    n = max(0, exact if integral else math.ceil((stop - start) / step))
     last = start + (n - 1) * step
     if target == int32 and n and not all(-(2**31) <= v < 2**31 for v in (start, last)):
         raise Int32OverflowError(
             f"arange: int32 values from {start} to {last} do not fit in "
-            f"int32 ({-(2**31)}..{2**31 - 1}); they would wrap around"
+            f"int32 ({-(2**31)}..{2**31 - 1}); they would wrap around (use dtype=sg.int64)"
         )
-    # Count in int32 (exact), do the affine map in float64 when needed, then cast once.
-    work = int32 if integral and target == int32 else float64
+    if target in (int64, uint8) and n:
+        for v in (start, last):
+            check_fits(v, target.numpy, "arange")
+    # Count in int32 (exact), do the affine map in float64 when needed (int64 values in
+    # int64, exact), then cast once.
+    work = target if integral and target in (int32, int64) else float64
     values = prims.iota((n,), 0, work)
     if step != 1:
         values = values * step

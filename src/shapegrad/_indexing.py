@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.dtypes import int32
+from shapegrad.dtypes import int32, int64
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, broadcast_shapes, fmt
 from shapegrad.tensor import Tensor
@@ -115,7 +115,8 @@ def _check_int(i: int, size: int, axis: int, x: Tensor) -> int:
 
 
 def _index_tensor(item: Any, size: int, axis: int, x: Tensor, like: Tensor) -> Tensor:
-    """An int32 index tensor with negative entries wrapped (checked now when concrete)."""
+    """An int32 (or int64) index tensor with negative entries wrapped (checked now when
+    concrete)."""
     if isinstance(item, Tensor):
         if item.dtype.name == "bool":
             raise TypeError(
@@ -123,7 +124,8 @@ def _index_tensor(item: Any, size: int, axis: int, x: Tensor, like: Tensor) -> T
             )
         if item.dtype.is_float:
             raise TypeError(f"index arrays must be integers, got {item.dtype}")
-        idx = p.cast(item, int32) if item.dtype != int32 else item
+        # int64 stays int64 (indices beyond 2**31); uint8 widens exactly to int32
+        idx = item if item.dtype in (int32, int64) else p.cast(item, int32)
         if not idx.is_traced:
             values = idx.numpy()
             if values.size and (values.min() < -size or values.max() >= size):
@@ -143,8 +145,9 @@ def _index_tensor(item: Any, size: int, axis: int, x: Tensor, like: Tensor) -> T
             f"index {array.tolist()} out of range [{-size}, {size}) for axis {axis} of shape "
             f"{fmt(x.shape)}"
         )
-    wrapped = np.where(array < 0, array + size, array).astype(np.int32)
-    return p.constant(wrapped, int32, like=like)
+    kind = int32 if size <= 2**31 else int64  # in range: an axis beyond 2**31 needs int64
+    wrapped = np.where(array < 0, array + size, array).astype(kind.numpy)
+    return p.constant(wrapped, kind, like=like)
 
 
 def _gather_advanced(y: Tensor, kept: list[Any], x: Tensor, adjacent: bool) -> Tensor:

@@ -2,9 +2,10 @@
 
 Names are NumPy's; PyTorch's spellings are accepted where they mean the same (``dim=``,
 ``keepdim=``, ``view``, ``flatten(1)``, ``dim()``, ``numel()``, ``swapaxes``, ``expand``,
-``clamp``) and refused with the shapegrad spelling where PyTorch's meaning differs
-(``x.size()``, ``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)``
-on a 3-d tensor, ``x.view(dtype)``).
+``clamp``, the casts ``float() double() half() bfloat16() int() long() bool() byte()``)
+and refused with the shapegrad spelling where PyTorch's meaning differs (``x.size()``,
+``x.max(dim=)``, ``x.var(dim=)`` without ``ddof``, ``x.transpose(0, 1)`` on a 3-d tensor,
+``x.view(dtype)``).
 
 ``tensor.py`` sits below the primitives and the functional ops (which build Tensors) and
 only declares these for the type checker; they are defined here, as a subclass so that
@@ -21,9 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad import _indexing, _sorting
+from shapegrad import _composites, _indexing, _sorting
 from shapegrad import functional as _F
-from shapegrad.dtypes import DType, DTypeLike, as_dtype
+from shapegrad.dtypes import (
+    DType,
+    DTypeLike,
+    as_dtype,
+    bfloat16,
+    bool_,
+    float16,
+    float32,
+    float64,
+    int32,
+    int64,
+    uint8,
+)
 from shapegrad.ops import prims as _p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, fmt, normalize_axis
@@ -268,9 +281,15 @@ class _TensorMethods(Tensor):
         return _F.var(self, axis, keepdims, ddof, dim=dim, keepdim=keepdim, correction=correction)
 
     def argmax(
-        self, axis: int = -1, keepdims: bool = False, *, dim: int | None = None, keepdim: bool | None = None
+        self,
+        axis: int = -1,
+        keepdims: bool = False,
+        *,
+        dim: int | None = None,
+        keepdim: bool | None = None,
+        dtype: DTypeLike = "int32",
     ) -> Tensor:
-        return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim)
+        return _F.argmax(self, axis, keepdims, dim=dim, keepdim=keepdim, dtype=dtype)
 
     def sort(
         self, axis: int = -1, descending: bool = False, *, dim: int | None = None, stable: bool = True
@@ -288,10 +307,10 @@ class _TensorMethods(Tensor):
         return _sorting.topk(self, k, axis, largest, sorted, dim=dim)
 
     def any(self) -> Tensor:
-        return _F.max(self.astype("int32"), axis=None) > 0
+        return _composites.any(self)
 
     def all(self) -> Tensor:
-        return _F.min(self.astype("int32"), axis=None) > 0
+        return _composites.all(self)
 
     def exp(self) -> Tensor:
         return _F.exp(self)
@@ -341,6 +360,46 @@ class _TensorMethods(Tensor):
         return _F.logsumexp(self, axis, keepdims, dim=dim, keepdim=keepdim)
 
 
+class _CastMethods(Tensor):
+    """PyTorch's cast methods, each ``astype`` (differentiable float -> float). A class of
+    their own: in a class body their names would shadow ``float``/``int``/``bool`` in the
+    annotations after them (see ``tensor._CastMethods``)."""
+
+    __slots__ = ()
+
+    def float(self) -> Tensor:
+        """``x.astype(sg.float32)`` (PyTorch's ``x.float()``)."""
+        return _p.cast(self, float32)
+
+    def double(self) -> Tensor:
+        """``x.astype(sg.float64)``."""
+        return _p.cast(self, float64)
+
+    def half(self) -> Tensor:
+        """``x.astype(sg.float16)``."""
+        return _p.cast(self, float16)
+
+    def bfloat16(self) -> Tensor:
+        """``x.astype(sg.bfloat16)``."""
+        return _p.cast(self, bfloat16)
+
+    def int(self) -> Tensor:
+        """``x.astype(sg.int32)`` (floats truncate toward zero)."""
+        return _p.cast(self, int32)
+
+    def long(self) -> Tensor:
+        """``x.astype(sg.int64)``."""
+        return _p.cast(self, int64)
+
+    def bool(self) -> Tensor:
+        """``x.astype(sg.bool_)``: True where ``x`` is non-zero."""
+        return _p.cast(self, bool_)
+
+    def byte(self) -> Tensor:
+        """``x.astype(sg.uint8)`` (PyTorch's byte is unsigned)."""
+        return _p.cast(self, uint8)
+
+
 class _ElementCount(int):
     """``Tensor.size``: an int (NumPy's element count) that explains PyTorch's ``size()``."""
 
@@ -366,7 +425,7 @@ def _axes_arg(op: str, axes: tuple[Any, ...]) -> tuple[int, ...] | None:
 
 
 def _install() -> None:
-    for name, value in vars(_TensorMethods).items():
+    for name, value in [*vars(_TensorMethods).items(), *vars(_CastMethods).items()]:
         function = value.fget if isinstance(value, property) else value
         if isinstance(function, FunctionType):
             function.__qualname__ = f"Tensor.{name}"  # what tracebacks and help() show

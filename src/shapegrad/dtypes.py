@@ -1,9 +1,20 @@
-"""The six tensor element types and the promotion rule.
+"""The eight tensor element types and the promotion rule.
 
 shapegrad does not promote silently between tensors: ``a + b`` with
-``a.dtype != b.dtype`` is a :class:`DTypeError`; cast explicitly with
-``x.astype(sg.float64)``. Python scalars are *weak*: ``x * 2`` takes the
-dtype of ``x``. Comparisons return ``bool``.
+``a.dtype != b.dtype`` is a :class:`DTypeError` (int32 with int64 included); cast
+explicitly with ``x.astype(sg.float64)``. Python scalars are *weak*: ``x * 2`` takes the
+dtype of ``x`` (and must fit it). Comparisons return ``bool``.
+
+Integers: ``int32`` is the default (Python ints, NumPy int64 arrays passed without a
+dtype, indices, labels); it never wraps silently where a value enters (a constant, an
+index, a sum: :class:`Int32OverflowError`). ``int64`` is asked for by name
+(``sg.tensor(a, dtype=sg.int64)``, ``x.long()``, ``sg.arange(..., dtype=sg.int64)``,
+``argmax(..., dtype=sg.int64)``): indices and counts beyond 2**31; its arithmetic and
+sums wrap at 2**64 like NumPy's and PyTorch's (no overflow check: a check would need
+wider arithmetic than the sum itself, and the range is out of reach of counts and
+indices). ``uint8`` is images and byte masks (NumPy uint8 arrays keep it): casts,
+comparisons, max/min and elementwise arithmetic, which wraps modulo 256 like NumPy's and
+PyTorch's; ``sum``/``cumsum`` refuse it (a total would wrap at 256: cast first).
 
 ``bfloat16`` (8 exponent bits like float32, 8 significand bits) is stored as 16 bits and
 computed in float32 everywhere, each op's result rounded to bfloat16 (to nearest, ties to
@@ -53,8 +64,11 @@ float64: Final = DType("float64", np.dtype(np.float64), True)
 bfloat16: Final = DType("bfloat16", np.dtype(ml_dtypes.bfloat16), True)
 int32: Final = DType("int32", np.dtype(np.int32), False)
 bool_: Final = DType("bool", np.dtype(np.bool_), False)
+int64: Final = DType("int64", np.dtype(np.int64), False)
+uint8: Final = DType("uint8", np.dtype(np.uint8), False)
 
-ALL_DTYPES: Final = (float32, float16, float64, bfloat16, int32, bool_)
+ALL_DTYPES: Final = (float32, float16, float64, bfloat16, int32, bool_, int64, uint8)
+INTEGER_DTYPES: Final = (int32, int64, uint8)
 _BY_NAME: Final = {d.name: d for d in ALL_DTYPES} | {"bool_": bool_, "float": float32}
 
 
@@ -88,8 +102,11 @@ def as_dtype(value: DTypeLike) -> DType:
 
 
 def dtype_of_array(array: npt.NDArray[np.generic]) -> DType:
-    """The shapegrad dtype of a NumPy array (int64 maps to int32, as for Python ints)."""
+    """The shapegrad dtype of a NumPy array: uint8 stays uint8; other integers (int64
+    included, as for Python ints) map to int32, checked to fit; ask for int64 by name."""
     kind = array.dtype.kind
+    if kind == "u" and array.dtype.itemsize == 1:
+        return uint8
     if kind == "i" or kind == "u":
         return int32
     if kind == "f" and array.dtype.itemsize == 8:
@@ -109,40 +126,65 @@ def infer_dtype(value: object) -> DType:
 
 
 _INT32: Final = np.dtype(np.int32)
-_INT32_RANGE: Final = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
+# Value ranges of the integer dtypes, by NumPy dtype (what ``check_fits`` guards).
+INTEGER_RANGES: Final[dict[np.dtype[Any], tuple[int, int]]] = {
+    np.dtype(d.numpy): (int(np.iinfo(d.numpy).min), int(np.iinfo(d.numpy).max))  # type: ignore[type-var]
+    for d in INTEGER_DTYPES
+}
 
 
-class Int32OverflowError(OverflowError, IndexError):
-    """An integer (an index, a label) does not fit in int32, shapegrad's integer type.
+class IntegerOverflowError(OverflowError, IndexError):
+    """An integer does not fit the integer dtype it is converted to (it would wrap).
 
     Both an OverflowError and an IndexError: converting it would silently wrap, and
     for an index or label that would read another row (2**32 + 1 -> 1).
     """
 
 
+class Int32OverflowError(IntegerOverflowError):
+    """An integer (an index, a label) does not fit in int32, shapegrad's default integer
+    type (ask for ``sg.int64`` by name for bigger ones)."""
+
+
 def int32_overflow(array: npt.NDArray[np.generic]) -> int | None:
     """The first value of integer ``array`` outside the int32 range, or None."""
-    if array.dtype.kind not in "iu" or array.size == 0 or np.can_cast(array.dtype, np.int32):
+    return _overflow(array, _INT32)
+
+
+def _overflow(array: npt.NDArray[np.generic], dtype: np.dtype[np.generic]) -> int | None:
+    """The first value of integer ``array`` outside ``dtype``'s range, or None."""
+    if array.dtype.kind == "O" and array.size:  # Python ints beyond int64
+        lo, hi = INTEGER_RANGES[dtype]
+        ints = [v for v in array.flat if isinstance(v, int) and not lo <= v <= hi]
+        return int(ints[0]) if ints else None
+    if array.dtype.kind not in "iu" or array.size == 0 or np.can_cast(array.dtype, dtype):
         return None
-    lo, hi = _INT32_RANGE
+    lo, hi = INTEGER_RANGES[dtype]
     values: Any = array
-    bad = (values < lo) | (values > hi)
+    bad = values > hi if array.dtype.kind == "u" else (values < lo) | (values > hi)
     return int(values[bad].flat[0]) if bad.any() else None
 
 
 def check_fits(value: object, dtype: np.dtype[np.generic], what: str = "") -> None:
-    """Raise :class:`Int32OverflowError` when converting ``value`` to ``dtype`` would wrap."""
-    if dtype != _INT32:
+    """Raise :class:`IntegerOverflowError` (:class:`Int32OverflowError` for int32) when
+    converting ``value`` to the integer ``dtype`` would wrap."""
+    if dtype not in INTEGER_RANGES:
         return
-    source = value if isinstance(value, np.ndarray) else np.asarray(value)
-    if source.dtype == _INT32 or source.dtype.kind not in "iu":  # the common case: nothing to do
-        return
-    bad = int32_overflow(source)
+    if isinstance(value, int) and not isinstance(value, bool):
+        lo, hi = INTEGER_RANGES[dtype]
+        bad: int | None = None if lo <= value <= hi else value
+    else:
+        source = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if source.dtype == dtype or source.dtype.kind not in "iuO":  # the common case
+            return
+        bad = _overflow(source, dtype)
     if bad is not None:
-        raise Int32OverflowError(
-            f"{what or 'tensor'}: integer {bad} does not fit in int32 (shapegrad's integer "
-            f"type holds {_INT32_RANGE[0]}..{_INT32_RANGE[1]}); it would wrap around"
-            f"{describe_caller()}"
+        lo, hi = INTEGER_RANGES[dtype]
+        error = Int32OverflowError if dtype == _INT32 else IntegerOverflowError
+        hint = "; use sg.int64 for bigger integers" if dtype == _INT32 else ""
+        raise error(
+            f"{what or 'tensor'}: integer {bad} does not fit in {dtype} ({lo}..{hi}); it would "
+            f"wrap around{hint}{describe_caller()}"
         )
 
 
@@ -152,7 +194,7 @@ def to_numpy(
     """``np.asarray(value, dtype)`` (a copy when ``copy``) that refuses to wrap integers.
 
     Raises:
-        Int32OverflowError: an integer does not fit int32 (the message names ``what``).
+        IntegerOverflowError: an integer does not fit ``dtype`` (the message names ``what``).
     """
     check_fits(value, dtype, what)
     return np.array(value, dtype=dtype, copy=True) if copy else np.asarray(value, dtype=dtype)

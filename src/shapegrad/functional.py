@@ -13,7 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.dtypes import DTypeError, Int32OverflowError, int32, int32_overflow
+from shapegrad.dtypes import (
+    DType,
+    DTypeError,
+    DTypeLike,
+    Int32OverflowError,
+    int32,
+    int32_overflow,
+    int64,
+    uint8,
+)
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
 from shapegrad.shapes import ShapeError, describe_caller, fmt, normalize_axes, normalize_axis
@@ -213,13 +222,20 @@ def sum(
 ) -> Tensor:
     """Sum over ``axis`` (all axes when None; PyTorch's ``dim=``/``keepdim=`` also work).
 
-    An int32 sum stays int32 (shapegrad has no int64) and never wraps: it is accumulated
-    exactly (in float64) and a total outside the int32 range raises
-    :class:`~shapegrad.dtypes.Int32OverflowError` eagerly, an IndexError with the same
-    message from compiled code (the error-flag contract); cast to float64 for big totals.
+    An int32 sum stays int32 and never wraps: it is accumulated exactly (in float64) and
+    a total outside the int32 range raises :class:`~shapegrad.dtypes.Int32OverflowError`
+    eagerly, an IndexError with the same message from compiled code (the error-flag
+    contract); cast to int64 or float64 for big totals. An int64 sum is exact in int64
+    (wrapping at 2**64 like NumPy's, unchecked); a uint8 sum is refused (it would wrap at
+    256: cast first).
     """
     axis, keepdims = _torch_axis("sum", axis, dim), _torch_keep("sum", keepdims, keepdim)
     axes = normalize_axes("sum", axis, x.ndim)
+    if x.dtype == uint8:
+        raise DTypeError(
+            f"sum: a uint8 total would wrap at 256 (uint8{fmt(x.shape)}); sum "
+            "x.astype(sg.int32) or x.float() instead"
+        )
     if x.dtype == int32 and axes:
         return _keep(x, _int32_sum(x, axes), axes, keepdims)
     return _keep(x, p.reduce_sum(x, axes), axes, keepdims)
@@ -296,6 +312,8 @@ def min(
     if dim is not None:
         _no_torch_dim("min", dim, _VALUES_ONLY.format(op="min", dim=dim, index=f"(-x).argmax(axis={dim!r})"))
     keepdims = _torch_keep("min", keepdims, keepdim)
+    if x.dtype == uint8:  # -x wraps modulo 256; 255 - x reverses the order exactly
+        return 255 - max(255 - x, axis=axis, keepdims=keepdims)
     return -max(-x, axis=axis, keepdims=keepdims)
 
 
@@ -396,17 +414,19 @@ def argmax(
     *,
     dim: int | None = None,
     keepdim: bool | None = None,
+    dtype: DTypeLike = "int32",
 ) -> Tensor:
-    """Index of the first maximum along ``axis`` (int32, not differentiable).
+    """Index of the first maximum along ``axis`` (int32, or ``dtype=sg.int64``; not
+    differentiable).
 
     PyTorch's ``dim=``/``keepdim=`` are accepted for ``axis=``/``keepdims=``.
     """
     axis = normalize_axis("argmax", _torch_axis("argmax", axis, dim, default=-1), x.ndim)
     if _torch_keep("argmax", keepdims, keepdim):
-        return expand_dims(argmax(x, axis), axis)
+        return expand_dims(argmax(x, axis, dtype=dtype), axis)
     n = x.shape[axis]
     best = stop_gradient(max(x, axis=axis, keepdims=True))
-    positions = p.iota(x.shape, axis, int32, like=x)
+    positions = p.iota(x.shape, axis, index_dtype("argmax", dtype), like=x)
     candidates = where(x == best, positions, n)
     return -max(-candidates, axis=axis)
 
@@ -575,12 +595,24 @@ def slice(
     return p.slice_(x, starts, stops, steps)
 
 
+def index_dtype(op: str, dtype: DTypeLike) -> DType:
+    """``dtype`` as the dtype of indices ``op`` returns: int32 or int64."""
+    from shapegrad.dtypes import as_dtype
+
+    target = as_dtype(dtype)
+    if target != int32 and target != int64:
+        raise DTypeError(f"{op}: indices are int32 or int64, got dtype={target}")
+    return target
+
+
 def _indices(op: str, indices: Any, like: Tensor) -> Tensor:
     if not isinstance(indices, Tensor):
         _check_integers(op, "indices", indices)
     idx = indices if isinstance(indices, Tensor) else p.constant(indices, int32, like=like)
-    if idx.dtype != int32:
-        raise DTypeError(f"{op}: indices must be int32, got {idx.dtype}")
+    if idx.dtype != int32 and idx.dtype != int64:
+        raise DTypeError(
+            f"{op}: indices must be int32, got {idx.dtype} (or int64 for indices beyond 2**31)"
+        )
     return idx
 
 
@@ -638,7 +670,8 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
         raise ValueError(f"one_hot: num_classes must be an integer >= 0, got {num_classes!r}")
     shape = (*labels.shape, num_classes)
-    classes = p.iota(shape, len(shape) - 1, int32, like=labels)
+    kind = int64 if labels.dtype == int64 else int32  # labels and classes compare in one dtype
+    classes = p.iota(shape, len(shape) - 1, kind, like=labels)
     spread = p.broadcast_in_dim(labels, shape, tuple(range(labels.ndim)))
     return p.cast(p.binary(Prim.EQ, spread, classes), as_dtype(dtype))
 
@@ -693,8 +726,11 @@ def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
             "cross_entropy",
             f"integer labels must be [{b}] for logits {fmt(logits.shape)}, got {fmt(labels.shape)}",
         )
-    if labels.dtype != int32:
-        raise DTypeError(f"cross_entropy: labels must be int32 or float, got {labels.dtype}")
+    if labels.dtype != int32 and labels.dtype != int64:
+        raise DTypeError(
+            f"cross_entropy: labels must be int32 or float, got {labels.dtype} (int64 also "
+            "works); cast them with .int()"
+        )
     valid = where(labels >= 0, labels < c, False)
     if not labels.is_traced and labels.size and not bool(valid.all()):
         raise IndexError(f"cross_entropy: labels must lie in [0, {c}), got {labels.tolist()}")

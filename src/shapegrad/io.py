@@ -525,7 +525,9 @@ class _Reader:
                 _stored(want).dtype,
                 want.nbytes,
             )
-            loaded[key] = tensor(got.view(want.dtype) if got.dtype != want.dtype else got)
+            value = got.view(want.dtype) if got.dtype != want.dtype else got
+            # a tensor leaf's dtype comes back as saved (an int64 array alone would be int32)
+            loaded[key] = tensor(value, dtype=ref.dtype if isinstance(ref, Tensor) else None)
         return _rebuild(like, section, names, loaded)
 
 

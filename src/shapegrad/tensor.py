@@ -47,7 +47,26 @@ class TraceError(RuntimeError):
     """A traced (compiled) value was used as if it were concrete data."""
 
 
-class Tensor:
+class _CastMethods:
+    """PyTorch's cast methods, declared for the type checker (``_tensor_methods`` defines
+    them). A class of their own: in Tensor's body their names would shadow the builtins
+    ``float``/``int``/``bool`` in every annotation after them."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        def float(self) -> Tensor: ...
+        def double(self) -> Tensor: ...
+        def half(self) -> Tensor: ...
+        def bfloat16(self) -> Tensor: ...
+        def int(self) -> Tensor: ...
+        def long(self) -> Tensor: ...
+        def bool(self) -> Tensor: ...
+        def byte(self) -> Tensor: ...
+
+
+class Tensor(_CastMethods):
     """An n-dimensional array value. Create eager tensors with :func:`shapegrad.tensor`.
 
     Example:
@@ -262,6 +281,7 @@ class Tensor:
             *,
             dim: int | None = None,
             keepdim: bool | None = None,
+            dtype: DTypeLike = "int32",
         ) -> Tensor: ...
         def sort(
             self,

@@ -37,6 +37,8 @@ C_TYPES = {
     "bfloat16": "float",  # computed in float32; stored as 16 bits (STORAGE_TYPES)
     "int32": "int32_t",
     "bool": "uint8_t",
+    "int64": "int64_t",  # CUDA C++ has it too (the same type as long long there)
+    "uint8": "uint8_t",
 }
 
 # How a buffer of each element type is stored, where that differs from how its values are
@@ -64,6 +66,20 @@ HELPERS = r"""
     if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
     while (b) {{ if (b & 1) r *= base; base *= base; b >>= 1; }}
     return (int32_t)r;
+}}
+{q} int64_t sg_maxl(int64_t a, int64_t b) {{ return a > b ? a : b; }}
+{q} int64_t sg_minl(int64_t a, int64_t b) {{ return a < b ? a : b; }}
+{q} int64_t sg_ldiv(int64_t a, int64_t b) {{
+    /* as sg_idiv, in 64 bits */
+    if (b == 0) return a;
+    if (b == -1) return (int64_t)(0ull - (uint64_t)a);
+    return a / b;
+}}
+{q} int64_t sg_lpow(int64_t a, int64_t b) {{
+    uint64_t r = 1u, base = (uint64_t)a;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    while (b) {{ if (b & 1) r *= base; base *= base; b >>= 1; }}
+    return (int64_t)r;
 }}
 {q} float sg_bf2f(uint16_t h) {{
     union {{ uint32_t u; float f; }} v; v.u = (uint32_t)h << 16; return v.f;
@@ -94,7 +110,9 @@ FLOAT_FUNCTIONS = {
 }
 ARITH = {"add": "+", "sub": "-", "mul": "*"}
 COMPARE = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i", "bfloat16": "f"}
+MINMAX_SUFFIX = {"float32": "f", "float64": "d", "int32": "i", "bfloat16": "f", "int64": "l"}
+# Integer types with a 64-bit helper (``sg_ldiv``, ``sg_lpow``) instead of the int32 one.
+WIDE_INT = frozenset({"int64"})
 # Element types whose values are float32 in generated code (the f-suffixed functions).
 FLOAT32_VALUES = frozenset({"float32", "float16", "bfloat16"})
 NOT_ROUNDED = frozenset({*COMPARE, "and"})  # binary ops whose result is not a float
@@ -152,7 +170,10 @@ class CStyleRenderer:
         iv = int(v)
         if iv == -(2**31):
             return "(-2147483647 - 1)"
-        return str(iv) if iv >= 0 else f"({iv})"
+        if iv == -(2**63):
+            return "(-9223372036854775807LL - 1)"
+        text = str(iv) if -(2**31) < iv < 2**31 else f"{iv}LL"  # a literal beyond int32
+        return text if iv >= 0 else f"({text})"
 
     def affine(self, a: L.Affine) -> str:
         parts = []
@@ -188,6 +209,10 @@ class CStyleRenderer:
                 return f"(uint8_t)({self.expr(e.x)} != 0)"
             if e.dtype.name == "bfloat16":
                 return f"sg_bfround((float)({self.expr(e.x)}))"
+            if e.dtype.name == "uint8" and e.x.dtype.is_float:
+                # via int64: an out-of-range float wraps modulo 256 as NumPy's cast does on
+                # x86 (a direct float -> uint8_t conversion is undefined in C)
+                return f"(uint8_t)(int64_t)({self.expr(e.x)})"
             return f"({self.type_name(e.dtype)})({self.expr(e.x)})"
         if isinstance(e, L.IndexValue):
             return f"(int32_t)({self.affine(e.index)})"
@@ -219,7 +244,13 @@ class CStyleRenderer:
 
     def unary(self, op: str, dtype: DType, x: str) -> str:
         if op == "neg":
+            if dtype.name == "int64":  # wraps like NumPy (no signed-overflow UB)
+                return f"(int64_t)(0ull - (uint64_t)({x}))"
+            if dtype.name == "uint8":  # modulo 256
+                return f"(uint8_t)(-({x}))"
             return f"(-({x}))"
+        if dtype.name == "uint8":  # abs: unsigned values are their own
+            return x
         if not dtype.is_float:
             return f"({x} < 0 ? -{x} : {x})" if op == "abs" else x
         suffix = "f" if dtype.name in FLOAT32_VALUES else ""
@@ -238,23 +269,36 @@ class CStyleRenderer:
         if op in ARITH:
             if dtype.name == "int32":  # wrap like NumPy instead of signed-overflow UB
                 return f"(int32_t)((uint32_t){a} {ARITH[op]} (uint32_t){b})"
+            if dtype.name == "int64":
+                return f"(int64_t)((uint64_t){a} {ARITH[op]} (uint64_t){b})"
+            if dtype.name == "uint8":  # computed in int, wrapped modulo 256 by the cast
+                return f"(uint8_t)({a} {ARITH[op]} {b})"
             return f"({a} {ARITH[op]} {b})"
         if op == "div":
-            return f"({a} / {b})" if dtype.is_float else f"sg_idiv({a}, {b})"
+            if dtype.is_float:
+                return f"({a} / {b})"
+            return self._integer(dtype, f"sg_{'l' if dtype.name in WIDE_INT else 'i'}div({a}, {b})")
         if op == "pow":
             if not dtype.is_float:
-                return f"sg_ipow({a}, {b})"
+                return self._integer(dtype, f"sg_{'l' if dtype.name in WIDE_INT else 'i'}pow({a}, {b})")
             if dtype.name == "float16":
                 return f"(({self.type_name(dtype)})powf((float){a}, (float){b}))"
             return f"pow{'f' if dtype.name in FLOAT32_VALUES else ''}({a}, {b})"
         if op in ("max", "min"):
             if dtype.name == "bool":
                 return f"({a} {'|' if op == 'max' else '&'} {b})"
+            if dtype.name == "uint8":
+                return f"(uint8_t)sg_{op}i({a}, {b})"
             kind = MINMAX_SUFFIX.get(dtype.name)
             if kind is None:
                 return f"(({self.type_name(dtype)})sg_{op}f((float){a}, (float){b}))"
             return f"sg_{op}{kind}({a}, {b})"
         raise NotImplementedError(f"{type(self).__name__}: binary {op}")
+
+    def _integer(self, dtype: DType, call: str) -> str:
+        """An int32/int64 helper's result in ``dtype`` (uint8 values go through int32 and
+        come back modulo 256, as NumPy's uint8 arithmetic wraps)."""
+        return f"(uint8_t){call}" if dtype.name == "uint8" else call
 
     # -- statements ---------------------------------------------------------------------------
     def emit(self, depth: int, text: str) -> None:

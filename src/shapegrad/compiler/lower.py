@@ -34,7 +34,7 @@ from shapegrad.compiler.fusion import FusionPlan
 from shapegrad.compiler.layerloop import emit_layer_loop
 from shapegrad.compiler.sorting import emit_argsort
 from shapegrad.compiler.target import Target
-from shapegrad.dtypes import DType, as_dtype, bool_, float32, int32
+from shapegrad.dtypes import INTEGER_RANGES, DType, DTypeError, as_dtype, bool_, float32, int32
 from shapegrad.ir import Graph, Node
 from shapegrad.ops.protocol import COLLECTIVES, Prim
 from shapegrad.shapes import size_of
@@ -143,7 +143,9 @@ def _neutral(op: str, dtype: DType) -> L.Const:
         return L.Const(dtype, False if dtype == bool_ else 0)
     if dtype.is_float:
         return L.Const(dtype, -math.inf)
-    return L.Const(dtype, False if dtype == bool_ else -(2**31))
+    if dtype == bool_:
+        return L.Const(dtype, False)
+    return L.Const(dtype, INTEGER_RANGES[dtype.numpy][0])  # int32, int64; uint8: 0
 
 
 class KernelBuilder:
@@ -609,8 +611,14 @@ class KernelBuilder:
         op = node.attr.get("op", "sum")
         reduces = kind in ("all_reduce", "reduce_scatter")
         work = dtype
-        if reduces and dtype.name in ("float16", "bfloat16", "bool"):
+        if reduces and dtype.name in ("float16", "bfloat16", "bool", "uint8"):
             work = float32 if dtype.is_float else int32
+        if reduces and dtype.name == "int64":  # native MPI handles: float32/64, int32, bytes
+            raise DTypeError(
+                f"{node.prim.value}: compiled collectives reduce float32, float64 and int32, "
+                f"not int64 ({node.aval}); cast with .astype(sg.float64) or .int() first, or "
+                "run it eagerly"
+            )
         body: list[L.Stmt] = []
         n_in, n_out = size_of(x.shape), size_of(node.shape)
         send, recv = src, dst

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mypy.nodes import Expression, ListExpr, MemberExpr, TupleExpr
+from mypy.nodes import Expression, ListExpr, MemberExpr, NameExpr, TupleExpr
 from mypy.types import Instance, get_proper_type
 
 from . import algebra as A
@@ -378,17 +378,43 @@ def _eye(call: Call) -> TShape | None:
 
 def _astype(call: Call) -> TShape | None:
     x = _x(call)
-    name = str_of(call.expr("dtype", 0)) or ""
+    dtype = call.expr("dtype", 0)
+    # "int64", or sg.int64 / np.uint8 (the attribute's name)
+    name = str_of(dtype) or (dtype.name if isinstance(dtype, MemberExpr | NameExpr) else "")
     kind = (
         "float"
-        if name.startswith("float")
+        if name.startswith(("float", "bfloat"))
         else "int"
-        if name.startswith("int")
+        if name.startswith(("int", "uint"))
         else "bool"
-        if name == "bool"
+        if name in ("bool", "bool_")
         else None
     )
     return None if x is None else TShape(x.shape.dims, kind)
+
+
+def _cast_to(kind: str) -> Rule:
+    """PyTorch's cast methods (``x.float()``, ``x.long()``, ``x.byte()``, ...): the shape
+    kept, the element kind the method names."""
+
+    def rule(call: Call) -> TShape | None:
+        x = _x(call)
+        return None if x is None else TShape(x.shape.dims, kind)
+
+    return rule
+
+
+# Tensor's cast methods and the element kind each gives (uint8 is an "int", as UInt8 is).
+_CASTS = {
+    "float": "float",
+    "double": "float",
+    "half": "float",
+    "bfloat16": "float",
+    "int": "int",
+    "long": "int",
+    "byte": "int",
+    "bool": "bool",
+}
 
 
 def _broadcast_to(call: Call) -> TShape | None:
@@ -539,4 +565,5 @@ METHOD_RULES: dict[str, Rule] = {
     "broadcast_to": _broadcast_to,
     "sort": CR.sort_like("sort"),
     "argsort": CR.sort_like("argsort"),
+    **{name: _cast_to(kind) for name, kind in _CASTS.items()},
 }

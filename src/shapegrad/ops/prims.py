@@ -218,7 +218,7 @@ def weak_scalar(value: Any, dtype: DType) -> Any:
 
     Raises:
         DTypeError: a float value meets a non-float tensor.
-        Int32OverflowError: an integer does not fit int32.
+        IntegerOverflowError: an integer does not fit the (integer) dtype.
     """
     if type(value) is float and dtype.is_float:  # the common case: nothing to check
         return dtype.numpy.type(value)
@@ -226,7 +226,7 @@ def weak_scalar(value: Any, dtype: DType) -> Any:
     if (kind == "f" or (kind is None and isinstance(value, float))) and not dtype.is_float:
         raise DTypeError(f"cannot combine a float value with a {dtype} tensor; cast with .astype()")
     target = dtype.numpy
-    if target.kind == "i" and not (isinstance(value, np.generic) and value.dtype == target):
+    if target.kind in "iu" and not (isinstance(value, np.generic) and value.dtype == target):
         check_fits(value, target, "constant")
     return target.type(value)
 

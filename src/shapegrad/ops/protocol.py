@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shapegrad.dtypes import DType, DTypeError, as_dtype, bool_, check_fits, int32
+from shapegrad.dtypes import DType, DTypeError, as_dtype, bool_, check_fits, int32, int64
 from shapegrad.shapes import Shape, ShapeError, fmt, resolve_reshape
 
 Attrs = Mapping[str, Any]
@@ -349,8 +349,8 @@ def _infer_layout(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
 def _infer_indexing(prim: Prim, avals: Sequence[AVal], attrs: Attrs) -> AVal:
     x, idx = avals
     axis: int = attrs["axis"]
-    if idx.dtype != int32:
-        raise DTypeError(f"{prim.value}: indices must be int32, got {idx.dtype}")
+    if idx.dtype != int32 and idx.dtype != int64:
+        raise DTypeError(f"{prim.value}: indices must be int32 or int64, got {idx.dtype}")
     if prim is Prim.GATHER:
         return AVal(x.shape[:axis] + idx.shape + x.shape[axis + 1 :], x.dtype)
     # SCATTER_ADD: x are the updates shaped like a gather result; output has `size` on axis.

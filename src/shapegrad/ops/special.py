@@ -56,7 +56,7 @@ def erf(x: Array) -> Array:
     """The error function, elementwise, computed in float64 and rounded once to ``x``'s
     float dtype (integers give float64)."""
     x = np.asarray(x)
-    a = np.abs(x.astype(np.float64))
+    a = np.abs(x.astype(np.float64)).ravel()  # 1-d: a 0-d index would gather a scalar
     scaled = np.minimum(a * (1 / _WIDTH), _INTERVALS - 0.5)
     index = np.nan_to_num(scaled, nan=0.0).astype(np.intp)
     t = (a - (index + 0.5) * _WIDTH) * (2 / _WIDTH)
@@ -68,5 +68,5 @@ def erf(x: Array) -> Array:
     out[small] = _series_near_zero(a[small])
     out[a >= _INTERVALS * _WIDTH] = 1.0
     out[np.isnan(a)] = np.nan
-    signed: Array = np.copysign(out, x)
+    signed: Array = np.copysign(out.reshape(x.shape), x)
     return signed.astype(x.dtype) if x.dtype.kind == "f" else signed

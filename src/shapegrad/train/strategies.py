@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shapegrad import tree
-from shapegrad.dtypes import DType, int32
+from shapegrad.dtypes import DType, int32, uint8
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.tensor import Tensor
@@ -437,7 +437,8 @@ class FunctionCache:
 
 
 def convert_input(x: Any, compute: DType) -> Any:
-    """A batch input as the step takes it: floats in ``compute``, integers as int32."""
+    """A batch input as the step takes it: floats in ``compute``, integers as int32
+    (checked to fit), uint8 (images) as it is."""
     if isinstance(x, Tensor):
         return p.cast(x, compute) if x.dtype.is_float and not x.is_traced else x
     if isinstance(x, np.ndarray | list):
@@ -445,7 +446,7 @@ def convert_input(x: Any, compute: DType) -> Any:
         if array.dtype.kind == "f":
             return tensor(array, compute)
         if array.dtype.kind in "iu":
-            return tensor(array, int32)
+            return tensor(array, uint8 if array.dtype == uint8.numpy else int32)
         return tensor(array)
     return x
 

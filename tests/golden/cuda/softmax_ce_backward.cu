@@ -23,6 +23,20 @@ static __device__ __forceinline__ int32_t sg_ipow(int32_t a, int32_t b) {
     while (b) { if (b & 1) r *= base; base *= base; b >>= 1; }
     return (int32_t)r;
 }
+static __device__ __forceinline__ int64_t sg_maxl(int64_t a, int64_t b) { return a > b ? a : b; }
+static __device__ __forceinline__ int64_t sg_minl(int64_t a, int64_t b) { return a < b ? a : b; }
+static __device__ __forceinline__ int64_t sg_ldiv(int64_t a, int64_t b) {
+    /* as sg_idiv, in 64 bits */
+    if (b == 0) return a;
+    if (b == -1) return (int64_t)(0ull - (uint64_t)a);
+    return a / b;
+}
+static __device__ __forceinline__ int64_t sg_lpow(int64_t a, int64_t b) {
+    uint64_t r = 1u, base = (uint64_t)a;
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+    while (b) { if (b & 1) r *= base; base *= base; b >>= 1; }
+    return (int64_t)r;
+}
 static __device__ __forceinline__ float sg_bf2f(uint16_t h) {
     union { uint32_t u; float f; } v; v.u = (uint32_t)h << 16; return v.f;
 }

@@ -29,7 +29,8 @@ Every primitive is classified for the report: ``native`` (one MIL op),
   int/bool pad (through fp32).
 * folded: iota (const line), random_uniform (static seed), stop_gradient,
   float->float casts within one compute type.
-* unsupported (AneLoweringError): zero-size tensors, bool scatter_add.
+* unsupported (AneLoweringError): zero-size tensors, bool scatter_add, int64 and
+  uint8 tensors (no Core ML type for them).
 
 Example:
     >>> mil = lower_to_mil(graph)          # doctest: +SKIP
@@ -479,6 +480,26 @@ _RULES: dict[Prim, Rule] = {
 # --- the function boundary -----------------------------------------------------------
 
 
+# Element types Core ML's I/O and compute types (fp16, fp32, int32, bool) cannot hold.
+_NO_ANE_DTYPES = {
+    "int64": "cast to int32 first (x.int()) where the values fit",
+    "uint8": "cast to float32 (x.float()) or int32 (x.int()) first",
+}
+
+
+def _refuse_dtypes(graph: Graph) -> None:
+    """An int64 or uint8 tensor anywhere in the graph: a clear error before any MIL."""
+    for node in [*graph.inputs, *graph.nodes()]:
+        fix = _NO_ANE_DTYPES.get(node.aval.dtype.name)
+        if fix is not None:
+            what = f"input {node.attr.get('name', '')!r}" if node.prim is Prim.INPUT else ""
+            raise AneLoweringError(
+                what or node.prim.value,
+                f"{node.aval} has dtype {node.aval.dtype}, which Core ML does not compute in "
+                f"(fp16, fp32, int32, bool); {fix}",
+            )
+
+
 def _placeholders(graph: Graph) -> tuple[dict[str, Any], list[str]]:
     """MIL placeholders for the graph inputs (rank 0 as ``[1]``, bool as int32)."""
     mb, types = builder(), types_module()
@@ -547,6 +568,7 @@ def lower_to_mil(
     """
     if precision not in PRECISIONS:
         raise ValueError(f"ane precision must be one of {PRECISIONS}, got {precision!r}")
+    _refuse_dtypes(graph)
     specs, names = _placeholders(graph)
     lo = _Lowerer(precision, fp32_nodes)
     inputs = {node.id for node in graph.inputs}
