@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.autodiff import backward
+from shapegrad._custom_vjp import StagedRule, register_stager, replay_marker
+from shapegrad.autodiff import CustomRule, CustomVjpCall, backward
 from shapegrad.ir import Graph, Node, topological_order
 from shapegrad.ops import prims as p
 from shapegrad.ops.graph import GraphOps
@@ -86,15 +87,66 @@ def replay(
     env: dict[int, Tensor] = {n.id: a for n, a in zip(graph.inputs, args, strict=True)}
     env.update(substitute or {})
     like = args[0] if args else None
-    for node in topological_order(graph.outputs):
+    return replay_nodes(graph.outputs, env, like)
+
+
+def replay_nodes(
+    targets: Sequence[Node],
+    env: dict[int, Tensor],
+    like: Tensor | None,
+    unbound: str = "replay: input {} is not bound",
+) -> list[Tensor]:
+    """Values of ``targets`` re-run as primitives from the values already in ``env`` (which
+    receives every value computed). A custom_vjp marker is rebuilt with its arguments'
+    values here (``_custom_vjp.replay_marker``), so it can be differentiated here."""
+
+    def value_of(node: Node) -> Tensor:
+        return replay_nodes([node], env, like, unbound)[0]
+
+    for node in topological_order(targets):
         if node.id in env:
             continue
         if node.prim is Prim.INPUT:
-            raise ValueError(f"replay: input {node.attr.get('name')} is not bound")
+            raise ValueError(unbound.format(node.attr.get("name")))
         ins = [env[i.id] for i in node.inputs]
+        if node.prim is Prim.STOP_GRADIENT and "custom_vjp" in node.attr:
+            env[node.id] = replay_marker(node.attr, ins[0], value_of)
+            continue
         ops = like._ops if (like is not None and not ins) else None
         env[node.id] = p.bind(node.prim, ins, ops=ops, **node.attr)
-    return [env[o.id] for o in graph.outputs]
+    return [env[t.id] for t in targets]
+
+
+def _stage(ops: GraphOps, call: CustomVjpCall, aval: AVal) -> StagedRule:
+    """``call``'s backward traced once as a sub-graph of the cotangent, its other inputs
+    lifted into ``ops`` (the call's trace), for ``replay_marker`` (see ``_custom_vjp``)."""
+    inputs = tuple(ops.lift(t) for t in call.inputs)
+    rule = call.rule
+    assert rule is not None
+    present: list[int] = []  # inputs that get a cotangent (not None)
+
+    def fn(ins: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        cts = rule(ins[0], [True] * len(inputs))
+        present[:] = [k for k, c in enumerate(cts) if c is not None]
+        return [], [c for c in cts if c is not None]
+
+    staged, captured = trace_body(fn, [aval], 0, 0, f"{call.name}_bwd")
+    captures = tuple(ops.lift(c) for c in captured)
+    n = len(inputs)
+
+    def make_rule(values: Sequence[Tensor]) -> CustomRule:
+        def replayed(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
+            result: list[Tensor | None] = [None] * n
+            for k, g in zip(present, replay(staged.graph, [ct, *values]), strict=True):
+                result[k] = g
+            return result
+
+        return replayed
+
+    return StagedRule(inputs, captures, make_rule)
+
+
+register_stager(_stage)
 
 
 # --- binding and unpacking ----------------------------------------------------------------
