@@ -1,5 +1,9 @@
 """``sg.vmap``: the batching interpreter against a Python loop over the batch and against
-``torch.func.vmap``; per-example gradients; nesting; axes; composition; errors."""
+``torch.func.vmap``; per-example gradients; nesting; axes; composition; errors.
+
+Op-table rows against a loop: a sample by default (eager, compiled numpy and C), every row
+with ``-m slow``. Each primitive against ``torch.func.vmap``: ``test_prim_transforms_torch.py``.
+"""
 
 from __future__ import annotations
 
@@ -389,15 +393,33 @@ def test_nested_vmap_of_grad_is_a_per_pair_gradient() -> None:
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in _SAMPLE][:12], ids=lambda c: c.name)
-def test_vmap_of_op_table_rows_compiles(case: Case) -> None:
-    """The batched function traces to an ordinary graph (numpy backend: the reference)."""
+def _check_compiled(case: Case, backend: str) -> None:
+    """The batched function traces to an ordinary graph that equals a loop of examples."""
     per = _examples(case)
+    expected = np.stack([case.fn(*[sg.tensor(a) for a in ex]).numpy() for ex in per])
     stacked = [sg.tensor(np.stack([ex[i] for ex in per])) for i in range(len(case.inputs))]
-    fn = sg.vmap(case.fn)
-    np.testing.assert_allclose(
-        sg.compile(fn, backend="numpy")(*stacked).numpy(), fn(*stacked).numpy(), rtol=1e-12
-    )
+    got = sg.compile(sg.vmap(case.fn), backend=backend)(*stacked).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+_IN_SAMPLE = [c for c in CASES if c.name in _SAMPLE]
+
+
+@pytest.mark.parametrize(
+    "case,backend",
+    [pytest.param(c, "numpy", id=f"numpy-{c.name}") for c in _IN_SAMPLE[:12]]
+    + [pytest.param(c, "c", id=f"c-{c.name}") for c in _IN_SAMPLE[::9]],
+)
+def test_vmap_of_op_table_rows_compiles(case: Case, backend: str) -> None:
+    _check_compiled(case, backend)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_vmap_of_every_op_table_row_compiled(case: Case, backend: str) -> None:
+    _check_compiled(case, backend)
 
 
 def test_per_example_gradients_of_a_typed_paramlist() -> None:
