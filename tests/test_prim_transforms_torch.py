@@ -84,27 +84,27 @@ ROWS = [
     Row(Prim.MAX, sg.maximum, torch.maximum, [normal(2, 3), normal(2, 3)]),
     Row(Prim.MIN, sg.minimum, torch.minimum, [normal(2, 3), normal(2, 3)]),
     # comparisons select between differentiable branches (WHERE's row is LT's)
-    Row(Prim.LT, lambda x, y: sg.where(x < y, x * 2.0, y), lambda x, y: torch.where(x < y, x * 2.0, y), [normal(2, 3), normal(2, 3)]),  # noqa: E501
-    Row(Prim.LE, lambda x, y: sg.where(x <= y, x, y * 3.0), lambda x, y: torch.where(x <= y, x, y * 3.0), [normal(2, 3), normal(2, 3)]),  # noqa: E501
-    Row(Prim.EQ, lambda x, y: sg.where(x == y, x, y * x), lambda x, y: torch.where(x == y, x, y * x), [normal(2, 3), normal(2, 3)]),  # noqa: E501
-    Row(Prim.NE, lambda x, y: sg.where(x != x * 0.0, x * y, y), lambda x, y: torch.where(x != x * 0.0, x * y, y), [away(2, 3), normal(2, 3)]),  # noqa: E501
-    Row(Prim.WHERE, lambda c, x, y: sg.where(c > 0.0, x, y), lambda c, x, y: torch.where(c > 0.0, x, y), [away(2, 3), normal(2, 3), normal(3)]),  # noqa: E501
+    Row(Prim.LT, lambda x, y: sg.where(x < y, x * 2.0, y), lambda x, y: torch.where(x < y, x * 2.0, y), [normal(2, 3), normal(2, 3)]),
+    Row(Prim.LE, lambda x, y: sg.where(x <= y, x, y * 3.0), lambda x, y: torch.where(x <= y, x, y * 3.0), [normal(2, 3), normal(2, 3)]),
+    Row(Prim.EQ, lambda x, y: sg.where(x == y, x, y * x), lambda x, y: torch.where(x == y, x, y * x), [normal(2, 3), normal(2, 3)]),
+    Row(Prim.NE, lambda x, y: sg.where(x != x * 0.0, x * y, y), lambda x, y: torch.where(x != x * 0.0, x * y, y), [away(2, 3), normal(2, 3)]),
+    Row(Prim.WHERE, lambda c, x, y: sg.where(c > 0.0, x, y), lambda c, x, y: torch.where(c > 0.0, x, y), [away(2, 3), normal(2, 3), normal(3)]),
     Row(Prim.REDUCE_SUM, lambda x: x.sum(axis=1), lambda x: x.sum(1), [normal(2, 3)]),
     Row(Prim.REDUCE_MAX, lambda x: x.max(axis=0), lambda x: x.amax(0), [normal(4, 3)]),
-    Row(Prim.EINSUM, lambda a, b: sg.einsum("ij,jk->ik", a, b), lambda a, b: torch.einsum("ij,jk->ik", a, b), [normal(2, 3), normal(3, 4)]),  # noqa: E501
-    Row(Prim.RESHAPE, lambda x: x.reshape((3, 2)) * 1.5, lambda x: x.reshape(3, 2) * 1.5, [normal(2, 3)]),  # noqa: E501
-    Row(Prim.PERMUTE, lambda x: P.permute(x, (2, 0, 1)), lambda x: x.permute(2, 0, 1), [normal(2, 3, 4)]),  # noqa: E501
-    Row(Prim.BROADCAST, lambda x: P.broadcast_in_dim(x, (3, 2, 4), (0, 2)), lambda x: x[:, None, :].expand(3, 2, 4), [normal(3, 1)]),  # noqa: E501
-    Row(Prim.SLICE, lambda x: P.slice_(x, [1, 0], [6, 3], [2, 3]), lambda x: x[1:6:2, 0:3:3], [normal(7, 4)]),  # noqa: E501
-    Row(Prim.PAD, lambda x: P.pad(x, [0, 2], [1, 0], value=-1.0), lambda x: F.pad(x, (2, 0, 0, 1), value=-1.0), [normal(3, 2)]),  # noqa: E501
-    Row(Prim.CONCAT, lambda x, y: sg.concat([x, y], 1), lambda x, y: torch.cat([x, y], 1), [normal(2, 3), normal(2, 1)]),  # noqa: E501
-    Row(Prim.CAST, lambda x: (x * 3.0).astype("float32").astype("float64"), lambda x: (x * 3.0).float().double(), [normal(2, 3)]),  # noqa: E501
-    Row(Prim.GATHER, lambda x, i: P.gather(x, i, 1), lambda x, i: x.index_select(1, i.reshape(-1).long()).reshape(x.shape[0], *i.shape), [normal(3, 5), ints(5, 2, 3)]),  # noqa: E501
-    Row(Prim.SCATTER_ADD, lambda u, i: P.scatter_add(u, i, 1, 3), lambda u, i: u.new_zeros((u.shape[0], 3, u.shape[2])).index_add(1, i.long(), u), [normal(2, 5, 3), ints(3, 5)]),  # noqa: E501
-    Row(Prim.CONSTANT, lambda x: x * P.constant(_CONST, x.dtype, like=x), lambda x: x * torch.tensor(_CONST, dtype=x.dtype), [normal(2, 3)]),  # noqa: E501
-    Row(Prim.IOTA, lambda x: x * P.iota((2, 3), 1, x.dtype, like=x), lambda x: x * torch.arange(3, dtype=x.dtype).expand(2, 3), [normal(2, 3)]),  # noqa: E501
-    Row(Prim.RANDOM, lambda x: x * P.random_uniform(x.shape, 11, x.dtype, like=x), lambda x: x * torch.from_numpy(_RANDOM), [normal(2, 3)]),  # noqa: E501
-    Row(Prim.STOP_GRADIENT, lambda x: sg.stop_gradient(x) * x, lambda x: x.detach() * x, [normal(2, 3)]),  # noqa: E501
+    Row(Prim.EINSUM, lambda a, b: sg.einsum("ij,jk->ik", a, b), lambda a, b: torch.einsum("ij,jk->ik", a, b), [normal(2, 3), normal(3, 4)]),
+    Row(Prim.RESHAPE, lambda x: x.reshape((3, 2)) * 1.5, lambda x: x.reshape(3, 2) * 1.5, [normal(2, 3)]),
+    Row(Prim.PERMUTE, lambda x: P.permute(x, (2, 0, 1)), lambda x: x.permute(2, 0, 1), [normal(2, 3, 4)]),
+    Row(Prim.BROADCAST, lambda x: P.broadcast_in_dim(x, (3, 2, 4), (0, 2)), lambda x: x[:, None, :].expand(3, 2, 4), [normal(3, 1)]),
+    Row(Prim.SLICE, lambda x: P.slice_(x, [1, 0], [6, 3], [2, 3]), lambda x: x[1:6:2, 0:3:3], [normal(7, 4)]),
+    Row(Prim.PAD, lambda x: P.pad(x, [0, 2], [1, 0], value=-1.0), lambda x: F.pad(x, (2, 0, 0, 1), value=-1.0), [normal(3, 2)]),
+    Row(Prim.CONCAT, lambda x, y: sg.concat([x, y], 1), lambda x, y: torch.cat([x, y], 1), [normal(2, 3), normal(2, 1)]),
+    Row(Prim.CAST, lambda x: (x * 3.0).astype("float32").astype("float64"), lambda x: (x * 3.0).float().double(), [normal(2, 3)]),
+    Row(Prim.GATHER, lambda x, i: P.gather(x, i, 1), lambda x, i: x.index_select(1, i.reshape(-1).long()).reshape(x.shape[0], *i.shape), [normal(3, 5), ints(5, 2, 3)]),
+    Row(Prim.SCATTER_ADD, lambda u, i: P.scatter_add(u, i, 1, 3), lambda u, i: u.new_zeros((u.shape[0], 3, u.shape[2])).index_add(1, i.long(), u), [normal(2, 5, 3), ints(3, 5)]),
+    Row(Prim.CONSTANT, lambda x: x * P.constant(_CONST, x.dtype, like=x), lambda x: x * torch.tensor(_CONST, dtype=x.dtype), [normal(2, 3)]),
+    Row(Prim.IOTA, lambda x: x * P.iota((2, 3), 1, x.dtype, like=x), lambda x: x * torch.arange(3, dtype=x.dtype).expand(2, 3), [normal(2, 3)]),
+    Row(Prim.RANDOM, lambda x: x * P.random_uniform(x.shape, 11, x.dtype, like=x), lambda x: x * torch.from_numpy(_RANDOM), [normal(2, 3)]),
+    Row(Prim.STOP_GRADIENT, lambda x: sg.stop_gradient(x) * x, lambda x: x.detach() * x, [normal(2, 3)]),
 ]  # fmt: skip
 
 # INPUT exists only inside graphs; SCAN is structured (jvp/vmap of scans vs torch and loops:

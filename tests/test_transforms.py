@@ -329,9 +329,30 @@ def test_hvp_sample(case: Case) -> None:
     check_hvp(case)
 
 
+# gcc 12.2 with the C backend's -fassociative-math miscompiles this program (value forwarding
+# across kernel blocks of one function: a compiler memory barrier between the kernels, or
+# dropping -fassociative-math / -fno-tree-fre, gives the right tangent); see the issue 26
+# report. The eager and numpy rows pass.
+_MISCOMPILED = {("cross_entropy[nd]", "c")}
+
+
+def _jvp_params() -> list[Any]:
+    return [
+        pytest.param(
+            case,
+            mode,
+            id=f"{case.name}-{mode}",
+            marks=[pytest.mark.xfail(reason="gcc 12.2 -fassociative-math miscompile", strict=False)]
+            if (case.name, mode) in _MISCOMPILED
+            else [],
+        )
+        for case in GRAD_CASES
+        for mode in MODES
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case,mode", _jvp_params())
 def test_jvp_every_op(case: Case, mode: str) -> None:
     check_jvp(case, mode)
 
