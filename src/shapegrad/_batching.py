@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from shapegrad import tree
-from shapegrad._custom_vjp import bind_marker, replay_marker
+from shapegrad._custom_vjp import bind_marker, replay_nodes
 from shapegrad.autodiff import CustomVjpCall
 from shapegrad.dtypes import int32
-from shapegrad.ir import Graph, Node, topological_order
+from shapegrad.ir import Graph
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
 from shapegrad.ops.graph import GraphOps
@@ -347,30 +347,12 @@ def _batched_body(body: Body, in_batched: list[bool], size: int) -> Body:
         env[node.id] = ops.wrap(_Slot(value, batched), node.aval)
     _DEPTH.value += 1
     try:
-        _replay(body.graph.outputs, env, ops)
+        replay_nodes(body.graph.outputs, env, ops)
     finally:
         _DEPTH.value -= 1
     outputs = [ops.batched(ops.slot(env[o.id])) for o in body.graph.outputs]
     graph = Graph(list(graph_ops.inputs), [graph_ops.lift(t) for t in outputs], graph_ops.table)
     return Body(graph, body.n_carry, body.n_xs, f"{body.name}[vmap]")
-
-
-def _replay(targets: Sequence[Node], env: dict[int, Tensor], ops: BatchOps) -> list[Tensor]:
-    """Values of ``targets`` (nodes of a body) computed from ``env`` through ``ops``; a
-    custom_vjp marker is rebuilt on its arguments' batched values (``replay_marker``)."""
-
-    def value_of(node: Node) -> Tensor:
-        return _replay([node], env, ops)[0]
-
-    for node in topological_order(targets):
-        if node.id in env:
-            continue
-        ins = [env[i.id] for i in node.inputs]
-        if node.prim is Prim.STOP_GRADIENT and "custom_vjp" in node.attr:
-            env[node.id] = replay_marker(node.attr, ins[0], value_of)
-            continue
-        env[node.id] = prims.bind(node.prim, ins, ops=None if ins else ops, **node.attr)
-    return [env[t.id] for t in targets]
 
 
 def _regroup(flat: Tensor, body: Body, attrs: Attrs, b: int) -> Tensor:

@@ -29,7 +29,7 @@ from typing import Any
 
 from shapegrad import tree
 from shapegrad.autodiff import CustomRule, CustomVjpCall
-from shapegrad.ir import Node
+from shapegrad.ir import Node, topological_order
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
 from shapegrad.ops.graph import GraphOps
@@ -241,6 +241,34 @@ def replay_marker(attrs: Attrs, packed: Tensor, value_of: Callable[[Node], Tenso
     inputs = tuple(value_of(n) for n in staged.inputs)
     rule = staged.make_rule([value_of(n) for n in staged.captures])
     return bind_marker(packed, CustomVjpCall(inputs=inputs, rule=rule, name=call.name))
+
+
+def replay_nodes(
+    targets: Sequence[Node],
+    env: dict[int, Tensor],
+    sources: Any,
+    unbound: str = "replay: input {} is not bound",
+) -> list[Tensor]:
+    """Values of ``targets`` (nodes of a recorded graph) re-run as primitives from the
+    values already in ``env``, which receives every value computed; ``sources`` is the
+    interpreter of nodes without operands (None: the default). A custom_vjp marker is
+    rebuilt on its arguments' values here (:func:`replay_marker`), so it can be
+    differentiated here. Shared by scan bodies (``_scan``) and batched bodies."""
+
+    def value_of(node: Node) -> Tensor:
+        return replay_nodes([node], env, sources, unbound)[0]
+
+    for node in topological_order(targets):
+        if node.id in env:
+            continue
+        if node.prim is Prim.INPUT:
+            raise ValueError(unbound.format(node.attr.get("name")))
+        ins = [env[i.id] for i in node.inputs]
+        if node.prim is Prim.STOP_GRADIENT and "custom_vjp" in node.attr:
+            env[node.id] = replay_marker(node.attr, ins[0], value_of)
+            continue
+        env[node.id] = prims.bind(node.prim, ins, ops=None if ins else sources, **node.attr)
+    return [env[t.id] for t in targets]
 
 
 def _fill_none(value: Any, like: Any) -> Any:

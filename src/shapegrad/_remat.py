@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shapegrad._custom_vjp import replay_nodes
 from shapegrad._scan import (
     _backward_body,
     _concat_flat,
@@ -29,7 +30,6 @@ from shapegrad._scan import (
     _scan_vjp,
     _zero_range,
     replay,
-    replay_nodes,
     run_reverse,
     stacked_ys,
     trace_body,
@@ -100,7 +100,9 @@ def _residual_nodes(bwd: Any, n_ct: set[int]) -> list[Node]:
 
 def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor) -> list[Tensor]:
     """Values of ``targets`` re-run as primitives from the values already in ``env``."""
-    return replay_nodes(targets, env, like, "residuals: a residual depends on a cotangent input")
+    return replay_nodes(
+        targets, env, like._ops, "residuals: a residual depends on a cotangent input"
+    )
 
 
 def residual_forward(body: Any) -> Any:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad._custom_vjp import StagedRule, register_stager, replay_marker
+from shapegrad._custom_vjp import StagedRule, register_stager, replay_nodes
 from shapegrad.autodiff import CustomRule, CustomVjpCall, backward
-from shapegrad.ir import Graph, Node, topological_order
+from shapegrad.ir import Graph, Node
 from shapegrad.ops import prims as p
 from shapegrad.ops.graph import GraphOps
 from shapegrad.ops.protocol import AVal, Prim
@@ -86,35 +86,7 @@ def replay(
     is in ``substitute`` take that value instead of being recomputed."""
     env: dict[int, Tensor] = {n.id: a for n, a in zip(graph.inputs, args, strict=True)}
     env.update(substitute or {})
-    like = args[0] if args else None
-    return replay_nodes(graph.outputs, env, like)
-
-
-def replay_nodes(
-    targets: Sequence[Node],
-    env: dict[int, Tensor],
-    like: Tensor | None,
-    unbound: str = "replay: input {} is not bound",
-) -> list[Tensor]:
-    """Values of ``targets`` re-run as primitives from the values already in ``env`` (which
-    receives every value computed). A custom_vjp marker is rebuilt with its arguments'
-    values here (``_custom_vjp.replay_marker``), so it can be differentiated here."""
-
-    def value_of(node: Node) -> Tensor:
-        return replay_nodes([node], env, like, unbound)[0]
-
-    for node in topological_order(targets):
-        if node.id in env:
-            continue
-        if node.prim is Prim.INPUT:
-            raise ValueError(unbound.format(node.attr.get("name")))
-        ins = [env[i.id] for i in node.inputs]
-        if node.prim is Prim.STOP_GRADIENT and "custom_vjp" in node.attr:
-            env[node.id] = replay_marker(node.attr, ins[0], value_of)
-            continue
-        ops = like._ops if (like is not None and not ins) else None
-        env[node.id] = p.bind(node.prim, ins, ops=ops, **node.attr)
-    return [env[t.id] for t in targets]
+    return replay_nodes(graph.outputs, env, args[0]._ops if args else None)
 
 
 def _stage(ops: GraphOps, call: CustomVjpCall, aval: AVal) -> StagedRule:
