@@ -176,16 +176,3 @@ def test_errors_name_the_function_and_the_problem() -> None:
         bad(f64(X), f64(X))
     with pytest.raises(TypeError, match="takes two functions"):
         bad.defvjp(None, None)  # type: ignore[arg-type]
-
-
-def test_inside_a_scan_body_is_refused_clearly() -> None:
-    def loss(w: sg.Tensor) -> sg.Tensor:
-        def body(h: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
-            h = clip_gradient(h * w) + x
-            return h, h.sum()
-
-        h, _ = sg.scan(body, w, f64(np.ones((3, 2))))
-        return h.sum()
-
-    with pytest.raises(NotImplementedError, match=r"custom_vjp clip_gradient: .* sg.scan"):
-        sg.grad(loss)(f64([1.0, 2.0]))

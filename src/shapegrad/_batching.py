@@ -25,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from shapegrad import tree
+from shapegrad._custom_vjp import bind_marker, replay_nodes
+from shapegrad.autodiff import CustomVjpCall
 from shapegrad.dtypes import int32
-from shapegrad.ir import Graph, topological_order
+from shapegrad.ir import Graph
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
 from shapegrad.ops.graph import GraphOps
@@ -89,25 +91,48 @@ class BatchOps:
         slots = [self.slot(t) for t in inputs]
         aval = infer_aval(prim, [t.aval for t in inputs], attrs)  # per-example checks
         if prim is Prim.STOP_GRADIENT and "custom_vjp" in attrs:
-            # The marker stays at this level (an inner sg.grad applies the custom backward);
-            # below it is a plain STOP_GRADIENT, which an outer grad could not see through.
-            if self.grad_depth > 0:
-                raise NotImplementedError(
-                    "vmap: a sg.custom_vjp function inside vmap, differentiated from outside "
-                    "the vmap, is not supported; put sg.grad inside vmap instead "
-                    "(vmap(grad(f)) honours the custom backward)"
-                )
-            attrs_below: Attrs = {k: v for k, v in attrs.items() if k != "custom_vjp"}
-        else:
-            attrs_below = attrs
+            return self._custom_marker(slots[0], attrs["custom_vjp"], (prim, tuple(inputs), attrs))
         if not any(s.batched for s in slots):
-            value = self._unbatched(prim, [s.value for s in slots], attrs_below)
+            value = self._unbatched(prim, [s.value for s in slots], attrs)
             return self.wrap(_Slot(value, False, (prim, tuple(inputs), attrs)), aval)
         rule = _RULES.get(prim)
         if rule is None:
             raise _unsupported(prim)
-        value = rule(self, slots, attrs_below, aval)
+        value = rule(self, slots, attrs, aval)
         return self.wrap(_Slot(value, True, (prim, tuple(inputs), attrs)), aval)
+
+    def _custom_marker(self, packed: _Slot, call: CustomVjpCall, made_by: MadeBy) -> Tensor:
+        """A custom_vjp marker. It stays at this level (an inner ``sg.grad`` applies the
+        user's backward per example) and is rebuilt below on the underlying values with
+        the backward batched (an outer ``sg.grad`` sees one call over the whole batch):
+        the per-example rule runs on the batch of cotangents here, and an unbatched
+        argument (shared by every example) gets the sum of the per-example cotangents.
+        The output is batched even where no argument is: a backward that is not linear in
+        the cotangent (clipping) then sees each example's, as a loop of ``grad`` would."""
+        arg_slots = [self.slot(t) for t in call.inputs]
+        aval = made_by[1][0].aval
+        per_example = call.rule
+        assert per_example is not None
+
+        def rule(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
+            cts = per_example(self.wrap(_Slot(ct, True), aval), needs)
+            result: list[Tensor | None] = []
+            for arg, c in zip(arg_slots, cts, strict=True):
+                if c is None:
+                    result.append(None)
+                    continue
+                got = self.slot(c)
+                if arg.batched:
+                    result.append(self.batched(got))
+                elif got.batched:
+                    result.append(prims.reduce_sum(got.value, (0,)))
+                else:  # the same cotangent for every example
+                    result.append(prims.binary(Prim.MUL, got.value, self.size))
+            return result
+
+        below = CustomVjpCall(inputs=tuple(s.value for s in arg_slots), rule=rule, name=call.name)
+        value = bind_marker(self.batched(packed), below)
+        return self.wrap(_Slot(value, True, made_by), aval)
 
     def _unbatched(self, prim: Prim, values: list[Tensor], attrs: Attrs) -> Tensor:
         """An op on values without a batch axis runs once, as itself (a collective too)."""
@@ -327,11 +352,7 @@ def _batched_body(body: Body, in_batched: list[bool], size: int) -> Body:
         env[node.id] = ops.wrap(_Slot(value, batched), node.aval)
     _DEPTH.value += 1
     try:
-        for node in topological_order(body.graph.outputs):
-            if node.id in env:
-                continue
-            ins = [env[i.id] for i in node.inputs]
-            env[node.id] = prims.bind(node.prim, ins, ops=None if ins else ops, **node.attr)
+        replay_nodes(body.graph.outputs, env, ops)
     finally:
         _DEPTH.value -= 1
     outputs = [ops.batched(ops.slot(env[o.id])) for o in body.graph.outputs]

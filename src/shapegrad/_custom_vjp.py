@@ -8,20 +8,32 @@ records it as a node, the graph trace as a node, so eager, numpy, C and CUDA all
 it with nothing new below autodiff (STOP_GRADIENT is the identity everywhere, and the
 graph passes drop it). Residuals stay connected to the arguments, so a backward built
 from them can itself be differentiated.
+
+A body of ``sg.scan``/``sg.checkpoint`` (or a batched body of ``vmap``) is traced once and
+*replayed* in other traces (the reverse loop's body, residual forms), where the call's
+arguments and residuals of the first trace mean nothing. So a call whose marker lands in
+a graph trace also gets its backward *staged* (:class:`StagedRule`): traced once as a
+sub-graph of the cotangent whose other inputs are nodes of the call's own trace. A replay
+(:func:`replay_marker`) maps those nodes to its own values and binds a new marker whose
+rule replays the sub-graph there (as JAX stages a custom_vjp's backward as a jaxpr).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shapegrad import tree
-from shapegrad.autodiff import CustomVjpCall
+from shapegrad.autodiff import CustomRule, CustomVjpCall
+from shapegrad.ir import Node, topological_order
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
-from shapegrad.ops.protocol import Prim
+from shapegrad.ops.graph import GraphOps
+from shapegrad.ops.protocol import Attrs, AVal, Prim
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import TapeNode, Tensor
 
@@ -106,11 +118,7 @@ class custom_vjp:  # a decorator, spelled like JAX's
             assert self.bwd is not None
             return self._cotangents(self.bwd(residuals, g), structures, inputs, call_args)
 
-        call = CustomVjpCall(inputs=inputs, rule=rule, name=self._name)
-        marker = prims.bind(Prim.STOP_GRADIENT, [packed], custom_vjp=call)
-        tracked = any(t._leaf or t._tape is not None for t in inputs)
-        if not marker.is_traced and STATE.grad_enabled and tracked:  # the eager tape node
-            marker._tape = TapeNode(Prim.STOP_GRADIENT, inputs, {"custom_vjp": call})
+        marker = bind_marker(packed, CustomVjpCall(inputs=inputs, rule=rule, name=self._name))
         return tree.unflatten(out_td, _unpack(marker, out_leaves))
 
     def _check_outputs(self, out: Any) -> tuple[list[Tensor], tree.TreeDef]:
@@ -168,6 +176,99 @@ class custom_vjp:  # a decorator, spelled like JAX's
                 )
             result.append(ct if ct.dtype == x.dtype else prims.cast(ct, x.dtype))
         return result
+
+
+# --- the marker, and its staged form for traces that are replayed ------------------------
+
+
+@dataclass(frozen=True)
+class StagedRule:
+    """A traced call's backward, staged so a replay of its trace can rebuild the call.
+
+    ``inputs``: the call's arguments as nodes of the call's trace; ``captures``: the nodes
+    the staged backward reads (residuals, arguments, closed-over values lifted into that
+    trace); ``make_rule(capture_values)`` is the rule in a replaying trace. ``error``: the
+    backward failed to stage (a bug in the user's ``bwd``), raised when differentiated.
+    """
+
+    inputs: tuple[Node, ...]
+    captures: tuple[Node, ...]
+    make_rule: Callable[[Sequence[Tensor]], CustomRule]
+    error: Exception | None = None
+
+
+Stager = Callable[[GraphOps, CustomVjpCall, AVal], StagedRule]
+# Filled by ``_scan`` (the layer that traces sub-graphs), as ``control`` fills SCAN's VJP rule.
+_STAGERS: list[Stager] = []
+_STAGED: weakref.WeakKeyDictionary[CustomVjpCall, StagedRule] = weakref.WeakKeyDictionary()
+
+
+def register_stager(stager: Stager) -> None:
+    _STAGERS[:] = [stager]
+
+
+def bind_marker(packed: Tensor, call: CustomVjpCall) -> Tensor:
+    """The marker of ``call`` over ``packed``: a tape node eagerly, a staged rule in a graph."""
+    marker = prims.bind(Prim.STOP_GRADIENT, [packed], custom_vjp=call)
+    tracked = any(t._leaf or t._tape is not None for t in call.inputs)
+    if not marker.is_traced and STATE.grad_enabled and tracked:  # the eager tape node
+        marker._tape = TapeNode(Prim.STOP_GRADIENT, call.inputs, {"custom_vjp": call})
+    elif isinstance(marker._ops, GraphOps) and _STAGERS:
+        try:
+            _STAGED[call] = _STAGERS[0](marker._ops, call, marker.aval)
+        except Exception as error:  # raised when (if ever) the call is differentiated
+            _STAGED[call] = StagedRule((), (), _failed(error), error)
+    return marker
+
+
+def _failed(error: Exception) -> Callable[[Sequence[Tensor]], CustomRule]:
+    def make_rule(_: Sequence[Tensor]) -> CustomRule:
+        def rule(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
+            raise error
+
+        return rule
+
+    return make_rule
+
+
+def replay_marker(attrs: Attrs, packed: Tensor, value_of: Callable[[Node], Tensor]) -> Tensor:
+    """A custom_vjp marker (``attrs`` of a STOP_GRADIENT node) replayed over ``packed`` in
+    another trace; ``value_of(node)`` gives a node of the original trace's value there."""
+    call: CustomVjpCall = attrs["custom_vjp"]
+    staged = _STAGED.get(call)
+    if staged is None:  # never staged (not from a graph trace): differentiating it errs
+        return prims.bind(Prim.STOP_GRADIENT, [packed], **attrs)
+    inputs = tuple(value_of(n) for n in staged.inputs)
+    rule = staged.make_rule([value_of(n) for n in staged.captures])
+    return bind_marker(packed, CustomVjpCall(inputs=inputs, rule=rule, name=call.name))
+
+
+def replay_nodes(
+    targets: Sequence[Node],
+    env: dict[int, Tensor],
+    sources: Any,
+    unbound: str = "replay: input {} is not bound",
+) -> list[Tensor]:
+    """Values of ``targets`` (nodes of a recorded graph) re-run as primitives from the
+    values already in ``env``, which receives every value computed; ``sources`` is the
+    interpreter of nodes without operands (None: the default). A custom_vjp marker is
+    rebuilt on its arguments' values here (:func:`replay_marker`), so it can be
+    differentiated here. Shared by scan bodies (``_scan``) and batched bodies."""
+
+    def value_of(node: Node) -> Tensor:
+        return replay_nodes([node], env, sources, unbound)[0]
+
+    for node in topological_order(targets):
+        if node.id in env:
+            continue
+        if node.prim is Prim.INPUT:
+            raise ValueError(unbound.format(node.attr.get("name")))
+        ins = [env[i.id] for i in node.inputs]
+        if node.prim is Prim.STOP_GRADIENT and "custom_vjp" in node.attr:
+            env[node.id] = replay_marker(node.attr, ins[0], value_of)
+            continue
+        env[node.id] = prims.bind(node.prim, ins, ops=None if ins else sources, **node.attr)
+    return [env[t.id] for t in targets]
 
 
 def _fill_none(value: Any, like: Any) -> Any:

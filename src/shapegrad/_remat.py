@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shapegrad._custom_vjp import replay_nodes
 from shapegrad._scan import (
     _backward_body,
     _concat_flat,
@@ -99,14 +100,9 @@ def _residual_nodes(bwd: Any, n_ct: set[int]) -> list[Node]:
 
 def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor) -> list[Tensor]:
     """Values of ``targets`` re-run as primitives from the values already in ``env``."""
-    for node in topological_order(targets):
-        if node.id in env:
-            continue
-        if node.prim is Prim.INPUT:
-            raise ValueError("residuals: a residual depends on a cotangent input")
-        ins = [env[i.id] for i in node.inputs]
-        env[node.id] = p.bind(node.prim, ins, ops=None if ins else like._ops, **node.attr)
-    return [env[t.id] for t in targets]
+    return replay_nodes(
+        targets, env, like._ops, "residuals: a residual depends on a cotangent input"
+    )
 
 
 def residual_forward(body: Any) -> Any:

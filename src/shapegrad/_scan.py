@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad.autodiff import backward
-from shapegrad.ir import Graph, Node, topological_order
+from shapegrad._custom_vjp import StagedRule, register_stager, replay_nodes
+from shapegrad.autodiff import CustomRule, CustomVjpCall, backward
+from shapegrad.ir import Graph, Node
 from shapegrad.ops import prims as p
 from shapegrad.ops.graph import GraphOps
 from shapegrad.ops.protocol import AVal, Prim
@@ -85,16 +86,39 @@ def replay(
     is in ``substitute`` take that value instead of being recomputed."""
     env: dict[int, Tensor] = {n.id: a for n, a in zip(graph.inputs, args, strict=True)}
     env.update(substitute or {})
-    like = args[0] if args else None
-    for node in topological_order(graph.outputs):
-        if node.id in env:
-            continue
-        if node.prim is Prim.INPUT:
-            raise ValueError(f"replay: input {node.attr.get('name')} is not bound")
-        ins = [env[i.id] for i in node.inputs]
-        ops = like._ops if (like is not None and not ins) else None
-        env[node.id] = p.bind(node.prim, ins, ops=ops, **node.attr)
-    return [env[o.id] for o in graph.outputs]
+    return replay_nodes(graph.outputs, env, args[0]._ops if args else None)
+
+
+def _stage(ops: GraphOps, call: CustomVjpCall, aval: AVal) -> StagedRule:
+    """``call``'s backward traced once as a sub-graph of the cotangent, its other inputs
+    lifted into ``ops`` (the call's trace), for ``replay_marker`` (see ``_custom_vjp``)."""
+    inputs = tuple(ops.lift(t) for t in call.inputs)
+    rule = call.rule
+    assert rule is not None
+    present: list[int] = []  # inputs that get a cotangent (not None)
+
+    def fn(ins: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        cts = rule(ins[0], [True] * len(inputs))
+        present[:] = [k for k, c in enumerate(cts) if c is not None]
+        return [], [c for c in cts if c is not None]
+
+    staged, captured = trace_body(fn, [aval], 0, 0, f"{call.name}_bwd")
+    captures = tuple(ops.lift(c) for c in captured)
+    n = len(inputs)
+
+    def make_rule(values: Sequence[Tensor]) -> CustomRule:
+        def replayed(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
+            result: list[Tensor | None] = [None] * n
+            for k, g in zip(present, replay(staged.graph, [ct, *values]), strict=True):
+                result[k] = g
+            return result
+
+        return replayed
+
+    return StagedRule(inputs, captures, make_rule)
+
+
+register_stager(_stage)
 
 
 # --- binding and unpacking ----------------------------------------------------------------

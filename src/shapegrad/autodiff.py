@@ -72,12 +72,11 @@ def _with_custom(producer: Producer) -> Producer:
         if call is None or made_by is None:
             return made_by
         if t.is_traced and any(x.is_traced and x._ops is not t._ops for x in call.inputs):
-            # A body of sg.scan / sg.checkpoint is traced once and replayed in another
-            # trace; the call's arguments are the first trace's values.
+            # A replayed body rebuilds its calls (``_custom_vjp.replay_marker``); one that
+            # was never staged still holds the first trace's arguments.
             raise NotImplementedError(
-                f"custom_vjp {call.name}: differentiating a custom_vjp function called inside "
-                "an sg.scan or sg.checkpoint body is not supported yet (the body is replayed "
-                "in another trace); call it outside the body"
+                f"custom_vjp {call.name}: this call was recorded in another trace and replayed "
+                "here without its staged backward, so it cannot be differentiated here"
             )
         return made_by[0], call.inputs, made_by[2]
 

@@ -4,7 +4,8 @@
 each batched argument and of the result (or where ``out_axes`` puts it);
 ``sg.jvp(f, primals, tangents)`` is ``(f(*primals), its tangent)``, two values of
 ``f``'s result shape; ``sg.custom_vjp(f)`` / ``sg.custom_jvp(f)`` keep ``f``'s signature.
-``sg.jacrev``/``sg.hessian`` results are not followed (no shape, no error).
+``sg.jacrev(f)`` / ``sg.jacfwd(f)`` of ``f: [a] -> [b]`` give ``[b a]`` (per argnum) and
+``sg.hessian(f)`` ``[.. a a]``; argnums that are not literals are not followed.
 """
 
 import shapegrad as sg
@@ -76,8 +77,23 @@ def transforms(
     sg.reveal_shape(sg.vmap(affine, in_axes=axes)(w, xs))  # axes not literal: not followed
     # N: Revealed shape is "(float[8, 3], float[8])"
     sg.reveal_shape(sg.vmap(pair)(xs))
-    hess = sg.hessian(energy)(v)  # not followed: unknown, never an error
-    jac = sg.jacrev(affine, argnums=1)(w, v)
+    # N: Revealed shape is "float[3, 3]"
+    hess = sg.reveal_shape(sg.hessian(energy)(v))
+    # N: Revealed shape is "float[5, 3]"
+    jac = sg.reveal_shape(sg.jacrev(affine, argnums=1)(w, v))
+    # N: Revealed shape is "float[5, 5, 3]"
+    sg.reveal_shape(sg.jacfwd(affine)(w, v))
+    # N: Revealed shape is "(float[5, 5, 3], float[5, 3])"
+    sg.reveal_shape(sg.jacrev(affine, argnums=(0, -1))(w, v))
+    # N: Revealed shape is "float[5, 3, 3]"
+    sg.reveal_shape(sg.hessian(affine, argnums=1)(w, v))
+    # N: Revealed shape is "((float[5, 5, 3, 5, 3], float[5, 5, 3, 3]), (float[5, 3, 5, 3], float[5, 3, 3]))"
+    sg.reveal_shape(sg.hessian(affine, argnums=(0, 1))(w, v))
+    nums = 1
+    # N: Revealed shape is "not a Tensor"
+    sg.reveal_shape(sg.jacrev(affine, argnums=nums)(w, v))  # argnums not literal: not followed
+    # N: Revealed shape is "not a Tensor"
+    sg.reveal_shape(sg.jacrev(pair)(v))  # a tuple output: not followed
     return out.sum() + ys.sum() + tangent.sum() + hess.sum() + jac.sum() + softplus(v).sum()
 
 

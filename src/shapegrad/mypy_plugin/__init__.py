@@ -477,6 +477,9 @@ _TRANSFORMS: dict[str, Callable[[FunctionContext], Type]] = {
     T.LINEARIZE: T.linearize,
     T.CUSTOM_VJP: T.custom_rule,
     T.CUSTOM_JVP: T.custom_rule,
+    T.JACREV: lambda ctx: T.jacobian(ctx, order=1),
+    T.JACFWD: lambda ctx: T.jacobian(ctx, order=1),
+    T.HESSIAN: lambda ctx: T.jacobian(ctx, order=2),
 }
 
 

@@ -9,7 +9,8 @@ and ``.stats`` still type-check), and ``ScalarTrainer(loss, params)`` remembers
 ``loss``, so ``trainer.step(x, y)`` is checked against ``loss``'s inputs.
 ``vmap(f)`` is ``f``'s signature with a batch dim on each batched argument and
 output, ``jvp``/``linearize`` return ``f``'s result (checked on literal primals),
-and ``custom_vjp(f)``/``custom_jvp(f)`` remember ``f``. Whatever is not a literal
+``custom_vjp(f)``/``custom_jvp(f)`` remember ``f``, and ``jacrev(f)``/``jacfwd(f)`` return
+the output's dims then the argument's (``hessian``: the argument's twice). Whatever is not a literal
 (axes in a variable, pytrees of axes, ``*args``) keeps the plain runtime type.
 """
 
@@ -43,7 +44,7 @@ from .calls import check_call, positional
 from .carrier import attach, attach_fn, is_tensor, shape_of, tensor_items, wrapped_fn
 from .env import Env
 from .literals import bool_of, int_of
-from .spec import Item, Sym, names_in, restrict, show
+from .spec import Item, Sym, TShape, names_in, restrict, show
 from .unify import compare
 
 VALUE_AND_GRAD = "shapegrad.autodiff.value_and_grad"
@@ -294,6 +295,9 @@ JVP = "shapegrad.transforms.jvp"
 LINEARIZE = "shapegrad.transforms.linearize"
 CUSTOM_VJP = "shapegrad._custom_vjp.custom_vjp"
 CUSTOM_JVP = "shapegrad._custom_jvp.custom_jvp"
+JACREV = "shapegrad.transforms.jacrev"
+JACFWD = "shapegrad.transforms.jacfwd"
+HESSIAN = "shapegrad.transforms.hessian"
 CUSTOM_CALLS = frozenset({f"{CUSTOM_VJP}.__call__", f"{CUSTOM_JVP}.__call__"})
 BATCH_DIM = "vmap_batch"  # the batch dim vmap adds, named in the messages
 
@@ -457,3 +461,57 @@ def linearize(ctx: FunctionContext) -> Type:
     name = (fn.name or "fn").split(" of ")[0]
     out = check_call(Env(ctx.api), ctx.context, fn, *laid, fn.ret_type, name)
     return default.copy_modified(items=[out, *default.items[1:]])
+
+
+def jacobian(ctx: FunctionContext, order: int) -> Type:
+    """``sg.jacrev/jacfwd(f, argnums)`` (``order`` 1), ``sg.hessian`` (2): ``f``'s signature
+    returning, per differentiated argument, ``f``'s output dims followed by the argument's
+    (``[b a]`` for ``f: [a] -> [b]``; ``[.. a a]`` for the Hessian, ``[.. a_i a_j]`` blocks for
+    a tuple of argnums, as tuples like the runtime's).
+
+    Followed only for a literal ``argnums`` (an int or a tuple of ints), a Tensor output and
+    Tensor arguments of known rank; anything else keeps the plain ``Callable``.
+    """
+    fn = _fn_type(ctx)
+    if fn is None or any(k != ARG_POS for k in fn.arg_kinds):
+        return ctx.default_return_type
+    slot = _arg(ctx, "argnums", 1)
+    expr = ctx.args[slot][0] if slot is not None else None
+    nums = _argnums(expr, len(fn.arg_types))
+    out = get_proper_type(fn.ret_type)
+    out_shape = shape_of(out) if is_tensor(out) else None
+    ins = [shape_of(fn.arg_types[n]) if is_tensor(fn.arg_types[n]) else None for n in nums or []]
+    if nums is None or out_shape is None or not out_shape.fixed:
+        return ctx.default_return_type
+    if any(s is None or not s.fixed for s in ins):
+        return ctx.default_return_type
+    str_type = Env(ctx.api).str_type()
+    fallback = ctx.api.named_generic_type("builtins.tuple", [AnyType(TypeOfAny.special_form)])
+
+    def block(*parts: TShape | None) -> Type:
+        dims = [d for part in parts if part is not None for d in part.dims]
+        return attach(out, out_shape.with_dims([*out_shape.dims, *dims]), str_type)
+
+    single = expr is None or int_of(expr) is not None
+    if order == 1:
+        blocks = [block(s) for s in ins]
+        ret: Type = blocks[0] if single else TupleType(blocks, fallback)
+    else:
+        rows = [[block(a, b) for b in ins] for a in ins]
+        ret = rows[0][0] if single else TupleType([TupleType(r, fallback) for r in rows], fallback)
+    return fn.copy_modified(ret_type=ret, definition=None)
+
+
+def _argnums(expr: Expression | None, n: int) -> list[int] | None:
+    """``argnums`` as argument positions: absent 0, an int literal or a tuple of them."""
+    if expr is None:
+        values: list[int | None] = [0]
+    elif (single := int_of(expr)) is not None:
+        values = [single]
+    elif isinstance(expr, TupleExpr) and expr.items:
+        values = [int_of(e) for e in expr.items]
+    else:
+        return None
+    if any(v is None or not -n <= v < n for v in values):
+        return None
+    return [v % n for v in values if v is not None]

@@ -98,3 +98,52 @@ static inline int sg_team_size(void) {
     return 1;
 #endif
 }
+
+/* One row of an outer product, c[j] = a * b[j * stride] (a product with k = 1: the
+   per-example gradients of sg.vmap(sg.grad(...))), with streaming stores where the ISA has
+   them. A large outer product is written once and not read back soon: bypassing the cache
+   saves reading each line before it is overwritten (teamsplit.py's outer_product, which
+   measures it). One rounding per element, as the library product it replaces. */
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+static inline void sg_outer_row_f32(float *c, float a, const float *b, int64_t stride, int64_t n) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    if (stride == 1) {
+        for (; j < n && ((uintptr_t)(c + j) & 63); ++j) c[j] = a * b[j];
+        const __m512 s = _mm512_set1_ps(a);
+        for (; j + 16 <= n; j += 16) _mm512_stream_ps(c + j, _mm512_mul_ps(s, _mm512_loadu_ps(b + j)));
+    }
+#elif defined(__AVX__)
+    if (stride == 1) {
+        for (; j < n && ((uintptr_t)(c + j) & 31); ++j) c[j] = a * b[j];
+        const __m256 s = _mm256_set1_ps(a);
+        for (; j + 8 <= n; j += 8) _mm256_stream_ps(c + j, _mm256_mul_ps(s, _mm256_loadu_ps(b + j)));
+    }
+#endif
+    for (; j < n; ++j) c[j] = a * b[j * stride];
+}
+static inline void sg_outer_row_f64(double *c, double a, const double *b, int64_t stride, int64_t n) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    if (stride == 1) {
+        for (; j < n && ((uintptr_t)(c + j) & 63); ++j) c[j] = a * b[j];
+        const __m512d s = _mm512_set1_pd(a);
+        for (; j + 8 <= n; j += 8) _mm512_stream_pd(c + j, _mm512_mul_pd(s, _mm512_loadu_pd(b + j)));
+    }
+#elif defined(__AVX__)
+    if (stride == 1) {
+        for (; j < n && ((uintptr_t)(c + j) & 31); ++j) c[j] = a * b[j];
+        const __m256d s = _mm256_set1_pd(a);
+        for (; j + 4 <= n; j += 4) _mm256_stream_pd(c + j, _mm256_mul_pd(s, _mm256_loadu_pd(b + j)));
+    }
+#endif
+    for (; j < n; ++j) c[j] = a * b[j * stride];
+}
+/* Streaming stores are weakly ordered: each writing thread fences before others read. */
+static inline void sg_stream_fence(void) {
+#if defined(__AVX512F__) || defined(__AVX__)
+    _mm_sfence();
+#endif
+}

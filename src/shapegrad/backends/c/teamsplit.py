@@ -92,6 +92,9 @@ class TeamRenderer(CStyleRenderer):
         dynamically, so a thread that keeps running takes the work of one that was
         descheduled. Each block is one single-threaded BLAS call (``sg_set_threads``);
         every output element is computed by one call, as serially."""
+        if is_streamed_outer(s, self.ctuning):
+            self.outer_product(s, depth)
+            return
         fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
         f = "f" if s.dtype.name == "float32" else ""
         one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
@@ -131,6 +134,31 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth, "}")
         if kind is not None:
             self.end_work_sharing(depth)
+
+    def outer_product(self, s: L.Contract, depth: int) -> None:
+        """A large product with ``k = 1`` (a batch of outer products: the per-example
+        weight gradients of ``vmap(grad(...))``) as rows written with streaming stores
+        (``sg_outer_row_*``, ``runtime.h``) instead of one library call per product, which
+        zeroes ``c`` and then reads it back to add the product. Rows are shared statically
+        across the team; each element is one product, whatever the split."""
+        suffix = "f32" if s.dtype.name == "float32" else "f64"
+        a_row = 1 if s.trans_a else s.lda  # op(a)[i, 0]
+        b_col = s.ldb if s.trans_b else 1  # op(b)[0, j]
+        if self.mode != "serial":
+            self.team_block(depth, "sg_threads")
+            self.emit(depth + 1, "#pragma omp for schedule(static) nowait")
+        self.emit(depth + 1, f"for (int64_t r = 0; r < {s.batch * s.m}; ++r) {{")
+        self.emit(depth + 2, f"const int64_t bi = r / {s.m}, i = r - bi * {s.m};")
+        self.emit(
+            depth + 2,
+            f"sg_outer_row_{suffix}({s.c} + bi * {s.stride_c} + i * {s.n}, "
+            f"{s.a}[{s.offset_a} + bi * {s.stride_a} + i * {a_row}], "
+            f"{s.b} + {s.offset_b} + bi * {s.stride_b}, {b_col}, {s.n});",
+        )
+        self.emit(depth + 1, "}")
+        self.emit(depth + 1, "sg_stream_fence();")
+        if self.mode != "serial":
+            self.end_team_block(depth)
 
     def contract_sum_split(self, s: L.Contract, depth: int) -> None:
         """A sum of products (a convolution's weight gradient) split over the summed axis
@@ -255,6 +283,17 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth + 1, f"int64_t {nest.var.name} = bi;")
             self.stmts(body, depth + 1, parallel_ok=False)
             self.emit(depth, "}")
+
+
+def is_streamed_outer(s: L.Contract, tuning: CTuning) -> bool:
+    """Whether ``s`` is rendered by ``outer_product``: ``k = 1``, no sum batch, a plain
+    ``c = a b`` (alpha 1, beta 0) whose output is at least ``tuning.stream_outer_min_bytes``."""
+    size = s.batch * s.m * s.n * (4 if s.dtype.name == "float32" else 8)
+    plain = s.alpha == 1.0 and s.beta == 0.0 and s.alpha_buffer is None
+    floats = s.dtype.name in ("float32", "float64")
+    return (
+        s.k == 1 and s.sum_batch == 1 and plain and floats and size >= tuning.stream_outer_min_bytes
+    )
 
 
 def split_kind(s: L.Contract, tuning: CTuning) -> str | None:
