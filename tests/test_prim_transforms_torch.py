@@ -91,6 +91,8 @@ ROWS = [
     Row(Prim.WHERE, lambda c, x, y: sg.where(c > 0.0, x, y), lambda c, x, y: torch.where(c > 0.0, x, y), [away(2, 3), normal(2, 3), normal(3)]),
     Row(Prim.REDUCE_SUM, lambda x: x.sum(axis=1), lambda x: x.sum(1), [normal(2, 3)]),
     Row(Prim.REDUCE_MAX, lambda x: x.max(axis=0), lambda x: x.amax(0), [normal(4, 3)]),
+    # ARGSORT is non-differentiable; sort's values are a gather of its positions.
+    Row(Prim.ARGSORT, lambda x: sg.sort(x, axis=-1, descending=True), lambda x: torch.sort(x, dim=-1, descending=True, stable=True).values, [normal(3, 5)]),
     Row(Prim.EINSUM, lambda a, b: sg.einsum("ij,jk->ik", a, b), lambda a, b: torch.einsum("ij,jk->ik", a, b), [normal(2, 3), normal(3, 4)]),
     Row(Prim.RESHAPE, lambda x: x.reshape((3, 2)) * 1.5, lambda x: x.reshape(3, 2) * 1.5, [normal(2, 3)]),
     Row(Prim.PERMUTE, lambda x: P.permute(x, (2, 0, 1)), lambda x: x.permute(2, 0, 1), [normal(2, 3, 4)]),
