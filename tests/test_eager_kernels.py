@@ -1,15 +1,31 @@
-"""NumPy kernels of the eager interpreter that replace a slower NumPy call: the
-branch-free ``select`` of large where's and the planned two-operand einsum. Both are
-checked against the NumPy call they replace (bit for bit / to float tolerance)."""
+"""Kernels of the eager interpreter.
+
+* NumPy kernels that replace a slower NumPy call: the branch-free ``select`` of large
+  where's and the planned two-operand einsum, checked against the NumPy call they replace
+  (bit for bit / to float tolerance).
+* Native kernels (``ops/kernels.py``, ``_fused.py``, ``jit/eager_kernels.py``): composites
+  marked ``eager_kernel`` run as one compiled C call forward and one for the VJP. Every
+  op-table case of such a composite is checked against its NumPy reference with the op
+  table's own tolerances (forward in float32 and float64, gradients against finite
+  differences) and against the NumPy eager path, and the kernel path is checked to be
+  taken; a subset by default, all of them in the slow suite.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
 import shapegrad as sg
+from harness import Case, check_forward, check_gradient
+from modes import Runner, _c_unavailable, _eager_call, _eager_grad
+from op_table import CASES
+from shapegrad import _fused
+from shapegrad.jit import eager_kernels
+from shapegrad.ops import kernels
 from shapegrad.ops.einsum_plan import plan_einsum
 
 RNG = np.random.default_rng(11)
@@ -76,3 +92,206 @@ def test_einsum_plan_matches_np_einsum(
     # through the eager primitive (and its VJP, which is einsums again)
     ta, tb = sg.tensor(a), sg.tensor(b)
     np.testing.assert_allclose(sg.einsum(spec, ta, tb).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+# --- native kernels of eager composites ------------------------------------------------
+
+NATIVE_CASES = [c for c in CASES if _fused.NAMES & set(c.covers)]
+# The default suite's subset: one case per kind of kernel (convolution, pooling, norms,
+# softmax family, activation, loss); the slow suite runs every case above.
+DEFAULT_NATIVE = {
+    "conv2d[stride_pad_bias]",
+    "max_pool2d[k3s2p1]",
+    "layer_norm[affine]",
+    "log_softmax",
+    "gelu[odd]",
+    "cross_entropy[int]",
+}
+
+
+def _native_params(cases: list[Case]) -> list[Any]:
+    return [
+        pytest.param(c, id=c.name, marks=() if c.name in DEFAULT_NATIVE else pytest.mark.slow)
+        for c in cases
+    ]
+
+
+@pytest.fixture
+def native(monkeypatch: pytest.MonkeyPatch) -> Iterator[eager_kernels.CKernels]:
+    """A fresh C provider that compiles every key on first sight, for operands of any size."""
+    reason = _c_unavailable()
+    if reason:
+        pytest.skip(reason)
+    previous = kernels.installed()
+    provider = eager_kernels.CKernels(compile_after=1)
+    monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
+    kernels.install(provider)
+    try:
+        with kernels.enabled(True):
+            yield provider
+    finally:
+        kernels.install(previous)
+
+
+NATIVE = Runner("eager_native", call=_eager_call, grad=_eager_grad)
+
+
+def _numpy_path(fn: Any, *args: Any) -> Any:
+    with kernels.enabled(False):
+        return fn(*args)
+
+
+def test_default_subset_names_exist() -> None:
+    names = {c.name for c in NATIVE_CASES}
+    assert names >= DEFAULT_NATIVE, DEFAULT_NATIVE - names
+    # every marked composite has op-table cases to check it
+    covered = {n for c in NATIVE_CASES for n in c.covers}
+    assert covered >= _fused.NAMES, _fused.NAMES - covered
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("case", _native_params(NATIVE_CASES))
+def test_native_forward_matches_reference(
+    case: Case, dtype: Any, native: eager_kernels.CKernels
+) -> None:
+    before = native.calls
+    check_forward(case, NATIVE, dtype)
+    assert native.calls > before, f"{case.name}: no native kernel ran"
+    # and the NumPy eager path agrees with it (the same tolerance as the reference check)
+    arrays = [a.astype(dtype) if a.dtype.kind == "f" else a for a in case.arrays()]
+    (got,) = _eager_call(case.fn, arrays)
+    (want,) = _numpy_path(_eager_call, case.fn, arrays)
+    tol = (1e-9, 1e-11) if dtype == np.float64 else (case.rtol32, case.atol32)
+    scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1] * scale)
+
+
+@pytest.mark.parametrize("case", _native_params([c for c in NATIVE_CASES if c.grad]))
+def test_native_gradient_matches_reference(case: Case, native: eager_kernels.CKernels) -> None:
+    before = native.calls
+    check_gradient(case, NATIVE)
+    assert native.calls > before, f"{case.name}: no native kernel ran"
+
+
+def _conv_loss(x: sg.Tensor, w: sg.Tensor, b: sg.Tensor) -> sg.Tensor:
+    h = sg.conv2d(x, w, b, padding=1)
+    h = sg.layer_norm(h, axis=(1, 2, 3))
+    return sg.log_softmax(h.reshape((h.shape[0], -1))).mean() + sg.gelu(h).sum()
+
+
+def _conv_args() -> list[sg.Tensor]:
+    rng = np.random.default_rng(5)
+    shapes = [(4, 3, 12, 12), (5, 3, 3, 3), (5,)]
+    return [sg.tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+
+def test_kernel_path_is_taken_and_matches_numpy_path(native: eager_kernels.CKernels) -> None:
+    args = _conv_args()
+    want_v, want_g = _numpy_path(sg.value_and_grad(_conv_loss, argnums=(0, 1, 2)), *args)
+    value, grads = sg.value_and_grad(_conv_loss, argnums=(0, 1, 2))(*args)
+    assert native.compiles == 4  # conv2d, layer_norm, log_softmax, gelu
+    assert native.calls == 4
+    np.testing.assert_allclose(value.numpy(), want_v.numpy(), rtol=1e-5)
+    for g, w in zip(grads, want_g, strict=True):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+    # the output of a fused composite is one tape node: the kernel's VJP marker
+    x, w, b = (sg.tensor(a.numpy()) for a in args)
+
+    def check_tape(x: sg.Tensor) -> sg.Tensor:
+        y = sg.conv2d(x, w, b, padding=1)
+        node = y._tape
+        assert node is not None and "custom_vjp" in node.attrs and node.inputs[0] is x
+        return y.sum()
+
+    sg.grad(check_tape)(x)
+    assert (native.compiles, native.calls) == (4, 5)  # the same conv2d key: no new compile
+
+
+def test_switched_off_and_small_operands_stay_on_numpy(
+    native: eager_kernels.CKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = sg.tensor(np.linspace(-2, 2, 64, dtype=np.float32).reshape(8, 8))
+    with kernels.enabled(False):
+        sg.softmax(x)
+    assert native.calls == 0
+    monkeypatch.setattr(_fused, "MIN_ELEMENTS", 65)
+    sg.softmax(x)
+    assert native.calls == 0
+    monkeypatch.setattr(_fused, "MIN_ELEMENTS", 64)
+    sg.softmax(x)
+    assert native.calls == 1
+
+
+def test_compile_after_counts_sightings(monkeypatch: pytest.MonkeyPatch) -> None:
+    if _c_unavailable():
+        pytest.skip(_c_unavailable() or "")
+    previous = kernels.installed()
+    provider = eager_kernels.CKernels(compile_after=3)
+    monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
+    kernels.install(provider)
+    try:
+        with kernels.enabled(True):
+            x = sg.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+            for expected in (0, 0, 1, 2):
+                got = sg.log_softmax(x, axis=0)
+                assert provider.calls == expected
+                np.testing.assert_allclose(
+                    got.numpy(), _numpy_path(sg.log_softmax, x, 0).numpy(), rtol=1e-6
+                )
+    finally:
+        kernels.install(previous)
+
+
+def test_nested_grad_through_a_fused_composite(native: eager_kernels.CKernels) -> None:
+    """A second-order derivative records the backward: the composite's Python VJP runs
+    (the kernel's VJP is not differentiable), on the tape of the outer grad."""
+    x = sg.tensor(np.linspace(-1.0, 1.0, 12).reshape(3, 4))
+
+    def f(x: sg.Tensor) -> sg.Tensor:
+        return (sg.softmax(x) * sg.softmax(x)).sum()
+
+    def df_sum(x: sg.Tensor) -> sg.Tensor:
+        return (sg.grad(f)(x) * x).sum()
+
+    got = sg.grad(df_sum)(x)
+    want = _numpy_path(sg.grad(df_sum), x)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+    # a vjp recorded at depth 1 and differentiated again goes through the kernel's rule
+    out, pull = sg.vjp(lambda t: sg.gelu(t), x)
+    (g,) = pull(sg.ones_like(out))
+    want_g = _numpy_path(sg.grad(lambda t: sg.gelu(t).sum()), x)
+    np.testing.assert_allclose(g.numpy(), want_g.numpy(), rtol=1e-9)
+
+
+def test_bad_label_raises_index_error_through_the_kernel(native: eager_kernels.CKernels) -> None:
+    logits = sg.tensor(np.zeros((4, 3), np.float32))
+    good = sg.tensor(np.array([0, 1, 2, 0], np.int32))
+    sg.cross_entropy(logits, good)
+    assert native.calls == 1
+    with pytest.raises(IndexError, match=r"labels must lie in \[0, 3\)"):
+        sg.cross_entropy(logits, sg.tensor(np.array([0, 1, 3, 0], np.int32)))
+
+
+def test_env_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv(kernels.ENV, value)
+        assert kernels._env_enabled() is on
+    monkeypatch.setenv(kernels.ENV, "maybe")
+    with pytest.raises(ValueError, match="SHAPEGRAD_EAGER_KERNELS='maybe'"):
+        kernels._env_enabled()
+
+
+def test_env_zero_keeps_numpy_in_a_fresh_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import shapegrad as sg; from shapegrad.ops import kernels; "
+        "print(kernels.installed() is not None, kernels.provider() is None)"
+    )
+    env = {**os.environ, kernels.ENV: "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "True"]
