@@ -144,8 +144,8 @@ def _numpy_path(fn: Any, *args: Any) -> Any:
 def test_default_subset_names_exist() -> None:
     names = {c.name for c in NATIVE_CASES}
     assert names >= DEFAULT_NATIVE, DEFAULT_NATIVE - names
-    # every marked composite has op-table cases to check it
-    covered = {n for c in NATIVE_CASES for n in c.covers}
+    # every marked composite has op-table cases to check it (or NN_CASES below)
+    covered = {n for c in NATIVE_CASES for n in c.covers} | set(NN_CASES)
     assert covered >= _fused.NAMES, _fused.NAMES - covered
 
 
@@ -171,6 +171,60 @@ def test_native_gradient_matches_reference(case: Case, native: eager_kernels.CKe
     before = native.calls
     check_gradient(case, NATIVE)
     assert native.calls > before, f"{case.name}: no native kernel ran"
+
+
+def _causal_attention(q: sg.Tensor, k: sg.Tensor, v: sg.Tensor) -> sg.Tensor:
+    return sg.nn.scaled_dot_product_attention(q, k, v, causal=True)
+
+
+def _masked_attention(q: sg.Tensor, k: sg.Tensor, v: sg.Tensor, m: sg.Tensor) -> sg.Tensor:
+    return sg.nn.scaled_dot_product_attention(q, k, v, mask=m, scale=0.3)
+
+
+# Marked composites of sg.nn (not in the op table): checked against the NumPy path.
+NN_CASES: dict[str, list[tuple[Any, list[tuple[int, ...] | str]]]] = {
+    "rms_norm": [
+        (lambda x, w: sg.nn.rms_norm(x, w), [(3, 5, 8), (8,)]),
+        (lambda x: sg.nn.rms_norm(x, eps=1e-3), [(4, 6)]),
+    ],
+    "scaled_dot_product_attention": [
+        (_causal_attention, [(2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 6)]),
+        (_masked_attention, [(2, 4, 3), (2, 5, 3), (2, 5, 2), "mask"]),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "fn,shapes",
+    [pytest.param(fn, shapes, id=f"{name}{i}") for name, cases in NN_CASES.items()
+     for i, (fn, shapes) in enumerate(cases)],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_nn_kernels_match_numpy_path(
+    fn: Any, shapes: list[Any], dtype: Any, native: eager_kernels.CKernels
+) -> None:
+    rng = np.random.default_rng(3)
+    args = [
+        sg.tensor(rng.random((2, 4, 5)) < 0.7)
+        if s == "mask"
+        else sg.tensor(rng.standard_normal(s).astype(dtype))
+        for s in shapes
+    ]
+    floats = tuple(i for i, a in enumerate(args) if a.dtype.is_float)
+    out = fn(*args)
+    ct = sg.tensor(rng.standard_normal(out.shape).astype(dtype))
+
+    def objective(*xs: sg.Tensor) -> sg.Tensor:
+        return (fn(*xs) * ct).sum()
+
+    grads = sg.grad(objective, argnums=floats)(*args)
+    assert native.calls == 2, "forward and the objective's forward each ran one kernel"
+    want_out = _numpy_path(fn, *args)
+    want_grads = _numpy_path(sg.grad(objective, argnums=floats), *args)
+    rtol, atol = (1e-9, 1e-11) if dtype == np.float64 else (2e-4, 2e-5)
+    np.testing.assert_allclose(out.numpy(), want_out.numpy(), rtol=rtol, atol=atol)
+    for g, w in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=rtol, atol=atol)
 
 
 def _conv_loss(x: sg.Tensor, w: sg.Tensor, b: sg.Tensor) -> sg.Tensor:

@@ -418,6 +418,7 @@ def argmax(
 # --- contraction ------------------------------------------------------------------------
 
 
+@eager_kernel("matmul")
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with NumPy semantics: vectors, batch dims broadcast."""
     a, b = _t(a), _t(b)
