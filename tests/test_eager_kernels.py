@@ -349,3 +349,36 @@ def test_env_zero_keeps_numpy_in_a_fresh_process() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("policy", ["recompute", "residuals"])
+def test_scan_runs_as_one_kernel_forward_and_backward(
+    policy: str, native: eager_kernels.CKernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SCAN's NumPy rule is a Python loop over its body: eagerly it runs as one native call,
+    keyed by the body's content (each sg.scan call traces a new body object), and so
+    does its VJP (another SCAN)."""
+    from shapegrad.ops import eager
+
+    monkeypatch.setattr(eager, "KERNEL_MIN_ELEMENTS", 0)
+    rng = np.random.default_rng(8)
+    ws = sg.tensor(rng.standard_normal((3, 6, 6)).astype(np.float32) * 0.4)
+    h0 = sg.tensor(rng.standard_normal((4, 6)).astype(np.float32))
+
+    def loss(ws: sg.Tensor, h0: sg.Tensor) -> sg.Tensor:
+        def layer(h: sg.Tensor, w: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+            h = sg.tanh(h @ w)
+            return h, h.sum(axis=1)
+
+        h, ys = sg.scan(layer, h0, ws, policy=policy)
+        return (h * h).sum() + ys.sum()
+
+    vg = sg.value_and_grad(loss, argnums=(0, 1))
+    want_v, want_g = _numpy_path(vg, ws, h0)
+    for step in range(2):  # the second call traces a new body: the same kernel (by content)
+        value, grads = vg(ws, h0)
+        assert native.compiles == 2, step  # the forward SCAN and its VJP SCAN
+        np.testing.assert_allclose(value.numpy(), want_v.numpy(), rtol=1e-5)
+        for g, w in zip(grads, want_g, strict=True):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+    assert native.calls == 4

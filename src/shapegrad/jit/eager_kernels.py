@@ -27,9 +27,11 @@ import numpy as np
 
 from shapegrad import autodiff
 from shapegrad.backends.base import Array, BackendUnavailable
+from shapegrad.compiler.graphkey import Unkeyable, canonical_text
+from shapegrad.ir import freeze_attrs
 from shapegrad.jit import compile as sg_compile
-from shapegrad.ops import kernels
-from shapegrad.ops.protocol import AVal
+from shapegrad.ops import kernels, prims
+from shapegrad.ops.protocol import Attrs, AVal, Prim
 
 # The n-th sighting of a key compiles it (earlier ones run on NumPy).
 COMPILE_AFTER = 2
@@ -141,6 +143,18 @@ class CKernels:
             return None
         self.calls += 1
         return entry  # type: ignore[return-value]
+
+    def primitive(self, prim: Prim, inputs: Sequence[AVal], attrs: Attrs) -> _Kernel | None:
+        try:  # by content: a SCAN's body is a new object at every trace of the loop
+            text = canonical_text(freeze_attrs(attrs))
+        except Unkeyable:
+            return None
+        key = ("primitive", prim.value, text, tuple((a.shape, a.dtype.name) for a in inputs))
+
+        def one_op(*operands: Any) -> Any:
+            return prims.bind(prim, list(operands), None, **attrs)
+
+        return self.composite(key, one_op, inputs)
 
     def _build(self, fn: Callable[..., Any], inputs: Sequence[AVal]) -> _Kernel | str:
         try:

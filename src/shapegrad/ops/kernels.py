@@ -5,7 +5,9 @@ The eager interpreter is core and may not import a backend. A higher layer
 :class:`KernelProvider`. A composite marked with ``_fused.eager_kernel`` (a convolution,
 a pooling, a norm, softmax, ...) asks it, in eager mode, for a :class:`CompositeKernel`
 of its operand types: one native call for the forward and one for the VJP, compiled
-from the composite itself (the same loop IR and renderer as ``sg.compile``). The
+from the composite itself (the same loop IR and renderer as ``sg.compile``). The eager
+interpreter asks it for single primitives whose NumPy rule is slow (SCAN: a Python loop
+over its body), forward only: their VJP rules are primitives again. The
 provider may decline (no C compiler, an op it has not seen often enough, an unusual
 operand); the composite then runs primitive by primitive on NumPy (``ops/reference.py``,
 the reference), as it does for every op when no provider is installed or kernels are
@@ -20,7 +22,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Protocol
 
-from shapegrad.ops.protocol import AVal
+from shapegrad.ops.protocol import Attrs, AVal, Prim
 
 ENV = "SHAPEGRAD_EAGER_KERNELS"
 
@@ -48,6 +50,13 @@ class KernelProvider(Protocol):
     ) -> CompositeKernel | None:
         """The kernel of ``fn`` (a function of tensors ``inputs``; ``key`` names ``fn`` and
         every static argument it closes over), or None."""
+        ...
+
+    def primitive(
+        self, prim: Prim, inputs: Sequence[AVal], attrs: Attrs
+    ) -> CompositeKernel | None:
+        """The kernel of one primitive (keyed by its attributes' content, e.g. a SCAN's
+        traced body, which is a new object at every trace), or None."""
         ...
 
 
