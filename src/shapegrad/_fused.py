@@ -146,7 +146,7 @@ def _call(
         }
         return fn(*call_args, **call_kwargs)
 
-    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors])
+    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name)
     if kernel is None:
         return None
     arrays = [t._payload for t in tensors]

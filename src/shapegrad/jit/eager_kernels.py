@@ -35,8 +35,9 @@ from shapegrad.ops.protocol import Attrs, AVal, Prim
 
 # The n-th sighting of a key compiles it (earlier ones run on NumPy).
 COMPILE_AFTER = 2
-# Entries kept before the cache starts over (each holds a loaded library).
-MAX_ENTRIES = 2048
+# Kernels kept at once; beyond it the oldest go (each holds a loaded library and its arena,
+# tens of MB for a large convolution's patches). A training loop uses tens of keys.
+MAX_ENTRIES = 256
 _DECLINED = "declined"
 
 
@@ -49,8 +50,11 @@ def _ready(array: Any) -> Array:
 class _Kernel:
     """One composite at one key: its forward executable and its VJPs by ``needs``."""
 
-    def __init__(self, fn: Callable[..., Any], avals: Sequence[AVal], forward: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], avals: Sequence[AVal], forward: Any, name: str
+    ) -> None:
         self.fn = fn
+        self.name = name
         self.avals = list(avals)
         self.out: AVal = forward.graph.outputs[0].aval
         self._forward = forward
@@ -67,7 +71,7 @@ class _Kernel:
         self, arrays: Sequence[Any], cotangent: Any, needs: tuple[bool, ...]
     ) -> list[Any] | None:
         if needs not in self._backward:  # None: declined (the caller differentiates in Python)
-            self._backward[needs] = _compile_vjp(self.fn, self.avals, self.out, needs)
+            self._backward[needs] = _compile_vjp(self.fn, self.avals, self.out, needs, self.name)
         exe = self._backward[needs]
         if exe is None:
             return None
@@ -84,7 +88,7 @@ def _lower(fn: Callable[..., Any], avals: Sequence[AVal], name: str) -> Any:
 
 
 def _compile_vjp(
-    fn: Callable[..., Any], avals: Sequence[AVal], out: AVal, needs: tuple[bool, ...]
+    fn: Callable[..., Any], avals: Sequence[AVal], out: AVal, needs: tuple[bool, ...], name: str
 ) -> Any | None:
     """The executable of ``(operands..., cotangent) -> cotangents of the needed operands``."""
     wanted = [i for i, need in enumerate(needs) if need]
@@ -105,7 +109,7 @@ def _compile_vjp(
         return tuple(pull(ct))
 
     try:
-        return _lower(vjp_of, [*avals, out], "eager_vjp")
+        return _lower(vjp_of, [*avals, out], f"{name}_vjp")
     except Exception:  # a VJP the backend cannot build: differentiate in Python instead
         return None
 
@@ -123,7 +127,7 @@ class CKernels:
         self.calls = 0  # forward calls answered with a kernel
 
     def composite(
-        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal]
+        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal], name: str
     ) -> _Kernel | None:
         entry = self._entries.get(key)
         if entry is None:
@@ -135,9 +139,9 @@ class CKernels:
                     if len(self._seen) > 4 * MAX_ENTRIES:
                         self._seen.clear()
                     return None
-                entry = self._build(fn, inputs)
-                if len(self._entries) >= MAX_ENTRIES:
-                    self._entries.clear()
+                entry = self._build(fn, inputs, name)
+                while len(self._entries) >= MAX_ENTRIES:  # the oldest first (insertion order)
+                    del self._entries[next(iter(self._entries))]
                 self._entries[key] = entry
         if type(entry) is str:
             return None
@@ -154,11 +158,11 @@ class CKernels:
         def one_op(*operands: Any) -> Any:
             return prims.bind(prim, list(operands), None, **attrs)
 
-        return self.composite(key, one_op, inputs)
+        return self.composite(key, one_op, inputs, prim.value)
 
-    def _build(self, fn: Callable[..., Any], inputs: Sequence[AVal]) -> _Kernel | str:
+    def _build(self, fn: Callable[..., Any], inputs: Sequence[AVal], name: str) -> _Kernel | str:
         try:
-            exe = _lower(fn, inputs, "eager_kernel")
+            exe = _lower(fn, inputs, name)
         except BackendUnavailable as exc:
             self.unavailable = str(exc)
             return _DECLINED
@@ -168,7 +172,7 @@ class CKernels:
         if len(outputs) != 1:
             return _DECLINED
         self.compiles += 1
-        return _Kernel(fn, inputs, exe)
+        return _Kernel(fn, inputs, exe, name)
 
 
 _PROVIDER: list[CKernels] = []

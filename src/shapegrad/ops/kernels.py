@@ -46,10 +46,11 @@ class KernelProvider(Protocol):
     """Answers "a native kernel for this composite call?"; None keeps it on NumPy."""
 
     def composite(
-        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal]
+        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal], name: str
     ) -> CompositeKernel | None:
         """The kernel of ``fn`` (a function of tensors ``inputs``; ``key`` names ``fn`` and
-        every static argument it closes over), or None."""
+        every static argument it closes over; ``name`` is for people: errors the compiled
+        code raises name it), or None."""
         ...
 
     def primitive(
