@@ -49,13 +49,34 @@ class _Slot:
         self.index = index
 
 
+class _Seq:
+    """A list or tuple argument holding tensors (an optimizer's leaves), as a template."""
+
+    __slots__ = ("entries", "kind")
+
+    def __init__(self, kind: type, entries: list[Any]) -> None:
+        self.kind, self.entries = kind, entries
+
+
+def _fill(entry: Any, operands: Sequence[Any]) -> Any:
+    """A template entry with the operands in its tensors' places."""
+    kind = type(entry)
+    if kind is _Slot:
+        return operands[entry.index]
+    if kind is _Seq:
+        return entry.kind(_fill(e, operands) for e in entry.entries)
+    return entry
+
+
 def eager_kernel(name: str) -> Callable[[F], F]:
     """Run the decorated composite as one native kernel (forward and VJP) in eager mode.
 
     ``name`` names the composite in the kernel cache key (with the operand types and the
-    static arguments). Tensor arguments become kernel operands; every other argument must
-    be static data (None, bool, int, float, str, tuples/lists of them), else the call runs
-    as written.
+    static arguments). Tensor arguments (also inside lists and tuples) become kernel
+    operands; every other argument must be static data (None, bool, int, float, str, a
+    hashable frozen dataclass such as an optimizer), else the call runs as written. A
+    composite with several outputs (a pytree) runs as a kernel only where no tape records
+    it (an optimizer update); one output is one tape node whose VJP is a kernel too.
     """
 
     def decorate(fn: F) -> F:
@@ -86,16 +107,21 @@ def _static(value: Any) -> Any:
         return (kind, value)
     if kind is float:
         return (kind, repr(value))  # NaN keys equal to themselves
-    if kind is tuple or kind is list:
-        inner = tuple(_static(v) for v in value)
-        return _UNKEYABLE if any(v is _UNKEYABLE for v in inner) else (kind, inner)
+    params = getattr(kind, "__dataclass_params__", None)
+    if params is not None and params.frozen:  # an optimizer's settings: equal by value
+        try:
+            hash(value)
+        except TypeError:
+            return _UNKEYABLE
+        return (kind, value)
     return _UNKEYABLE
 
 
 def _operand(value: Any, tensors: list[Tensor], parts: list[Hashable]) -> Any:
-    """``value``'s template entry (a ``_Slot`` for a tensor), its key part appended;
-    ``_UNKEYABLE`` when the call cannot run as a kernel."""
-    if type(value) is Tensor:
+    """``value``'s template entry (a ``_Slot`` for a tensor, a ``_Seq`` for a list or
+    tuple), its key parts appended; ``_UNKEYABLE`` when the call cannot run as a kernel."""
+    kind = type(value)
+    if kind is Tensor:
         payload = value._payload
         if value._ops is not EAGER or type(payload) is not np.ndarray:
             return _UNKEYABLE  # traced, batched (vmap) or an unusual payload
@@ -105,6 +131,15 @@ def _operand(value: Any, tensors: list[Tensor], parts: list[Hashable]) -> Any:
         parts.append((aval.shape, aval.dtype.name))
         tensors.append(value)
         return _Slot(len(tensors) - 1)
+    if kind is tuple or kind is list:
+        parts.append((kind, len(value)))
+        entries = []
+        for item in value:
+            entry = _operand(item, tensors, parts)
+            if entry is _UNKEYABLE:
+                return _UNKEYABLE
+            entries.append(entry)
+        return _Seq(kind, entries)
     key = _static(value)
     if key is _UNKEYABLE:
         return _UNKEYABLE
@@ -118,7 +153,7 @@ def _call(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> Tensor | None:
+) -> Any:
     """``fn(*args, **kwargs)`` through the provider's kernel, or None (run it as written)."""
     tensors: list[Tensor] = []
     parts: list[Hashable] = [name, fn.__module__, len(args)]
@@ -140,19 +175,23 @@ def _call(
 
     def pure(*operands: Tensor) -> Any:
         """The composite as a function of its tensor operands alone (no data captured)."""
-        call_args = [operands[e.index] if type(e) is _Slot else e for e in template]
-        call_kwargs = {
-            k: operands[e.index] if type(e) is _Slot else e for k, e in kw_template.items()
-        }
+        call_args = [_fill(e, operands) for e in template]
+        call_kwargs = {k: _fill(e, operands) for k, e in kw_template.items()}
         return fn(*call_args, **call_kwargs)
 
     kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name)
     if kernel is None:
         return None
+    tracked = STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors)
+    if tracked and not kernel.single:
+        return None  # several outputs: one tape node cannot carry them; run it as written
     arrays = [t._payload for t in tensors]
-    value = kernel.forward(arrays)
-    out = Tensor(EAGER, value, AVal(tuple(value.shape), _DTYPE_OF[value.dtype]))
-    if STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors):
+    values = kernel.forward(arrays)
+    outs = [Tensor(EAGER, v, AVal(tuple(v.shape), _DTYPE_OF[v.dtype])) for v in values]
+    if not kernel.single:
+        return kernel.rebuild(outs)
+    (out,) = outs
+    if tracked:
 
         def rule(ct: Tensor, needs: Sequence[bool]) -> list[Tensor | None]:
             assert kernel is not None

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shapegrad import autodiff
+from shapegrad import autodiff, tree
 from shapegrad.backends.base import Array, BackendUnavailable
 from shapegrad.compiler.graphkey import Unkeyable, canonical_text
 from shapegrad.ir import freeze_attrs
@@ -51,21 +51,25 @@ class _Kernel:
     """One composite at one key: its forward executable and its VJPs by ``needs``."""
 
     def __init__(
-        self, fn: Callable[..., Any], avals: Sequence[AVal], forward: Any, name: str
+        self, fn: Callable[..., Any], avals: Sequence[AVal], lowered: Any, name: str
     ) -> None:
         self.fn = fn
         self.name = name
         self.avals = list(avals)
-        self.out: AVal = forward.graph.outputs[0].aval
+        forward = lowered.executable
+        outputs = forward.graph.outputs
+        self.single = len(outputs) == 1 and lowered.out_treedef.kind == "leaf"
+        self.out: AVal = outputs[0].aval
+        self.rebuild = tree.unflattener(lowered.out_treedef)
         self._forward = forward
         self._backward: dict[tuple[bool, ...], Any | None] = {}
         self._lock = threading.Lock()  # an executable's I/O table is not reentrant
 
-    def forward(self, arrays: Sequence[Any]) -> Any:
+    def forward(self, arrays: Sequence[Any]) -> list[Any]:
         inputs = [_ready(a) for a in arrays]
         with self._lock:
-            (out,) = self._forward.run_validated(inputs)
-        return out
+            outs: list[Any] = self._forward.run_validated(inputs)
+        return outs
 
     def backward(
         self, arrays: Sequence[Any], cotangent: Any, needs: tuple[bool, ...]
@@ -82,9 +86,9 @@ class _Kernel:
 
 
 def _lower(fn: Callable[..., Any], avals: Sequence[AVal], name: str) -> Any:
-    """The C executable of ``fn`` at ``avals`` (traced from zeros of those types)."""
+    """The C ``Lowered`` of ``fn`` at ``avals`` (traced from zeros of those types)."""
     examples = [np.zeros(a.shape, a.dtype.numpy) for a in avals]
-    return sg_compile(fn, backend="c", name=name).lower(*examples).executable
+    return sg_compile(fn, backend="c", name=name).lower(*examples)
 
 
 def _compile_vjp(
@@ -109,7 +113,7 @@ def _compile_vjp(
         return tuple(pull(ct))
 
     try:
-        return _lower(vjp_of, [*avals, out], f"{name}_vjp")
+        return _lower(vjp_of, [*avals, out], f"{name}_vjp").executable
     except Exception:  # a VJP the backend cannot build: differentiate in Python instead
         return None
 
@@ -162,17 +166,16 @@ class CKernels:
 
     def _build(self, fn: Callable[..., Any], inputs: Sequence[AVal], name: str) -> _Kernel | str:
         try:
-            exe = _lower(fn, inputs, name)
+            lowered = _lower(fn, inputs, name)
         except BackendUnavailable as exc:
             self.unavailable = str(exc)
             return _DECLINED
         except Exception:  # anything the composite or backend raises: the NumPy path runs
             return _DECLINED  # it and raises the user-facing error
-        outputs = exe.graph.outputs
-        if len(outputs) != 1:
+        if not lowered.executable.graph.outputs:
             return _DECLINED
         self.compiles += 1
-        return _Kernel(fn, inputs, exe, name)
+        return _Kernel(fn, inputs, lowered, name)
 
 
 _PROVIDER: list[CKernels] = []

@@ -265,7 +265,9 @@ def _native(prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Any:
     if any(t.aval.dtype.name not in _KERNEL_DTYPES for t in inputs):
         return None
     kernel = provider.primitive(prim, [t.aval for t in inputs], attrs)
-    return None if kernel is None else kernel.forward([t._payload for t in inputs])
+    if kernel is None or not kernel.single:
+        return None
+    return kernel.forward([t._payload for t in inputs])[0]
 
 
 EAGER = EagerOps()

@@ -30,8 +30,14 @@ ENV = "SHAPEGRAD_EAGER_KERNELS"
 class CompositeKernel(Protocol):
     """A composite compiled for one operand signature (the provider's cache entry)."""
 
-    def forward(self, arrays: Sequence[Any]) -> Any:
-        """The composite's result (a NumPy array) from its tensor operands' arrays."""
+    single: bool  # one output array (else a pytree of them: ``rebuild``)
+
+    def forward(self, arrays: Sequence[Any]) -> list[Any]:
+        """The composite's outputs (NumPy arrays) from its tensor operands' arrays."""
+        ...
+
+    def rebuild(self, leaves: list[Any]) -> Any:
+        """The composite's output structure around ``leaves`` (one per output array)."""
         ...
 
     def backward(
