@@ -448,3 +448,29 @@ def test_optimizer_update_is_one_kernel(optimizer: Any, native: eager_kernels.CK
         )
         for a, b in pairs:
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_no_c_compiler_falls_back_to_numpy(tmp_path: Any) -> None:
+    """Without a C compiler the provider declines every key (once it knows) and the eager
+    results are the NumPy path's."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, shapegrad as sg
+from shapegrad.jit import eager_kernels
+from shapegrad.ops import kernels
+x = sg.tensor(np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64))
+outs = [sg.log_softmax(x).numpy() for _ in range(3)]
+with kernels.enabled(False):
+    want = sg.log_softmax(x).numpy()
+p = eager_kernels.installed()
+assert all(np.array_equal(o, want) for o in outs)
+print(p.compiles, p.calls, p.unavailable is not None, len(p.declined))
+"""
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "XDG_CACHE_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "0", "True", "1"], out.stdout + out.stderr

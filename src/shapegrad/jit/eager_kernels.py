@@ -129,6 +129,9 @@ class CKernels:
         self.unavailable: str | None = None  # why the C backend cannot run, once known
         self.compiles = 0  # kernels built (forward ones), for tests and benchmarks
         self.calls = 0  # forward calls answered with a kernel
+        # why keys were declined ("name: error"), the latest few: a silent NumPy fallback
+        # is only slower, so this is where to look when eager code is unexpectedly slow
+        self.declined: list[str] = []
 
     def composite(
         self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal], name: str
@@ -169,13 +172,18 @@ class CKernels:
             lowered = _lower(fn, inputs, name)
         except BackendUnavailable as exc:
             self.unavailable = str(exc)
-            return _DECLINED
-        except Exception:  # anything the composite or backend raises: the NumPy path runs
-            return _DECLINED  # it and raises the user-facing error
+            return self._decline(name, exc)
+        except Exception as exc:  # anything the composite or backend raises: the NumPy
+            return self._decline(name, exc)  # path runs it and raises the user-facing error
         if not lowered.executable.graph.outputs:
-            return _DECLINED
+            return self._decline(name, ValueError("no outputs"))
         self.compiles += 1
         return _Kernel(fn, inputs, lowered, name)
+
+
+    def _decline(self, name: str, exc: BaseException) -> str:
+        self.declined = [*self.declined[-15:], f"{name}: {type(exc).__name__}: {exc}"]
+        return _DECLINED
 
 
 _PROVIDER: list[CKernels] = []
