@@ -3,6 +3,10 @@
 Recording happens only while gradients are enabled and some input is
 *tracked* (a leaf created by ``sg.grad`` or the output of a recorded op), so
 plain inference pays nothing for autodiff.
+
+Native kernels (``ops/kernels.py``): a SCAN asks the installed kernel provider for a
+compiled kernel before its NumPy rule runs; composites marked ``_fused.eager_kernel`` ask
+it above this module. NumPy (``reference.py``) stays the reference and the fallback.
 """
 
 from __future__ import annotations
