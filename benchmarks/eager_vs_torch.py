@@ -228,7 +228,10 @@ def measure(name: str) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        sys.exit("eager_vs_torch.py compares against PyTorch eager: pip install torch (CPU)")
 
     torch.set_num_threads(OPTS.threads)
     busy = [
