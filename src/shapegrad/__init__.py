@@ -112,6 +112,7 @@ from shapegrad.functional import (
 )
 from shapegrad.io import load_checkpoint, save_checkpoint
 from shapegrad.jit import compile
+from shapegrad.jit import eager_kernels as _eager_kernels
 from shapegrad.ops.eager import check_numerics, no_grad, tensor
 from shapegrad.shapes import ShapeError
 from shapegrad.tensor import Tensor, TraceError
@@ -260,3 +261,5 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+_eager_kernels.install()  # eager composites as native kernels (ops/kernels.py)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shapegrad import functional as F
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import DTypeError, DTypeLike, bfloat16, bool_, float16, float32, int32, uint8
 from shapegrad.ops import prims as p
 from shapegrad.ops.protocol import Prim
@@ -41,6 +42,7 @@ def _number(op: str, name: str, value: object) -> float:
 # --- activations ----------------------------------------------------------------------
 
 
+@eager_kernel("silu")
 def silu(x: Tensor) -> Tensor:
     """SiLU (swish): ``x * sigmoid(x)``.
 

@@ -13,6 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from shapegrad._fused import eager_kernel
 from shapegrad._winograd import winograd_conv2d
 from shapegrad.dtypes import DTypeError
 from shapegrad.ops import prims as p
@@ -108,6 +109,7 @@ def _choose_algorithm(algorithm: str, x: Tensor, w: Tensor, stride: tuple[int, i
     return algorithm
 
 
+@eager_kernel("conv2d")
 def conv2d(
     x: Tensor,
     w: Tensor,
@@ -224,6 +226,7 @@ def _lowest(x: Tensor) -> float:
     return float(info.min)
 
 
+@eager_kernel("max_pool2d")
 def max_pool2d(
     x: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0
 ) -> Tensor:
@@ -244,6 +247,7 @@ def max_pool2d(
     return p.reduce_max(cols, [2])
 
 
+@eager_kernel("avg_pool2d")
 def avg_pool2d(
     x: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0
 ) -> Tensor:

@@ -22,6 +22,7 @@ import string
 from collections import Counter
 from dataclasses import dataclass
 
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import int32
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
@@ -161,6 +162,7 @@ def _contract(a: _Operand, b: _Operand | None, keep: list[str]) -> _Operand:
     return _Operand(keep, p.einsum(spec, *args))
 
 
+@eager_kernel("einsum")
 def einsum(spec: str, *operands: Tensor) -> Tensor:
     """Einstein summation with NumPy's rules (``np.einsum(spec, *operands)``).
 

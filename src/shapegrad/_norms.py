@@ -13,6 +13,7 @@ import math
 import numbers
 from collections.abc import Sequence
 
+from shapegrad._fused import eager_kernel
 from shapegrad.ops import prims as p
 from shapegrad.ops.eager import tensor
 from shapegrad.shapes import ShapeError, fmt, normalize_axes
@@ -43,6 +44,7 @@ def check_setting(op: str, name: str, value: object, low: float, high: float) ->
     raise ValueError(f"{op}: {name} must be a finite number {valid}, got {value!r}")
 
 
+@eager_kernel("layer_norm")
 def layer_norm(
     x: Tensor,
     weight: Tensor | None = None,
@@ -141,6 +143,7 @@ def batch_norm(
     return y, new_mean, new_var
 
 
+@eager_kernel("group_norm")
 def group_norm(
     x: Tensor,
     num_groups: int,

@@ -15,6 +15,7 @@ import numpy as np
 
 from shapegrad._composites import flip
 from shapegrad._conv import conv2d
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import DTypeError, int32
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, fmt
@@ -27,6 +28,7 @@ def _positive_int(op: str, name: str, value: object, minimum: int) -> int:
     return value
 
 
+@eager_kernel("conv1d")
 def conv1d(
     x: Tensor, w: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0
 ) -> Tensor:
@@ -192,6 +194,7 @@ def _pad_or_crop(x: Tensor, low: tuple[int, int], high: tuple[int, int]) -> Tens
     return p.pad(x, pos_low, pos_high)
 
 
+@eager_kernel("conv_transpose2d")
 def conv_transpose2d(
     x: Tensor,
     w: Tensor,

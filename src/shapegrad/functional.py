@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import (
     DType,
     DTypeError,
@@ -355,6 +356,7 @@ def var(
     return sum(centered * centered, axis=axes, keepdims=keepdims) / float(count - ddof)
 
 
+@eager_kernel("logsumexp")
 def logsumexp(
     x: Tensor,
     axis: Axis = None,
@@ -391,6 +393,7 @@ def _logsumexp(x: Tensor, axis: Axis, keepdims: bool, finite_shift: bool) -> Ten
     )
 
 
+@eager_kernel("softmax")
 def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), stable for large magnitudes."""
     axis = _torch_axis("softmax", axis, dim, default=-1)
@@ -401,6 +404,7 @@ def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
     return e / sum(e, axis=axis, keepdims=True)
 
 
+@eager_kernel("log_softmax")
 def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
     """x - logsumexp(x) along ``axis`` (or ``dim``); a row holding an infinity is NaN, as in PyTorch."""
     axis = _torch_axis("log_softmax", axis, dim, default=-1)
@@ -434,6 +438,7 @@ def argmax(
 # --- contraction ------------------------------------------------------------------------
 
 
+@eager_kernel("matmul")
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with NumPy semantics: vectors, batch dims broadcast."""
     a, b = _t(a), _t(b)
@@ -471,6 +476,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return product
 
 
+@eager_kernel("gelu")
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     """GELU activation; by default the **tanh approximation** (PyTorch's
     ``approximate="tanh"``; shapegrad's default since before ``erf`` existed).
@@ -650,6 +656,7 @@ def gather(x: Tensor, indices: Any, axis: int) -> Tensor:
     return take(x, indices, axis)
 
 
+@eager_kernel("embedding")
 def embedding(table: Tensor, ids: Any) -> Tensor:
     """Rows of ``table [V, D]`` for integer ``ids`` of any shape: ``ids.shape + [D]``.
 
@@ -679,6 +686,7 @@ def one_hot(labels: Tensor, num_classes: int, dtype: Any = "float32") -> Tensor:
 # --- losses and normalisation ------------------------------------------------------------
 
 
+@eager_kernel("cross_entropy")
 def cross_entropy(logits: Tensor, labels: Tensor, axis: int = -1) -> Tensor:
     """Mean softmax cross-entropy of ``logits [b, c]``, or of N-d logits with classes on
     ``axis`` (PyTorch's ``[N, C, d1, ...]`` layout is ``axis=1``; the default is the last).
@@ -777,6 +785,7 @@ def _labels_checked(labels: Tensor, c: int, like: Tensor) -> Tensor:
     return low + high
 
 
+@eager_kernel("mse")
 def mse(pred: Tensor, target: Tensor) -> Tensor:
     """Mean squared error ``mean((pred - target) ** 2)``; shapes must match exactly."""
     pred, target = _t(pred), _t(target)

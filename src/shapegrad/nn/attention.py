@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 
 from shapegrad import functional as F
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import ALL_DTYPES, int32
 from shapegrad.ops import prims as p
 from shapegrad.shapes import ShapeError, broadcast_shapes, fmt
@@ -90,6 +91,7 @@ def causal_mask(tq: int, tk: int, like: Tensor) -> Tensor:
     return cols <= rows + (tk - tq)
 
 
+@eager_kernel("scaled_dot_product_attention")
 def scaled_dot_product_attention(
     q: Tensor,
     k: Tensor,

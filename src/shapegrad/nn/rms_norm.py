@@ -15,6 +15,7 @@ import ml_dtypes
 from jaxtyping import Float
 
 from shapegrad import functional as F
+from shapegrad._fused import eager_kernel
 from shapegrad.nn._module import Module, field
 from shapegrad.shapes import ShapeError, fmt
 from shapegrad.tensor import Tensor
@@ -22,6 +23,7 @@ from shapegrad.tensor import Tensor
 __all__ = ["RMSNorm", "rms_norm"]
 
 
+@eager_kernel("rms_norm")
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` for ``x: [..., c]``, ``weight: [c]``."""
     if not x.ndim or not x.dtype.is_float:

@@ -3,6 +3,10 @@
 Recording happens only while gradients are enabled and some input is
 *tracked* (a leaf created by ``sg.grad`` or the output of a recorded op), so
 plain inference pays nothing for autodiff.
+
+Native kernels (``ops/kernels.py``): a SCAN asks the installed kernel provider for a
+compiled kernel before its NumPy rule runs; composites marked ``_fused.eager_kernel`` ask
+it above this module. NumPy (``reference.py``) stays the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad.dtypes import ALL_DTYPES, DType, bool_
-from shapegrad.ops import prims, reference
+from shapegrad.ops import kernels, prims, reference
 from shapegrad.ops.protocol import (
     COMPARISON,
     FLOAT_ONLY_UNARY,
@@ -57,6 +61,13 @@ _NEVER_FLAGS = COMPARISON | {Prim.MAX, Prim.MIN, Prim.NEG, Prim.ABS, Prim.WHERE}
 # Index maps and selections: no arithmetic, so no floating-point flags either.
 _NO_ARITHMETIC = LAYOUT | SOURCES | {Prim.REDUCE_MAX, Prim.GATHER, Prim.STOP_GRADIENT, Prim.ARGSORT}
 _AVALS: dict[tuple[Shape, str], AVal] = {}
+# Primitives that run as one native kernel when a provider is installed (``ops/kernels.py``):
+# SCAN, whose NumPy rule is a Python loop over its body's primitives (a layer loop's
+# forward and its VJP, itself a SCAN). Operands of these dtypes only, the largest of at
+# least KERNEL_MIN_ELEMENTS (below it, as for composites, NumPy is no slower).
+_KERNEL_PRIMS = frozenset({Prim.SCAN})
+_KERNEL_DTYPES = frozenset({"float32", "float64", "int32", "bool"})
+KERNEL_MIN_ELEMENTS = 2048
 
 
 def _aval(shape: Shape, dtype: DType) -> AVal:
@@ -110,6 +121,10 @@ class EagerOps:
         arrays = [t._payload for t in inputs]
         if any(not isinstance(a, np.ndarray) for a in arrays):
             raise TypeError(f"{prim.value}: eager op received a traced tensor")
+        if prim in _KERNEL_PRIMS and not STATE.check_numerics:
+            value = _native(prim, inputs, attrs)
+            if value is not None:
+                return self._finish(prim, value, aval, inputs, attrs)
         if STATE.quiet or prim in _NO_ARITHMETIC:
             value = reference.evaluate(prim, arrays, attrs, aval.dtype)
         else:
@@ -244,6 +259,19 @@ class EagerOps:
             for t in tensors:
                 t._tape = None
                 t._leaf = False
+
+
+def _native(prim: Prim, inputs: Sequence[Tensor], attrs: Attrs) -> Any:
+    """``prim`` on ``inputs`` through the kernel provider, or None (run the NumPy rule)."""
+    provider = kernels.provider()
+    if provider is None or max(t.size for t in inputs) < KERNEL_MIN_ELEMENTS:
+        return None
+    if any(t.aval.dtype.name not in _KERNEL_DTYPES for t in inputs):
+        return None
+    kernel = provider.primitive(prim, [t.aval for t in inputs], attrs)
+    if kernel is None or not kernel.single:
+        return None
+    return kernel.forward([t._payload for t in inputs])[0]
 
 
 EAGER = EagerOps()

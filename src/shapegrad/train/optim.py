@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from shapegrad import tree
+from shapegrad._fused import eager_kernel
 from shapegrad.dtypes import float32, int32
 from shapegrad.functional import minimum
 from shapegrad.ops import prims as p
@@ -194,17 +195,7 @@ class Optimizer:
         slot_leaves = [tree.flatten(state[s])[0] for s in self.slots]
         t = _step_tensor(state, step)
         rate = self.lr if lr is None else lr
-        new_p: list[Any] = []
-        new_slots: list[list[Any]] = [[] for _ in self.slots]
-        for k, (x, g) in enumerate(zip(p_leaves, g_leaves, strict=True)):
-            old = tuple(s[k] for s in slot_leaves)
-            if flags[k]:
-                x, slots = self._update_leaf(x, p.cast(g, x.dtype), old, _scalar(rate, x), t)
-            else:
-                slots = old
-            new_p.append(x)
-            for j, value in enumerate(slots):
-                new_slots[j].append(value)
+        new_p, new_slots = _update_leaves(self, p_leaves, g_leaves, slot_leaves, rate, t, flags)
         new_state: OptState = {"step": p.cast(t, int32)}
         for slot, values in zip(self.slots, new_slots, strict=True):
             new_state[slot] = tree.unflatten(treedef, values)
@@ -214,6 +205,32 @@ class Optimizer:
         self, x: Tensor, g: Tensor, slots: tuple[Tensor, ...], lr: Tensor, t: Tensor
     ) -> tuple[Tensor, tuple[Tensor, ...]]:
         raise NotImplementedError
+
+
+@eager_kernel("optimizer_update")
+def _update_leaves(
+    opt: Optimizer,
+    params: list[Any],
+    grads: list[Any],
+    slots: list[list[Any]],
+    rate: LRLike,
+    t: Tensor,
+    flags: Sequence[bool],
+) -> tuple[list[Any], list[list[Any]]]:
+    """``Optimizer.update``'s loop over the leaves: new parameters and new slots (eagerly
+    one native call for every leaf, ``eager_kernel``, instead of ~15 NumPy calls a leaf)."""
+    new_p: list[Any] = []
+    new_slots: list[list[Any]] = [[] for _ in opt.slots]
+    for k, (x, g) in enumerate(zip(params, grads, strict=True)):
+        old = tuple(s[k] for s in slots)
+        if flags[k]:
+            x, updated = opt._update_leaf(x, p.cast(g, x.dtype), old, _scalar(rate, x), t)
+        else:
+            updated = old
+        new_p.append(x)
+        for j, value in enumerate(updated):
+            new_slots[j].append(value)
+    return new_p, new_slots
 
 
 def _check_grad_shapes(
