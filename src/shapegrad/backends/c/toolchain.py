@@ -4,6 +4,9 @@
 * Compiler: ``$CC`` (default ``cc``). Flags: :data:`DEFAULT_CFLAGS`, replaced
   by ``$SHAPEGRAD_CFLAGS`` when set (e.g. ``-O1 -g -fsanitize=address,undefined``);
   ``-fPIC -shared`` (and the BLAS link line when the program calls it) are always added.
+* BLAS: the scipy-openblas32 wheel (:func:`blas_paths`); ``$SHAPEGRAD_BLAS_CORETYPE``
+  (``auto``: from the CPU's flags) picks its kernel set for shapegrad alone, overriding a
+  process-wide ``$OPENBLAS_CORETYPE`` (``blascore``).
 * Cache: ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``). The key
   hashes the generated source, the compiler's ``--version``, the flags, the CPU
   (``-march=native`` code is CPU-specific) and the shapegrad version. The library
@@ -46,6 +49,7 @@ import platform
 import shlex
 from functools import lru_cache
 
+from shapegrad.backends.c.blascore import core_for_load, loaded_core
 from shapegrad.backends.native import (
     VERSION,
     BuildSpec,
@@ -82,6 +86,7 @@ __all__ = [
     "CacheWarning",
     "CompileError",
     "CompilerNotFound",
+    "blas_core",
     "blas_paths",
     "build_library",
     "cache_dir",
@@ -126,9 +131,22 @@ def cflags() -> list[str]:
 
 @lru_cache(maxsize=1)
 def blas_paths() -> tuple[str, str]:
-    """(library directory, library name) of the scipy-openblas32 wheel."""
-    blas = importlib.import_module("scipy_openblas32")  # untyped third-party module
+    """(library directory, library name) of the scipy-openblas32 wheel.
+
+    Importing the wheel's module loads OpenBLAS, which then keeps its kernel set: the import
+    runs under ``$SHAPEGRAD_BLAS_CORETYPE``'s choice (``blascore``).
+    """
+    with core_for_load():
+        blas = importlib.import_module("scipy_openblas32")  # untyped third-party module
     return str(blas.get_lib_dir()), str(blas.get_library())
+
+
+def blas_core() -> str:
+    """The OpenBLAS kernel set (``Haswell``, ``SkylakeX``, ...) products run on in this
+    process; benchmarks print it next to their figures."""
+    libdir, _ = blas_paths()
+    blas = importlib.import_module("scipy_openblas32")
+    return loaded_core(os.path.join(libdir, str(blas.get_library(fullname=True))))
 
 
 @lru_cache(maxsize=1)
