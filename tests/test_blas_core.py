@@ -24,10 +24,18 @@ AVX512 = AVX2 | SKYLAKEX_FLAGS | {"avx512_bf16", "avx512_vnni"}
 X86 = platform.machine() in ("x86_64", "AMD64")
 
 
-def test_unset_request_leaves_openblas_alone() -> None:
+def test_default_defers_to_the_users_openblas_coretype() -> None:
     for flags in (AVX2, AVX512):
-        assert choose_core("", flags, "x86_64", {}) is None
-        assert choose_core("  ", flags, "x86_64", {"OPENBLAS_CORETYPE": "Haswell"}) is None
+        assert choose_core("", flags, "x86_64", {"OPENBLAS_CORETYPE": "Haswell"}) is None
+        assert choose_core("  ", flags, "x86_64", {"OPENBLAS_CORETYPE": "Zen"}) is None
+
+
+def test_default_picks_by_flags_when_the_user_chose_nothing() -> None:
+    assert choose_core("", AVX512, "x86_64", {}) == "SkylakeX"
+    assert choose_core("", AVX512, "x86_64", {"OPENBLAS_CORETYPE": " "}) == "SkylakeX"
+    assert choose_core("", AVX2, "x86_64", {}) is None  # OpenBLAS's own detection
+    assert choose_core("", AVX512, "aarch64", {}) is None
+    assert choose_core("", frozenset(), "x86_64", {}) is None
 
 
 def test_auto_picks_avx512_kernels_by_flags() -> None:
@@ -130,3 +138,11 @@ def test_auto_core_follows_this_cpu() -> None:
 @needs_x86
 def test_user_openblas_coretype_wins_by_default() -> None:
     assert _probe(None, "Haswell")["core"] == "Haswell"
+
+
+@needs_x86
+def test_default_core_without_user_choice() -> None:
+    result = _probe(None, None)
+    if cpu_flags() >= SKYLAKEX_FLAGS:
+        assert result["core"] == "SkylakeX"
+    assert result["env"] is None  # nothing leaks into the environment

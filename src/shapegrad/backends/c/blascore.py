@@ -15,9 +15,10 @@ wheel (0.3.34) picks ``SkylakeX`` on that CPU by itself.
 scipy-openblas32 wheel) without touching the process's other OpenBLAS libraries (NumPy's
 and SciPy's are separate copies):
 
-* unset or empty (the default): nothing changes: the user's ``OPENBLAS_CORETYPE`` when
-  set, else OpenBLAS's own detection;
-* ``auto``: chosen from the CPU's flags, whatever ``OPENBLAS_CORETYPE`` says: ``SkylakeX``
+* unset or empty (the default): the user's ``OPENBLAS_CORETYPE`` when set; else the
+  set for the CPU's flags, as under ``auto`` (an older wheel that the requirement
+  ``scipy-openblas32>=0.3.27`` allows may not know a new CPU and fall back to AVX2);
+* ``auto``: from the CPU's flags, whatever ``OPENBLAS_CORETYPE`` says: ``SkylakeX``
   (OpenBLAS's AVX-512 single/double GEMM kernels) when the CPU and the OS support the
   AVX-512 subset those kernels use (F, DQ, CD, BW, VL); otherwise OpenBLAS's own detection
   (every AVX2-only CPU, other architectures, flags that cannot be read: no
@@ -65,13 +66,14 @@ def choose_core(
     own detection, or None to leave ``environ`` as it is. ``request`` is the value of
     ``SHAPEGRAD_BLAS_CORETYPE`` (see the module docstring for the rule)."""
     request = request.strip()
-    if not request:
-        return None
-    if request.lower() != "auto":
+    user_set = bool(environ.get("OPENBLAS_CORETYPE", "").strip())
+    if request and request.lower() != "auto":
         return request
+    if not request and user_set:
+        return None  # the default defers to the user's process-wide choice
     if machine in _X86_64 and flags >= SKYLAKEX_FLAGS:
         return AVX512_CORE
-    return "" if environ.get("OPENBLAS_CORETYPE") else None
+    return "" if user_set else None
 
 
 @contextmanager

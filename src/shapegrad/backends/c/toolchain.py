@@ -4,9 +4,10 @@
 * Compiler: ``$CC`` (default ``cc``). Flags: :data:`DEFAULT_CFLAGS`, replaced
   by ``$SHAPEGRAD_CFLAGS`` when set (e.g. ``-O1 -g -fsanitize=address,undefined``);
   ``-fPIC -shared`` (and the BLAS link line when the program calls it) are always added.
-* BLAS: the scipy-openblas32 wheel (:func:`blas_paths`); ``$SHAPEGRAD_BLAS_CORETYPE``
-  (``auto``: from the CPU's flags) picks its kernel set for shapegrad alone, overriding a
-  process-wide ``$OPENBLAS_CORETYPE`` (``blascore``).
+* BLAS: the scipy-openblas32 wheel (:func:`blas_paths`). Its kernel set comes from the
+  CPU's flags (AVX-512 kernels where the CPU has them) unless ``$OPENBLAS_CORETYPE`` is
+  set; ``$SHAPEGRAD_BLAS_CORETYPE`` (``auto`` or a core name) overrides both, for
+  shapegrad's OpenBLAS alone (``blascore``).
 * Cache: ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``). The key
   hashes the generated source, the compiler's ``--version``, the flags, the CPU
   (``-march=native`` code is CPU-specific) and the shapegrad version. The library
