@@ -13,7 +13,8 @@ library once per shape, so a burst of load from other processes hits them all al
 * ``OB shapegrad``: the wheel's library as shapegrad loads it (``SHAPEGRAD_BLAS_CORETYPE``
   and ``OPENBLAS_CORETYPE`` as set in the environment); the header names its kernel set;
 * ``torch``: ``torch.mm`` (MKL/oneDNN inside PyTorch), ``torch.set_num_threads``;
-* ``jax``: ``jax.jit`` of the product (XLA), ``intra_op_parallelism_threads``;
+* ``jax``: ``jax.jit`` of the product (XLA), ``intra_op_parallelism_threads``; the
+  process is pinned to as many CPUs as threads (XLA's pool otherwise takes every CPU);
 * ``mkl``: oneMKL's ``cblas_sgemm`` from the ``mkl`` wheel's ``libmkl_rt.so.3`` in
   ``--mkl-dir`` (``pip download mkl`` and unzip its ``.so`` files there);
 * ``blis``: ``blis.py.gemm`` of the ``blis`` wheel (cython-blis) when importable (one
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import os
 import platform
 import shutil
@@ -45,6 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step import cpu_description  # after the path entry
 
 Array = np.ndarray
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -90,26 +95,6 @@ QUICK = ["mlp fwd 1", "mlp dW1", "w1024 fwd 2", "cnn fwd"]
 
 
 # --- the machine ---------------------------------------------------------------------------
-
-
-def cpu_description() -> str:
-    """Model name, family/model and vector width from ``/proc/cpuinfo`` (Linux)."""
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    flags = set(info.get("flags", "").split())
-    width = "AVX-512 (512-bit)" if "avx512f" in flags else "AVX2 (256-bit)"
-    if "avx2" not in flags and "avx512f" not in flags:
-        width = "no AVX2 (128-bit or other)"
-    return (
-        f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
-        f"{info.get('model', '?')}), {os.cpu_count()} CPUs, vectors: {width}"
-    )
 
 
 def has_avx512() -> bool:
@@ -171,16 +156,22 @@ def check(s: Shape, got: Array, want: Array) -> None:
 
 
 def openblas_copy(core: str, threads: int, tmp: str) -> tuple[Runner, str]:
-    """A private copy of the wheel's OpenBLAS loaded with ``OPENBLAS_CORETYPE=core``."""
-    import scipy_openblas32 as wheel  # type: ignore[import-untyped]
+    """A private copy of the wheel's OpenBLAS loaded with ``OPENBLAS_CORETYPE=core``.
 
-    src = os.path.join(wheel.get_lib_dir(), wheel.get_library(fullname=True))
+    ``RTLD_DEEPBIND``: the copy's calls and data references stay inside the copy (without
+    it they bind to the instance shapegrad loads with ``RTLD_GLOBAL``, whose thread count
+    and kernel table the copy would then use)."""
+    spec = importlib.util.find_spec("scipy_openblas32")  # importing it loads the library
+    if spec is None or spec.origin is None:
+        raise ImportError("scipy_openblas32 is not installed")
+    libdir = os.path.join(os.path.dirname(spec.origin), "lib")
+    name = next(f for f in sorted(os.listdir(libdir)) if f.startswith("libscipy_openblas"))
     path = os.path.join(tmp, f"openblas_{core}.so")
-    shutil.copy(src, path)
+    shutil.copy(os.path.join(libdir, name), path)
     before = os.environ.get("OPENBLAS_CORETYPE")
     os.environ["OPENBLAS_CORETYPE"] = core
     try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     finally:
         if before is None:
             del os.environ["OPENBLAS_CORETYPE"]
@@ -197,7 +188,7 @@ def openblas_shapegrad(threads: int) -> tuple[Runner, str]:
 
     libdir, _ = toolchain.blas_paths()
     core = toolchain.blas_core()
-    import scipy_openblas32 as wheel
+    import scipy_openblas32 as wheel  # type: ignore[import-untyped]
 
     lib = ctypes.CDLL(os.path.join(libdir, wheel.get_library(fullname=True)))
     lib.scipy_openblas_set_num_threads(threads)
@@ -333,6 +324,9 @@ def main() -> None:
     shapes = [s for s in SHAPES if not args.quick or s.label in QUICK]
     rounds = 3 if args.quick else args.rounds
     if args.child:
+        if hasattr(os, "sched_setaffinity"):  # XLA sizes its pool by the CPUs it may use
+            cpus = sorted(os.sched_getaffinity(0))[: args.child]
+            os.sched_setaffinity(0, set(cpus))
         measure(args.child, shapes, rounds, args.mkl_dir)
         return
     print(f"CPU: {cpu_description()}")
