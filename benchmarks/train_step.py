@@ -445,7 +445,15 @@ def blas_description() -> str:
         for v in ("OPENBLAS_CORETYPE", "SHAPEGRAD_BLAS_CORETYPE")
         if os.environ.get(v)
     )
-    return f"OpenBLAS kernels of the C step: {core}" + (f" ({settings})" if settings else "")
+    from shapegrad.backends.c.blascore import SKYLAKEX_FLAGS, cpu_flags
+
+    note = ""
+    if cpu_flags() >= SKYLAKEX_FLAGS and core not in ("SkylakeX", "Cooperlake", "SapphireRapids"):
+        note = (
+            "; NOT the CPU's AVX-512 kernels: unset OPENBLAS_CORETYPE or set "
+            "SHAPEGRAD_BLAS_CORETYPE=auto to measure what a user without it gets"
+        )
+    return f"OpenBLAS kernels of the C step: {core}" + (f" ({settings})" if settings else "") + note
 
 
 def background_load(n: int) -> list[subprocess.Popen[bytes]]:
