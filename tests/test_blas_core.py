@@ -84,8 +84,9 @@ def test_core_for_load_restores_the_environment(
 
 
 _PROBE = """
-import json, os, numpy as np, shapegrad as sg
+import json, os, warnings, numpy as np, shapegrad as sg
 from shapegrad.backends.c import toolchain
+warnings.simplefilter("error", RuntimeWarning)
 rng = np.random.default_rng(0)
 a = rng.random((128, 300), dtype=np.float32)
 b = rng.random((300, 200), dtype=np.float32)
@@ -146,3 +147,18 @@ def test_default_core_without_user_choice() -> None:
     if cpu_flags() >= SKYLAKEX_FLAGS:
         assert result["core"] == "SkylakeX"
     assert result["env"] is None  # nothing leaks into the environment
+
+
+@needs_x86
+def test_a_core_openblas_does_not_know_is_reported() -> None:
+    env = dict(os.environ, SHAPEGRAD_BLAS_CORETYPE="NoSuchCore")
+    code = "from shapegrad.backends.c import toolchain; toolchain.blas_paths()"
+    out = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "not the NoSuchCore kernels" in out.stderr

@@ -48,6 +48,7 @@ import importlib
 import os
 import platform
 import shlex
+import warnings
 from functools import lru_cache
 
 from shapegrad.backends.c.blascore import core_for_load, loaded_core
@@ -135,11 +136,25 @@ def blas_paths() -> tuple[str, str]:
     """(library directory, library name) of the scipy-openblas32 wheel.
 
     Importing the wheel's module loads OpenBLAS, which then keeps its kernel set: the import
-    runs under ``$SHAPEGRAD_BLAS_CORETYPE``'s choice (``blascore``).
+    runs under ``$SHAPEGRAD_BLAS_CORETYPE``'s choice (``blascore``). A warning says when
+    the set running is not the one chosen (an unknown name, or the library was loaded
+    before shapegrad chose).
     """
-    with core_for_load():
+    with core_for_load() as chosen:
         blas = importlib.import_module("scipy_openblas32")  # untyped third-party module
-    return str(blas.get_lib_dir()), str(blas.get_library())
+    libdir = str(blas.get_lib_dir())
+    if chosen:
+        running = loaded_core(os.path.join(libdir, str(blas.get_library(fullname=True))))
+        if running.lower() != chosen.lower():
+            warnings.warn(
+                f"OpenBLAS runs its {running} kernels, not the {chosen} kernels chosen for "
+                "shapegrad (SHAPEGRAD_BLAS_CORETYPE, see backends/c/blascore.py): the name "
+                "is unknown to this OpenBLAS or the library was loaded before shapegrad "
+                "chose",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return libdir, str(blas.get_library())
 
 
 def blas_core() -> str:
