@@ -20,9 +20,10 @@ library once per shape, so a burst of load from other processes hits them all al
 * ``blis``: ``blis.py.gemm`` of the ``blis`` wheel (cython-blis) when importable (one
   thread only).
 
-OpenBLAS and MKL run their own thread pools at 2 threads (shapegrad instead splits a
-product into row blocks, one single-threaded call per OpenMP thread, see
-``CTuning.contract_split_macs``). Each library's block of calls is preceded by a short
+OpenBLAS and MKL run their own thread pools at 2 threads; shapegrad instead splits a
+product into blocks of rows or columns, one single-threaded call per OpenMP thread
+(``CTuning.contract_split_macs``, ``column_split``): columns ``OB sg rows`` and ``OB sg
+cols`` measure that split of the same library. Each library's block of calls is preceded by a short
 sleep, so the spinning threads of the library before have gone to sleep.
 
 The header names the CPU, its vector width and the 1-minute load average (before and
@@ -195,6 +196,67 @@ def openblas_shapegrad(threads: int) -> tuple[Runner, str]:
     return cblas_runner(lib.scipy_cblas_sgemm), core
 
 
+_SPLIT_C = r"""
+#include <omp.h>
+void scipy_openblas_set_num_threads(int);
+int scipy_openblas_get_num_threads(void);
+void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
+                       const float *, int, float, float *, int);
+/* c = op(a) @ op(b), row-major, cut into `threads` blocks of rows (cols = 0) or columns
+   (cols = 1), one single-threaded OpenBLAS call per OpenMP thread: the C backend's split. */
+void split_sgemm(int threads, int cols, int ta, int tb, int m, int n, int k, const float *a,
+                 const float *b, float *c) {
+    int before = scipy_openblas_get_num_threads(); /* "OB shapegrad" shares the library */
+    scipy_openblas_set_num_threads(1);
+    int lda = ta ? m : k, ldb = tb ? k : n;
+    #pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (cols) {
+            int n0 = t * n / nt, n1 = (t + 1) * n / nt;
+            const float *bb = tb ? b + (long)n0 * k : b + n0;
+            scipy_cblas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m, n1 - n0, k, 1.0f, a,
+                              lda, bb, ldb, 0.0f, c + n0, n);
+        } else {
+            int m0 = t * m / nt, m1 = (t + 1) * m / nt;
+            const float *aa = ta ? a + m0 : a + (long)m0 * k;
+            scipy_cblas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m1 - m0, n, k, 1.0f, aa,
+                              lda, b, ldb, 0.0f, c + (long)m0 * n, n);
+        }
+    }
+    scipy_openblas_set_num_threads(before);
+}
+"""
+
+
+def openblas_split(threads: int, cols: bool, tmp: str) -> Runner:
+    """The shapegrad instance of OpenBLAS split as the C backend splits a product (see
+    ``CTuning.column_split``): ``threads`` single-threaded calls on blocks of rows or
+    columns, in one OpenMP region (built here with the C backend's compiler)."""
+    from shapegrad.backends.c import toolchain
+
+    libdir, libname = toolchain.blas_paths()
+    path = os.path.join(tmp, "split.so")
+    if not os.path.exists(path):
+        source = os.path.join(tmp, "split.c")
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write(_SPLIT_C)
+        cmd = [toolchain.compiler(), "-O2", "-fopenmp", "-fPIC", "-shared", source, "-o", path]
+        cmd += [f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}"]
+        subprocess.run(cmd, check=True)
+    split = ctypes.CDLL(path).split_sgemm
+
+    def run(s: Shape) -> Callable[[], Any]:
+        a, b, c = operands(s)
+        args = (threads, int(cols), int(s.ta), int(s.tb), s.m, s.n, s.k)
+        ptrs = (a.ctypes.data_as(FP), b.ctypes.data_as(FP), c.ctypes.data_as(FP))
+        split(*args, *ptrs)
+        check(s, c, reference(s, a, b))
+        return lambda: split(*args, *ptrs)
+
+    return run
+
+
 def mkl(threads: int, directory: str) -> Runner:
     os.environ["MKL_THREADING_LAYER"] = "SEQUENTIAL" if threads == 1 else "GNU"
     lib = ctypes.CDLL(os.path.join(directory, "libmkl_rt.so.3"))
@@ -273,6 +335,9 @@ def libraries(threads: int, mkl_dir: str | None, tmp: str) -> tuple[dict[str, Ru
         libs[f"OB {got}"] = run
     run, got = openblas_shapegrad(threads)
     libs["OB shapegrad"] = run
+    if threads > 1:
+        libs["OB sg rows"] = openblas_split(threads, False, tmp)
+        libs["OB sg cols"] = openblas_split(threads, True, tmp)
     notes.append(
         f"OB shapegrad runs the {got} kernels (OPENBLAS_CORETYPE="
         f"{os.environ.get('OPENBLAS_CORETYPE')!r}, SHAPEGRAD_BLAS_CORETYPE="
