@@ -5,11 +5,12 @@ one kernel set (``Haswell``, ``SkylakeX``, ...) from the CPU's family and model,
 the one named by ``OPENBLAS_CORETYPE``. That variable is process-wide and often set for
 another, older OpenBLAS (some machines set ``OPENBLAS_CORETYPE=Haswell`` because old builds
 crash on their CPU); on an AVX-512 CPU it halves the products' speed. Measured with
-``benchmarks/gemm_rate.py`` (AMD EPYC family 26 model 2 = Zen 5, AVX-512, one thread, both
-kernel sets loaded in one process, interleaved, load average ~1.5 on 2 shared cores):
-sgemm 128x784x512 128 GFLOP/s (Haswell) vs 217 (SkylakeX), 128x1024x1024 132 vs 226;
-XLA's products reach 189-218 there, MKL through PyTorch 104-112. Without the variable the
-wheel (0.3.34) picks ``SkylakeX`` on that CPU by itself.
+``benchmarks/gemm_rate.py`` (AMD EPYC family 26 model 2 = Zen 5, AVX-512 with 512-bit
+vectors, one thread, both kernel sets loaded in one process, interleaved, fastest call,
+2 cores shared with other jobs at load average 7.8-9.4): sgemm 128x784x512 135 GFLOP/s
+(Haswell) vs 240 (SkylakeX), 784x128x512 (weight gradient) 137 vs 258, 128x1024x1024 132
+vs 210; XLA (JAX) 250, 255, 243; MKL (PyTorch, and the mkl wheel) 105-120. Without the
+variable the wheel (0.3.34) picks ``SkylakeX`` on that CPU by itself.
 
 ``SHAPEGRAD_BLAS_CORETYPE`` chooses the kernel set of shapegrad's own OpenBLAS (the
 scipy-openblas32 wheel) without touching the process's other OpenBLAS libraries (NumPy's
