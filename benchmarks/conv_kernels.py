@@ -12,8 +12,9 @@ Models (1x28x28 input, 10 classes, cross-entropy, SGD):
   ``max_pool2d(2)`` -> linear;
 * ``stride``: the same with stride-2 convolutions (padding 1) instead of pooling.
 
-Prints the median step time (per-call timing of the bound executable) and the kernels
-ranked by accumulated wall time per step. Timings are noisy on a shared machine:
+Prints the CPU (and its vector width), the OpenBLAS kernel set the products run on, the
+load average, the median step time (per-call timing of the bound executable) and the
+kernels ranked by accumulated wall time per step. Timings are noisy on a shared machine:
 compare two source trees in alternating runs.
 """
 
@@ -88,11 +89,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args()
+    print(f"CPU: {train_step.cpu_description()}")
+    print(train_step.blas_description())
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
     step, kernels = profile(args.model, args.steps)
     total = sum(s for *_, s in kernels)
     print(f"{args.model}: step {step * 1e3:.2f} ms (median), kernels {total * 1e3:.2f} ms")
     for name, root, seconds in kernels[: args.top]:
         print(f"{seconds * 1e3:8.3f} ms  {name:5s} {root[:70]}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,18 @@ interleaved rounds (``--threads`` sets every framework's thread count).
 ``--background-load N`` runs N busy processes during the whole measurement (users'
 laptops and CI runners are busy too); the 1-minute load average is printed.
 
+``--rounds N`` measures the table N times, interleaved (every cell of a row once per round,
+in turn), and prints each cell's median with the per-round ratios of the C step to JAX jit
+and PyTorch eager: a burst of load from other processes then hits every column alike.
+
+``--cpu-time``: every framework on one thread in a process pinned to one CPU, and the time
+is the process's CPU time per step: on a shared machine it does not count the time the
+process waits for a CPU (wall time there grows with the other processes' load).
+
+The header names the CPU, its vector width, the OpenBLAS kernel set the C step's products
+run on (``SHAPEGRAD_BLAS_CORETYPE`` / ``OPENBLAS_CORETYPE``, see
+``backends/c/blascore.py``) and the load average.
+
 Columns: shapegrad eager; compiled C with one native call per step
 (``exe.bind(params)(x, y)``) and with K steps per native call
 (``run_steps`` on ``[K, ...]`` stacked batches); hand-written NumPy; PyTorch
@@ -142,19 +154,32 @@ def workload(name: str, batch: int, k: int, seed: int = 0) -> dict[str, Any]:
 # --- timing -------------------------------------------------------------------------------------
 
 
+CPU_TIME = bool(os.environ.get("SG_BENCH_CPU_TIME"))  # set by --cpu-time for the cells
+
+
+def clock() -> float:
+    """Wall seconds, or this process's CPU seconds under ``--cpu-time``."""
+    return time.process_time() if CPU_TIME else time.perf_counter()
+
+
+def framework_threads() -> int:
+    """Threads for PyTorch (and the C step's default): 2, or 1 under ``--cpu-time``."""
+    return 1 if CPU_TIME else 2
+
+
 def per_call(fn: Callable[[], Any], budget: float = 0.4, repeats: int = 5) -> float:
     """Median seconds per call of ``fn`` (batched into loops of >= ~budget/repeats seconds)."""
     fn()
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    once = max(time.perf_counter() - t0, 1e-7)
+    once = max(clock() - t0, 1e-7)
     n = max(1, int(budget / repeats / once))
     samples = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             fn()
-        samples.append((time.perf_counter() - t0) / n)
+        samples.append((clock() - t0) / n)
     return statistics.median(samples)
 
 
@@ -250,7 +275,7 @@ def time_torch(w: dict[str, Any], name: str) -> float | None:
         import torch
     except Exception:  # not installed (or a broken install): leave the column empty
         return None
-    torch.set_num_threads(2)
+    torch.set_num_threads(framework_threads())
     return per_call(torch_sgd_step(w, name))
 
 
@@ -388,6 +413,49 @@ def sgemm_rate() -> float:
     return 2 * 2048**3 / per_call(lambda: a @ a, budget=1.0)
 
 
+def cpu_description() -> str:
+    """CPU model, family/model and vector width (``/proc/cpuinfo``; Linux)."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
+    width = "AVX-512 (512-bit)" if "avx512f" in flags else "AVX2 (256-bit)"
+    if not flags & {"avx2", "avx512f"}:
+        width = "no AVX2"
+    return (
+        f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model "
+        f"{info.get('model', '?')}), {os.cpu_count()} CPUs, vectors: {width}"
+    )
+
+
+def blas_description() -> str:
+    """The OpenBLAS kernel set the C step's products run on (as a cell process loads it)."""
+    code = "from shapegrad.backends.c import toolchain; print(toolchain.blas_core())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    core = out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
+    settings = ", ".join(
+        f"{v}={os.environ[v]!r}"
+        for v in ("OPENBLAS_CORETYPE", "SHAPEGRAD_BLAS_CORETYPE")
+        if os.environ.get(v)
+    )
+    from shapegrad.backends.c.blascore import SKYLAKEX_FLAGS, cpu_flags
+
+    note = ""
+    if cpu_flags() >= SKYLAKEX_FLAGS and core not in ("SkylakeX", "Cooperlake", "SapphireRapids"):
+        note = (
+            "; NOT the CPU's AVX-512 kernels: unset OPENBLAS_CORETYPE or set "
+            "SHAPEGRAD_BLAS_CORETYPE=auto to measure what a user without it gets"
+        )
+    return f"OpenBLAS kernels of the C step: {core}" + (f" ({settings})" if settings else "") + note
+
+
 def background_load(n: int) -> list[subprocess.Popen[bytes]]:
     """``n`` processes that keep one CPU busy each until killed."""
     code = "while True:\n    pass"
@@ -411,6 +479,8 @@ COLUMNS = [
 def measure(column: str, row: str) -> float | None:
     """One cell of the table (run in its own process, see ``main``)."""
     name, batch, k = ROWS[row]
+    if CPU_TIME and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     if column in ("warm", "warm cpu"):
         return warm_first_call(name, batch, cpu=column == "warm cpu")
     w = workload(name, batch, k)
@@ -435,12 +505,23 @@ def main() -> None:
     parser.add_argument("--gpt", action="store_true", help="the transformer (charlm) step")
     parser.add_argument("--threads", type=int, default=1, help="with --gpt: threads per framework")
     parser.add_argument("--background-load", type=int, default=0, metavar="N")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per row")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="one thread each, CPU time per step"
+    )
     parser.add_argument("--cell", nargs=2, metavar=("COLUMN", "ROW"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
         value = measure(*args.cell)
         print("none" if value is None else repr(value))
         return
+    if args.cpu_time:
+        os.environ["SG_BENCH_CPU_TIME"] = "1"
+        os.environ["SHAPEGRAD_NUM_THREADS"] = "1"
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
     busy = background_load(args.background_load)
     try:
         run_tables(args)
@@ -450,8 +531,11 @@ def main() -> None:
 
 
 def run_tables(args: argparse.Namespace) -> None:
+    print(f"CPU: {cpu_description()}")
+    print(blas_description())
+    timing = "CPU time per step, 1 thread each" if args.cpu_time else "wall time per step"
     print(
-        f"background load: {args.background_load} busy processes; "
+        f"{timing}; background load: {args.background_load} busy processes; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     if args.widths:
@@ -469,10 +553,34 @@ def run_tables(args: argparse.Namespace) -> None:
     # PyTorch, XLA) would otherwise keep spinning and slow the next measurement down.
     print(f"{'workload':16s}" + "".join(f"{c:>13s}" for c in columns))
     for row in rows:
-        values = [cell(column, row) for column in columns]
+        rounds = [[cell(column, row) for column in columns] for _ in range(args.rounds)]
+        values = [median_of([r[i] for r in rounds]) for i in range(len(columns))]
         k = ROWS[row][2]
         print(f"{row + f' K={k}':16s}" + "".join(f"{fmt(t):>13s}" for t in values), flush=True)
+        if args.rounds > 1:
+            print(ratio_line(columns, rounds), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def median_of(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def ratio_line(columns: list[str], rounds: list[list[float | None]]) -> str:
+    """Per-round ratios (other framework's time / the C step's), as ``median [min-max]``."""
+    parts = []
+    for other in ("JAX jit", "PyTorch"):
+        if "C 1-step" not in columns or other not in columns:
+            continue
+        mine, theirs = columns.index("C 1-step"), columns.index(other)
+        ratios = sorted(t / c for r in rounds if (c := r[mine]) and (t := r[theirs]) is not None)
+        if ratios:
+            parts.append(
+                f"{other} / C 1-step {statistics.median(ratios):.2f}x "
+                f"[{ratios[0]:.2f}-{ratios[-1]:.2f}]"
+            )
+    return f"{'':16s}" + "; ".join(parts) + f" over {len(rounds)} interleaved rounds"
 
 
 def cell(column: str, row: str) -> float | None:

@@ -9,6 +9,13 @@ the Target's rule asks for it: a 3x3, stride-1, float convolution with at least
 graph after the choice. Explicit ``algorithm="im2col"`` / ``"winograd"`` are never
 touched. Gradient products were built by autodiff before any Target was known and stay
 im2col; ``algorithm="winograd"`` gives all three products in Winograd form.
+
+No C target turns the rule on. Re-measured with OpenBLAS's AVX-512 kernels, which make
+im2col's products ~1.7x faster than the AVX2 ones (``benchmarks/winograd_threshold.py
+--channels 16x32,64x64,128x128``, ``SHAPEGRAD_NUM_THREADS=1``, batch 64, 28x28; AMD EPYC
+Zen 5 with AVX-512, 2 cores shared with other jobs at load average 13-16): im2col time /
+Winograd time 0.37 at 16x32 channels, 0.84 at 64x64, 1.03 at 128x128. The CNN b64 of
+``benchmarks/train_step.py`` (16 and 32 channels) stays im2col.
 """
 
 from __future__ import annotations

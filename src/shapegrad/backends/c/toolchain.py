@@ -4,6 +4,10 @@
 * Compiler: ``$CC`` (default ``cc``). Flags: :data:`DEFAULT_CFLAGS`, replaced
   by ``$SHAPEGRAD_CFLAGS`` when set (e.g. ``-O1 -g -fsanitize=address,undefined``);
   ``-fPIC -shared`` (and the BLAS link line when the program calls it) are always added.
+* BLAS: the scipy-openblas32 wheel (:func:`blas_paths`). Its kernel set comes from the
+  CPU's flags (AVX-512 kernels where the CPU has them) unless ``$OPENBLAS_CORETYPE`` is
+  set; ``$SHAPEGRAD_BLAS_CORETYPE`` (``auto`` or a core name) overrides both, for
+  shapegrad's OpenBLAS alone (``blascore``).
 * Cache: ``$XDG_CACHE_HOME/shapegrad`` (default ``~/.cache/shapegrad``). The key
   hashes the generated source, the compiler's ``--version``, the flags, the CPU
   (``-march=native`` code is CPU-specific) and the shapegrad version. The library
@@ -44,8 +48,10 @@ import importlib
 import os
 import platform
 import shlex
+import warnings
 from functools import lru_cache
 
+from shapegrad.backends.c.blascore import core_for_load, loaded_core
 from shapegrad.backends.native import (
     VERSION,
     BuildSpec,
@@ -82,6 +88,7 @@ __all__ = [
     "CacheWarning",
     "CompileError",
     "CompilerNotFound",
+    "blas_core",
     "blas_paths",
     "build_library",
     "cache_dir",
@@ -126,9 +133,36 @@ def cflags() -> list[str]:
 
 @lru_cache(maxsize=1)
 def blas_paths() -> tuple[str, str]:
-    """(library directory, library name) of the scipy-openblas32 wheel."""
-    blas = importlib.import_module("scipy_openblas32")  # untyped third-party module
-    return str(blas.get_lib_dir()), str(blas.get_library())
+    """(library directory, library name) of the scipy-openblas32 wheel.
+
+    Importing the wheel's module loads OpenBLAS, which then keeps its kernel set: the import
+    runs under ``$SHAPEGRAD_BLAS_CORETYPE``'s choice (``blascore``). A warning says when
+    the set running is not the one chosen (an unknown name, or the library was loaded
+    before shapegrad chose).
+    """
+    with core_for_load() as chosen:
+        blas = importlib.import_module("scipy_openblas32")  # untyped third-party module
+    libdir = str(blas.get_lib_dir())
+    if chosen:
+        running = loaded_core(os.path.join(libdir, str(blas.get_library(fullname=True))))
+        if running.lower() != chosen.lower():
+            warnings.warn(
+                f"OpenBLAS runs its {running} kernels, not the {chosen} kernels chosen for "
+                "shapegrad (SHAPEGRAD_BLAS_CORETYPE, see backends/c/blascore.py): the name "
+                "is unknown to this OpenBLAS or the library was loaded before shapegrad "
+                "chose",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return libdir, str(blas.get_library())
+
+
+def blas_core() -> str:
+    """The OpenBLAS kernel set (``Haswell``, ``SkylakeX``, ...) products run on in this
+    process; benchmarks print it next to their figures."""
+    libdir, _ = blas_paths()
+    blas = importlib.import_module("scipy_openblas32")
+    return loaded_core(os.path.join(libdir, str(blas.get_library(fullname=True))))
 
 
 @lru_cache(maxsize=1)
