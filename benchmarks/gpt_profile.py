@@ -34,8 +34,17 @@ def main() -> None:
 
     made: list[CExecutable] = []
     if not args.no_profile:
-        render = cback.render_c
-        cback.render_c = lambda program, profile=False, vm=False: render(program, True, vm)  # type: ignore[assignment]
+        units = cback.render_c_units
+
+        def profiled(program: Any, profile: bool = False, *a: Any, **k: Any) -> Any:
+            return units(program, True, *a, **k)
+
+        cback.render_c_units = profiled  # type: ignore[assignment]
+        # a manifest hit would load the unprofiled library without rendering: skip it (and
+        # the manifest written after this build keys a profiled library under plain options,
+        # so the profiled build must not be stored as one either)
+        cback.CBackend.load_keyed = lambda self, *a, **k: None  # type: ignore[method-assign]
+        cback.manifest.write = lambda *a, **k: None  # type: ignore[assignment]
     init = CExecutable.__init__
 
     def record(self: CExecutable, *a: Any, **k: Any) -> None:
@@ -104,11 +113,33 @@ def main() -> None:
         by_op[op] = by_op.get(op, 0.0) + s
     shown = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in sorted(by_op.items(), key=lambda p: -p[1]))
     print(f"by root op (ms/step): {shown}")
+    products = {k.name for k in exe.program.kernels if _has_contract(k)}
+    big = sum(s for name, _, s in prof if name in products and work[name] >= 1 << 26)
+    small = sum(s for name, _, s in prof if name in products and work[name] < 1 << 26)
+    print(
+        f"library products: large {big * 1e3:.1f} ms, small (< 2^26 ops, attention) "
+        f"{small * 1e3:.1f} ms; the rest {(total - big - small) * 1e3:.1f} ms"
+    )
     for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
         rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
         print(
             f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}"
         )
+
+
+def _has_contract(kernel: Any) -> bool:
+    """Whether a kernel's body holds a library product (a Contract, fed or not)."""
+    from shapegrad.compiler import loops as L
+
+    def walk(stmts: Any) -> bool:
+        for s in stmts:
+            if isinstance(s, (L.Contract, L.BatchFused)):
+                return True
+            if walk(getattr(s, "body", ())):
+                return True
+        return False
+
+    return walk(kernel.body)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
     names = [s.name for s in LOOP_PIPELINE]
     assert names == [
         "choose_conv_algorithm",
+        "permute_product_outputs",
         "widen_library_products",
         "plan_fusion",
         "build_kernels",
@@ -70,6 +71,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "assign_slots",
     ]
     assert {s.name for s in LOOP_PIPELINE if s.optional} == {
+        "permute_product_outputs",
         "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",

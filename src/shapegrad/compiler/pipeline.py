@@ -10,6 +10,9 @@ stage                     what it does
 ========================  ==========================================================
 choose_conv_algorithm     im2col or Winograd for each ``conv2d(algorithm="auto")``, by
                           the target's rule (``conv_algorithm.py``; its dump: the graph)
+permute_product_outputs   a permuted product becomes a product writing that layout, batch
+                          letters between its rows and columns (``products.py``;
+                          optional: ``Target.strided_batches``)
 widen_library_products    a product of a type the target's library lacks (bfloat16 on C)
                           runs in its accumulator type and is rounded once (``widen.py``)
 plan_fusion               which values get a buffer, which are recomputed inline, which
@@ -56,6 +59,7 @@ from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
+from shapegrad.compiler.products import permute_product_outputs
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -104,6 +108,10 @@ class LoopStageStat:
 
 def stage_choose_conv_algorithm(unit: LoopUnit) -> LoopUnit:
     return replace(unit, graph=choose_conv_algorithm(unit.graph, unit.target))
+
+
+def stage_permute_product_outputs(unit: LoopUnit) -> LoopUnit:
+    return replace(unit, graph=permute_product_outputs(unit.graph))
 
 
 def stage_widen_library_products(unit: LoopUnit) -> LoopUnit:
@@ -162,6 +170,7 @@ def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
 
 LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("choose_conv_algorithm", stage_choose_conv_algorithm),
+    LoopStage("permute_product_outputs", stage_permute_product_outputs, optional=True),
     LoopStage("widen_library_products", stage_widen_library_products),
     LoopStage("plan_fusion", stage_plan_fusion),
     LoopStage("build_kernels", stage_build_kernels),

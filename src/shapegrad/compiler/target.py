@@ -148,6 +148,9 @@ class Target:
         tie_row: on a tie in contiguity, prefer the row form for wide rows.
         local_row_max: largest row (elements) accumulated in a per-iteration scratch
             array when an epilogue follows.
+        strided_batches: a library product's batch may be two axes with strides of their
+            own and its output rows wider than ``n`` (``loops.Contract.inner``/``ldc``), so
+            attention's head views are read and written in place, not copied.
         batch_fusion: produce a large batched product's operand one batch slice at a
             time (``BatchFused``) instead of materializing it.
         batch_fusion_slots: scratch slices reserved for concurrent batch indices.
@@ -187,6 +190,7 @@ class Target:
     row_form: bool = True
     tie_row: bool = False
     local_row_max: int = 4096
+    strided_batches: bool = True
     batch_fusion: bool = True
     batch_fusion_slots: int = 8
     batch_fusion_min_operand: int = 1 << 18
@@ -224,6 +228,8 @@ class Target:
         """Whether the optional loop stage ``stage`` runs for this target."""
         if stage == "fuse_batch_producers" and not self.batch_fusion:
             return False
+        if stage == "permute_product_outputs" and not self.strided_batches:
+            return False
         return stage not in self.skip_stages
 
 
@@ -251,6 +257,8 @@ CUDA_TARGET = Target(
     contract_dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
     row_form=False,
+    # cublasGemmStridedBatchedEx takes one stride per operand: head views are copied
+    strided_batches=False,
     batch_fusion=False,
     alignment=256,
     reduction="tree",
