@@ -30,7 +30,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-profile", action="store_true", help="time the step only")
     parser.add_argument("--loop", action="store_true", help="blocks as one layer loop (sg.scan)")
+    parser.add_argument(
+        "--target", default="", help="C_TARGET fields to change, e.g. 'row_fusion=False'"
+    )
     args = parser.parse_args()
+    if args.target:  # an A/B of one stage or rule within one tree
+        import shapegrad.backends.c.options as copts
+
+        changes = dict(kv.split("=") for kv in args.target.split(","))
+        copts.C_TARGET = copts.C_TARGET.replace(**{k: v == "True" for k, v in changes.items()})
 
     made: list[CExecutable] = []
     if not args.no_profile:

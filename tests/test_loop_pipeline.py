@@ -66,6 +66,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "hoist_bounds_checks",
         "place_state_updates",
         "fuse_elementwise_kernels",
+        "fuse_row_kernels",
         "split_index_sets",
         "pack_arena",
         "assign_slots",
@@ -76,6 +77,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "fuse_elementwise_kernels",
+        "fuse_row_kernels",
         "split_index_sets",
     }
 

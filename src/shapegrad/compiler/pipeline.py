@@ -27,6 +27,9 @@ hoist_bounds_checks       index checks of program inputs run before any kernel, 
 place_state_updates       updated state written in place where safe (``memory.py``)
 fuse_elementwise_kernels  adjacent elementwise kernels over one index space share one
                           loop nest (``loopfuse.py``; optional)
+fuse_row_kernels          adjacent kernels over the same rows (a softmax's max, exp, sum
+                          and divide) share one loop over the rows (``rowfuse.py``;
+                          optional)
 split_index_sets          short loops unrolled, loops cut into segments on which their
                           range tests are constant, ``v // d`` indexing div-split; loops
                           the backend threads stay whole (``splitting.py``; optional)
@@ -60,6 +63,7 @@ from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
 from shapegrad.compiler.products import permute_product_outputs
+from shapegrad.compiler.rowfuse import fuse_row_kernels
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -153,6 +157,11 @@ def stage_fuse_elementwise_kernels(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_fuse_row_kernels(unit: LoopUnit) -> LoopUnit:
+    fuse_row_kernels(unit.built(), unit.target.tuning)
+    return unit
+
+
 def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
     split_index_sets(unit.built(), unit.target)
     return unit
@@ -179,6 +188,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
+    LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),
