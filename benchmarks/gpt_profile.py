@@ -2,9 +2,15 @@
 
 Run: ``SHAPEGRAD_NUM_THREADS=1 python benchmarks/gpt_profile.py [--top 15] [--steps 20]``
 
-Builds ``depth.py``'s charlm step (unrolled blocks, AdamW) through ``ScalarTrainer``
-with ``profile=True`` forced on the C backend, runs ``--steps`` steps and prints the
-kernels ranked by time (ms per step), with their root op, and the step time.
+Builds ``depth.py``'s charlm step (unrolled blocks, AdamW; ``--loop``: one layer loop)
+through ``ScalarTrainer`` with ``profile=True`` forced on the C backend (no manifest
+is read or written, so the profiled library is built and never cached as a plain one),
+runs ``--steps`` steps and prints the step time (wall and CPU), the time in large
+library products, in small ones (attention) and in the rest, then the kernels ranked by
+time (ms per step) with their root op. ``--no-profile`` times the step only;
+``--target row_fusion=False,strided_batches=False`` changes ``C_TARGET`` fields, for an
+A/B of a stage within one tree. Profiled times are wall clock: on a busy machine compare
+the CPU time of the step.
 """
 
 from __future__ import annotations

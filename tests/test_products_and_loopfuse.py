@@ -264,6 +264,25 @@ def test_update_read_in_between_stays_after_the_reader() -> None:
     assert [k.root for k in program.kernels] == ["m + z", "p"]  # p not moved above z
 
 
+def test_temp_reading_a_buffer_overwritten_later_is_kept() -> None:
+    # t = m + x; m = t (in place, a moment update); y = 2 t. Forwarding t into y would
+    # read m after it was overwritten: y = 2 (m + x) with the new m.
+    m, t = _load("m", FLAT), _load("t", FLAT)
+    kernel = _nest(
+        [V0, V1],
+        [
+            ("t", FLAT, L.Binary(float32, "add", m, _load("x", FLAT))),
+            ("m", FLAT, t),
+            ("y", FLAT, L.Binary(float32, "mul", t, L.Const(float32, 2.0))),
+        ],
+        "k",
+    )
+    program = _program([kernel], {"t": 12}, ["y", "m"])  # m: state, written in place
+    forward_private_temps(program)
+    stores = [x.buffer for x in L.walk(program.kernels[0].body) if isinstance(x, L.Store)]
+    assert stores == ["t", "m", "y"] and "t" in program.buffers
+
+
 @needs_cc
 def test_gelu_mlp_step_fuses_and_matches_numpy() -> None:
     x, w, b, r = _f32(16, 8), _f32(8, 64, seed=1) * 0.3, _f32(64, seed=2), _f32(16, 64, seed=3)

@@ -228,9 +228,17 @@ def _forward(stores: tuple[L.Store, ...], private: set[str], max_nodes: int) -> 
         return values[e.buffer] if isinstance(e, L.Load) and e.buffer in values else e
 
     kept: list[L.Store] = []
-    for s in stores:
+    for n, s in enumerate(stores):
         value = L.map_expr(s.value, inline)
-        if s.buffer in private and sum(1 for _ in L.walk_expr(value)) <= max_nodes:
+        # a value reading a buffer that a later statement overwrites (an optimizer moment
+        # updated in place) would read the new contents where it is substituted: kept
+        later = {x.buffer for x in stores[n + 1 :]}
+        reads = {e.buffer for e in L.walk_expr(value) if isinstance(e, L.Load)}
+        if (
+            s.buffer in private
+            and not reads & later
+            and sum(1 for _ in L.walk_expr(value)) <= max_nodes
+        ):
             values[s.buffer] = value  # every access uses s.index (checked when merging)
             continue
         kept.append(replace(s, value=value))
