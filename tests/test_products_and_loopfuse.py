@@ -249,9 +249,13 @@ def test_update_hoisted_to_its_moments_merges_with_them() -> None:
     moments = _nest([V0, V1], [("m", FLAT, L.Binary(float32, "add", m, _load("x", FLAT)))], "m")
     other = _nest([V0, V1], [("z", FLAT, L.Unary(float32, "exp", _load("x", FLAT)))], "z")
     update = _nest([V0, V1], [("p", FLAT, L.Binary(float32, "sub", p, m))], "p")
-    program = _program([moments, other, update], {"m": 12, "p": 12}, ["z"])
+    program = _program([moments, other, update], {"m": 12}, ["z"])
+    program.buffers["p"] = L.BufferSpec("p", float32, 12, "state")  # a parameter
     fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
     assert [k.root for k in program.kernels] == ["m + p", "z"]  # one pass per parameter
+    program = _program([moments, other, update], {"m": 12, "p": 12}, ["z"])
+    fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
+    assert [k.root for k in program.kernels] == ["m + z", "p"]  # p a temp: not moved
 
 
 def test_update_read_in_between_stays_after_the_reader() -> None:
@@ -259,7 +263,8 @@ def test_update_read_in_between_stays_after_the_reader() -> None:
     moments = _nest([V0, V1], [("m", FLAT, L.Binary(float32, "add", m, _load("x", FLAT)))], "m")
     reader = _nest([V0, V1], [("z", FLAT, L.Unary(float32, "exp", p))], "z")  # reads old p
     update = _nest([V0, V1], [("p", FLAT, L.Binary(float32, "sub", p, m))], "p")
-    program = _program([moments, reader, update], {"m": 12, "p": 12}, ["z"])
+    program = _program([moments, reader, update], {"m": 12}, ["z"])
+    program.buffers["p"] = L.BufferSpec("p", float32, 12, "state")
     fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
     assert [k.root for k in program.kernels] == ["m + z", "p"]  # p not moved above z
 
