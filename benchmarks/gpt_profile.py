@@ -2,9 +2,15 @@
 
 Run: ``SHAPEGRAD_NUM_THREADS=1 python benchmarks/gpt_profile.py [--top 15] [--steps 20]``
 
-Builds ``depth.py``'s charlm step (unrolled blocks, AdamW) through ``ScalarTrainer``
-with ``profile=True`` forced on the C backend, runs ``--steps`` steps and prints the
-kernels ranked by time (ms per step), with their root op, and the step time.
+Builds ``depth.py``'s charlm step (unrolled blocks, AdamW; ``--loop``: one layer loop)
+through ``ScalarTrainer`` with ``profile=True`` forced on the C backend (no manifest
+is read or written, so the profiled library is built and never cached as a plain one),
+runs ``--steps`` steps and prints the step time (wall and CPU), the time in large
+library products, in small ones (attention) and in the rest, then the kernels ranked by
+time (ms per step) with their root op. ``--no-profile`` times the step only;
+``--target row_fusion=False,strided_batches=False`` changes ``C_TARGET`` fields, for an
+A/B of a stage within one tree. Profiled times are wall clock: on a busy machine compare
+the CPU time of the step.
 """
 
 from __future__ import annotations
@@ -30,12 +36,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-profile", action="store_true", help="time the step only")
     parser.add_argument("--loop", action="store_true", help="blocks as one layer loop (sg.scan)")
+    parser.add_argument(
+        "--target", default="", help="C_TARGET fields to change, e.g. 'row_fusion=False'"
+    )
     args = parser.parse_args()
+    if args.target:  # an A/B of one stage or rule within one tree
+        import shapegrad.backends.c.options as copts
+
+        changes = dict(kv.split("=") for kv in args.target.split(","))
+        copts.C_TARGET = copts.C_TARGET.replace(**{k: v == "True" for k, v in changes.items()})
 
     made: list[CExecutable] = []
     if not args.no_profile:
-        render = cback.render_c
-        cback.render_c = lambda program, profile=False, vm=False: render(program, True, vm)  # type: ignore[assignment]
+        units = cback.render_c_units
+
+        def profiled(program: Any, profile: bool = False, *a: Any, **k: Any) -> Any:
+            return units(program, True, *a, **k)
+
+        cback.render_c_units = profiled  # type: ignore[assignment]
+        # a manifest hit would load the unprofiled library without rendering: skip it (and
+        # the manifest written after this build keys a profiled library under plain options,
+        # so the profiled build must not be stored as one either)
+        cback.CBackend.load_keyed = lambda self, *a, **k: None  # type: ignore[method-assign]
+        cback.manifest.write = lambda *a, **k: None  # type: ignore[assignment]
     init = CExecutable.__init__
 
     def record(self: CExecutable, *a: Any, **k: Any) -> None:
@@ -104,11 +127,33 @@ def main() -> None:
         by_op[op] = by_op.get(op, 0.0) + s
     shown = ", ".join(f"{op} {s * 1e3:.1f}" for op, s in sorted(by_op.items(), key=lambda p: -p[1]))
     print(f"by root op (ms/step): {shown}")
+    products = {k.name for k in exe.program.kernels if _has_contract(k)}
+    big = sum(s for name, _, s in prof if name in products and work[name] >= 1 << 26)
+    small = sum(s for name, _, s in prof if name in products and work[name] < 1 << 26)
+    print(
+        f"library products: large {big * 1e3:.1f} ms, small (< 2^26 ops, attention) "
+        f"{small * 1e3:.1f} ms; the rest {(total - big - small) * 1e3:.1f} ms"
+    )
     for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
         rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
         print(
             f"  {s * 1e3:7.3f} ms {100 * s / total:5.1f}% {rate:6.1f} Gop/s  {name:6} {root[:80]}"
         )
+
+
+def _has_contract(kernel: Any) -> bool:
+    """Whether a kernel's body holds a library product (a Contract, fed or not)."""
+    from shapegrad.compiler import loops as L
+
+    def walk(stmts: Any) -> bool:
+        for s in stmts:
+            if isinstance(s, (L.Contract, L.BatchFused)):
+                return True
+            if walk(getattr(s, "body", ())):
+                return True
+        return False
+
+    return walk(kernel.body)
 
 
 if __name__ == "__main__":

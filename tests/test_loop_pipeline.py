@@ -57,6 +57,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
     names = [s.name for s in LOOP_PIPELINE]
     assert names == [
         "choose_conv_algorithm",
+        "permute_product_outputs",
         "widen_library_products",
         "plan_fusion",
         "build_kernels",
@@ -66,16 +67,19 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "place_state_updates",
         "overlap_collectives",
         "fuse_elementwise_kernels",
+        "fuse_row_kernels",
         "split_index_sets",
         "pack_arena",
         "assign_slots",
     ]
     assert {s.name for s in LOOP_PIPELINE if s.optional} == {
+        "permute_product_outputs",
         "schedule_outputs_early",
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "overlap_collectives",
         "fuse_elementwise_kernels",
+        "fuse_row_kernels",
         "split_index_sets",
     }
 

@@ -16,7 +16,7 @@ from shapegrad.compiler.loopfuse import forward_private_temps, fuse_elementwise_
 from shapegrad.compiler.passes import optimize
 from shapegrad.compiler.pipeline import lower_program
 from shapegrad.compiler.products import merge_product_batches
-from shapegrad.compiler.target import C_TARGET
+from shapegrad.compiler.target import C_TARGET, Tuning
 from shapegrad.dtypes import float32
 from shapegrad.ir import Graph
 from shapegrad.ops.protocol import Prim
@@ -241,6 +241,51 @@ def test_temp_read_by_a_later_kernel_is_still_stored() -> None:
     assert len(program.kernels) == 2
     stores = [s.buffer for s in L.walk(program.kernels[0].body) if isinstance(s, L.Store)]
     assert stores == ["t", "y"]
+
+
+def test_update_hoisted_to_its_moments_merges_with_them() -> None:
+    # m = 0.9 m + x (moments), z = exp(x) (unrelated), p = p - m (the update, traced last)
+    m, p = _load("m", FLAT), _load("p", FLAT)
+    moments = _nest([V0, V1], [("m", FLAT, L.Binary(float32, "add", m, _load("x", FLAT)))], "m")
+    other = _nest([V0, V1], [("z", FLAT, L.Unary(float32, "exp", _load("x", FLAT)))], "z")
+    update = _nest([V0, V1], [("p", FLAT, L.Binary(float32, "sub", p, m))], "p")
+    program = _program([moments, other, update], {"m": 12}, ["z"])
+    program.buffers["p"] = L.BufferSpec("p", float32, 12, "state")  # a parameter
+    fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
+    assert [k.root for k in program.kernels] == ["m + p", "z"]  # one pass per parameter
+    program = _program([moments, other, update], {"m": 12, "p": 12}, ["z"])
+    fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
+    assert [k.root for k in program.kernels] == ["m + z", "p"]  # p a temp: not moved
+
+
+def test_update_read_in_between_stays_after_the_reader() -> None:
+    m, p = _load("m", FLAT), _load("p", FLAT)
+    moments = _nest([V0, V1], [("m", FLAT, L.Binary(float32, "add", m, _load("x", FLAT)))], "m")
+    reader = _nest([V0, V1], [("z", FLAT, L.Unary(float32, "exp", p))], "z")  # reads old p
+    update = _nest([V0, V1], [("p", FLAT, L.Binary(float32, "sub", p, m))], "p")
+    program = _program([moments, reader, update], {"m": 12}, ["z"])
+    program.buffers["p"] = L.BufferSpec("p", float32, 12, "state")
+    fuse_elementwise_kernels(program, Tuning(fuse_max_group=2))
+    assert [k.root for k in program.kernels] == ["m + z", "p"]  # p not moved above z
+
+
+def test_temp_reading_a_buffer_overwritten_later_is_kept() -> None:
+    # t = m + x; m = t (in place, a moment update); y = 2 t. Forwarding t into y would
+    # read m after it was overwritten: y = 2 (m + x) with the new m.
+    m, t = _load("m", FLAT), _load("t", FLAT)
+    kernel = _nest(
+        [V0, V1],
+        [
+            ("t", FLAT, L.Binary(float32, "add", m, _load("x", FLAT))),
+            ("m", FLAT, t),
+            ("y", FLAT, L.Binary(float32, "mul", t, L.Const(float32, 2.0))),
+        ],
+        "k",
+    )
+    program = _program([kernel], {"t": 12}, ["y", "m"])  # m: state, written in place
+    forward_private_temps(program)
+    stores = [x.buffer for x in L.walk(program.kernels[0].body) if isinstance(x, L.Store)]
+    assert stores == ["t", "m", "y"] and "t" in program.buffers
 
 
 @needs_cc

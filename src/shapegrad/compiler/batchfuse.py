@@ -40,7 +40,13 @@ def _try_fuse_consumer(program: L.Program, kernel: L.Kernel, min_operand: int, s
     c = kernel.body[0]
     spec = program.buffers[c.c]
     slice_ = c.m * c.n
-    if spec.kind != "temp" or spec.size < min_operand or c.sum_batch != 1 or c.batch < 2:
+    if (
+        not c.plain_batch
+        or spec.kind != "temp"
+        or spec.size < min_operand
+        or c.sum_batch != 1
+        or c.batch < 2
+    ):
         return False
     if c.stride_c != slice_ or spec.size != slice_ * c.batch or c.c in (c.a, c.b) or c.beta:
         return False
@@ -184,7 +190,7 @@ def _reader_plan(
     if len(kernel.body) != 1 or not isinstance(kernel.body[0], L.Contract):
         return None
     c = kernel.body[0]
-    if (c.a == target) == (c.b == target) or c.c == target:
+    if (c.a == target) == (c.b == target) or c.c == target or not c.plain_batch:
         return None
     operand = "a" if c.a == target else "b"
     offset = c.offset_a if operand == "a" else c.offset_b

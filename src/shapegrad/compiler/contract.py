@@ -6,6 +6,17 @@ output), m (first operand and output), n (second operand and output) and k
 strided views of buffers (permutes and broadcasts are fine: they only change
 strides) with each letter group contiguous, the product maps onto one
 ``Contract`` statement, which renderers send to BLAS (C) or cuBLAS (CUDA).
+
+Where the target takes strided batches (``Target.strided_batches``), the batch letters
+may form two groups with strides of their own, and ``c`` may be written with rows
+wider than ``n`` (:func:`_two_level`): attention's ``bhqd`` head views of a ``[b, t, 3,
+h, d]`` buffer (strides ``t*3*h*d`` and ``d``) are then read where they lie, and a
+product whose output letters put a batch letter between its rows and columns (heads
+merged back, ``bhqk,bhkd->bqhd``) writes that layout directly: no operand copies.
+Each product of the batch stays one library call: on the AMD EPYC (AVX-512) box, one
+thread, 128 products of 64x64x32 took 0.35 ms as 128 ``cblas_sgemm`` calls on copied
+heads, 0.35 ms on the strided head views and 0.34 ms as one OpenBLAS 0.3.34
+``cblas_sgemm_batch_strided`` call (which takes one stride per operand, so no head views).
 """
 
 from __future__ import annotations
@@ -50,8 +61,13 @@ class ContractMatch:
     sum_batch: int = 1
     sum_stride_a: int = 0
     sum_stride_b: int = 0
+    stride_c: int = 0  # 0: m * n (products packed back to back)
+    inner: int = 1  # a two-level batch: ``batch = outer * inner`` (``L.Contract``)
+    inner_strides: tuple[int, int, int] = (0, 0, 0)  # a, b, c
+    ldc: int = 0  # 0: n
 
     def statement(self, dst: str, dtype: DType) -> L.Contract:
+        ia, ib, ic = self.inner_strides
         return L.Contract(
             self.a.buffer,
             self.b.buffer,
@@ -68,11 +84,16 @@ class ContractMatch:
             self.batch,
             self.stride_a,
             self.stride_b,
-            self.m * self.n,
+            self.stride_c or self.m * self.n,
             dtype,
             self.sum_batch,
             self.sum_stride_a,
             self.sum_stride_b,
+            inner=self.inner,
+            inner_stride_a=ia,
+            inner_stride_b=ib,
+            inner_stride_c=ic,
+            ldc=self.ldc,
         )
 
 
@@ -150,7 +171,7 @@ def _fits(view: View, batch: str, rows: str, cols: str, sizes: dict[str, int]) -
 
 
 def match_contraction(
-    root: Node, ex: ExprBuilder, min_macs: int, pack: Packer
+    root: Node, ex: ExprBuilder, min_macs: int, pack: Packer, strided_batches: bool = False
 ) -> ContractMatch | None:
     """A :class:`ContractMatch` for einsum ``root`` or None (then generated loops are used).
 
@@ -170,6 +191,8 @@ def match_contraction(
         return None  # a letter summed inside one operand: not a plain product
     roles = _roles(out, ta, tb)
     if roles is None:
+        if strided_batches and _size(sizes, out) * _size(sizes, letters.contracted) >= min_macs:
+            return _two_level(root, letters, ex, sizes)
         return None
     p, swapped = roles
     first, second, t1, t2 = (b_node, a_node, tb, ta) if swapped else (a_node, b_node, ta, tb)
@@ -189,9 +212,15 @@ def match_contraction(
         match = _build(va, vb, batch_l, m_l, n_l, k_rest, sizes)  # type: ignore[arg-type]
         if match is not None and sa is not None and sb is not None:
             return replace(match, sum_batch=sa[0], sum_stride_a=sa[1], sum_stride_b=sb[1])
-    if va is None or not _fits(va, batch_l, m_l, k_l, sizes):
+    fits_a = va is not None and _fits(va, batch_l, m_l, k_l, sizes)
+    fits_b = vb is not None and _fits(vb, batch_l, k_l, n_l, sizes)
+    if strided_batches and not (fits_a and fits_b):
+        found = _two_level(root, letters, ex, sizes)
+        if found is not None:
+            return found
+    if va is None or not fits_a:
         va = pack(first, t1, "".join(c for c in batch_l if c in t1) + m_l + k_l)
-    if vb is None or not _fits(vb, batch_l, k_l, n_l, sizes):
+    if vb is None or not fits_b:
         vb = pack(second, t2, "".join(c for c in batch_l if c in t2) + k_l + n_l)
     return _build(va, vb, batch_l, m_l, n_l, k_l, sizes)
 
@@ -235,6 +264,69 @@ def _build(
     return ContractMatch(
         va, vb, m, n, k, batch, mat_a[0], mat_b[0], mat_a[1], mat_b[1], ba[1], bb[1]
     )
+
+
+def _two_level(
+    root: Node, letters: EinsumRoles, ex: ExprBuilder, sizes: dict[str, int]
+) -> ContractMatch | None:
+    """The product over views as they are, its batch in up to two strided groups.
+
+    Batch letters are those of both operands and the output; the other output letters
+    must read ``m* n*`` (or ``n* m*``: the operands swap) in output order, wherever the
+    batch letters sit between them. ``c`` is the output in row-major order, so its rows
+    are ``ldc`` apart. The batch letters (output order, size-1 ones dropped) are cut
+    into an outer and an inner group, each a single strided axis in ``a``, ``b`` and
+    ``c``; a single group is preferred. None when no cut works (the caller packs).
+    """
+    ta, tb, out = letters.a, letters.b, letters.out
+    batch_l = [c for c in out if c in ta and c in tb]
+    rest = [c for c in out if c not in batch_l]
+    kinds = "".join("m" if c in ta else "n" for c in rest)
+    if kinds == "".join(sorted(kinds)):
+        swapped = False
+    elif kinds == "".join(sorted(kinds, reverse=True)):
+        swapped = True
+    else:
+        return None
+    a_node, b_node = root.inputs
+    first, second, t1 = (b_node, a_node, tb) if swapped else (a_node, b_node, ta)
+    m_l = "".join(c for c in rest if c in t1)
+    n_l = "".join(c for c in rest if c not in t1)
+    k_l = (letters.swapped() if swapped else letters).contracted
+    va = _view(first, t1, ex)
+    vb = _view(second, ta if swapped else tb, ex)
+    if va is None or vb is None:
+        return None
+    c_strides, step = {}, 1
+    for c in reversed(out):
+        c_strides[c] = step
+        step *= sizes[c]
+    vc = View("", 0, c_strides)
+    mat_a = _matrix_of(va, m_l, k_l, sizes)
+    mat_b = _matrix_of(vb, k_l, n_l, sizes)
+    mat_c = _matrix_of(vc, m_l, n_l, sizes)
+    if mat_a is None or mat_b is None or mat_c is None or mat_c[0]:
+        return None
+    live = "".join(c for c in batch_l if sizes[c] > 1)
+    for cut in range(len(live), -1, -1):
+        outer, inner = live[:cut], live[cut:]
+        groups = [(_group(v, outer, sizes), _group(v, inner, sizes)) for v in (va, vb, vc)]
+        if any(g is None or h is None for g, h in groups):
+            continue
+        (oa, ia), (ob, ib), (oc, ic) = groups
+        assert oa and ia and ob and ib and oc and ic
+        m, n, k = (_size(sizes, g) for g in (m_l, n_l, k_l))
+        return ContractMatch(
+            va, vb, m, n, k, _size(sizes, live), mat_a[0], mat_b[0], mat_a[1], mat_b[1],
+            oa[1], ob[1], stride_c=oc[1], inner=_size(sizes, inner),
+            inner_strides=(ia[1], ib[1], ic[1]), ldc=mat_c[1],
+        )  # fmt: skip
+    return None
+
+
+def _matrix_of(view: View, rows: str, cols: str, sizes: dict[str, int]) -> tuple[bool, int] | None:
+    r, c = _group(view, rows, sizes), _group(view, cols, sizes)
+    return None if r is None or c is None else _matrix(r, c)
 
 
 def _size(sizes: dict[str, int], letters: str) -> int:

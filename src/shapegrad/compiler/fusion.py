@@ -16,6 +16,12 @@
   elementwise at the same index (``relu(x @ w + b)``) is computed inside the
   kernel of that consumer: the accumulator feeds the epilogue directly, and
   the raw reduction never touches memory.
+* **Viewed operands**: where the target's products take two-level batches
+  (``Target.strided_batches``), an einsum operand that is a layout view (slices,
+  reshapes, permutes) of an elementwise value other kernels also read materializes that
+  value, not the view: attention's ``q``, ``k`` and ``v`` are head views of one
+  ``x @ w_qkv + b`` buffer that the products read in place (``contract.py``), instead
+  of three copies that each recompute the bias add.
 """
 
 from __future__ import annotations
@@ -139,6 +145,8 @@ def plan_fusion(graph: Graph, target: Target = C_TARGET) -> FusionPlan:
         if _must_materialize(node, users.get(node.id, []), outputs, plan.cost[node.id], target):
             plan.materialized.add(node.id)
             plan.cost[node.id] = 0
+        if target.strided_batches and node.prim is Prim.EINSUM:
+            _materialize_viewed(node, plan, users)
         _materialize_operands(node, plan)
     if target.fuse_epilogues:
         _fuse_epilogues(order, users, outputs, plan)
@@ -191,6 +199,29 @@ def _materialize_operands(node: Node, plan: FusionPlan) -> None:
             plan.materialized.add(operand.id)
             plan.cost[operand.id] = 0
             plan.cost[node.id] = 0
+
+
+_VIEWS = frozenset({Prim.RESHAPE, Prim.PERMUTE, Prim.SLICE, Prim.STOP_GRADIENT})
+
+
+def _materialize_viewed(node: Node, plan: FusionPlan, users: dict[int, list[Node]]) -> None:
+    """An einsum operand viewing a shared elementwise value: the value gets the buffer
+    and the view costs nothing (module docstring, "Viewed operands")."""
+    for operand in node.inputs:
+        chain, base = [], operand
+        while base.prim in _VIEWS and base.id not in plan.materialized:
+            if base.prim is Prim.SLICE and any(s != 1 for s in base.attr["steps"]):
+                break
+            chain.append(base)
+            base = base.inputs[0]
+        if not chain or base.prim in _VIEWS:
+            continue
+        if base.id not in plan.materialized:
+            if base.prim not in ELEMENTWISE or len(users.get(base.id, [])) < 2:
+                continue
+            plan.materialized.add(base.id)
+        for n in (base, *chain):  # a view of a buffer costs nothing (read in place)
+            plan.cost[n.id] = 0
 
 
 def _size(node: Node) -> int:

@@ -315,6 +315,13 @@ class Contract(Stmt):
     ``trans_b``), ``c`` is ``m x n``; strides are in elements. ``s`` ranges over
     ``sum_batch`` (summed letters that cannot join ``k``, e.g. the batch axis of a
     convolution's weight gradient).
+
+    A two-level batch (``inner > 1``) runs ``batch = outer * inner`` products: product
+    ``bi`` is ``(bo, bh) = divmod(bi, inner)`` and starts ``bo * stride_x + bh *
+    inner_stride_x`` into each operand (attention's heads of a ``[b, t, h, d]`` buffer:
+    ``b`` and ``h`` have strides no single stride describes, so the head views are read
+    in place instead of copied). ``ldc`` is the distance between rows of ``c`` (0: ``n``;
+    larger when ``c`` is written into a wider layout, e.g. heads merged into ``[b, t, h*d]``).
     """
 
     a: str
@@ -343,6 +350,31 @@ class Contract(Stmt):
     # a run-time factor of alpha: ``alpha * alpha_buffer[alpha_index]`` (e.g. the trainer's lr)
     alpha_buffer: str | None = None
     alpha_index: int = 0
+    inner: int = 1
+    inner_stride_a: int = 0
+    inner_stride_b: int = 0
+    inner_stride_c: int = 0
+    ldc: int = 0
+
+    @property
+    def row_c(self) -> int:
+        """Elements between rows of ``c`` (``ldc``, or ``n`` when packed)."""
+        return self.ldc or self.n
+
+    @property
+    def plain_batch(self) -> bool:
+        """One batch stride per operand and ``c`` packed (what a strided-batched library
+        call takes): no inner batch and ``ldc`` at most ``n``."""
+        return self.inner == 1 and self.row_c == self.n
+
+    def batch_offset(self, operand: str, index: str) -> str:
+        """C expression: where product ``index`` starts in ``operand`` ("a", "b", "c"),
+        relative to the operand's own offset."""
+        outer = {"a": self.stride_a, "b": self.stride_b, "c": self.stride_c}[operand]
+        if self.inner == 1:
+            return f"{index} * {outer}"
+        inner = {"a": self.inner_stride_a, "b": self.inner_stride_b, "c": self.inner_stride_c}
+        return f"({index} / {self.inner}) * {outer} + ({index} % {self.inner}) * {inner[operand]}"
 
 
 @dataclass(frozen=True)
@@ -616,6 +648,8 @@ def _format_stmts(body: tuple[Stmt, ...], depth: int) -> list[str]:
             out.append(
                 f"{pad}{s.c} = contract({s.a}{'^T' if s.trans_a else ''}, {s.b}{'^T' if s.trans_b else ''})"
                 f" m={s.m} n={s.n} k={s.k} batch={s.batch} sum={s.sum_batch}"
+                + (f" inner={s.inner}" if s.inner > 1 else "")
+                + (f" ldc={s.ldc}" if s.row_c != s.n else "")
                 + (
                     f" alpha={s.alpha}{scaled} beta={s.beta}"
                     if (s.alpha, s.beta) != (1.0, 0.0) or scaled

@@ -407,7 +407,11 @@ class KernelBuilder:
         if len(root.inputs) != 2 or root.aval.dtype.name not in self.target.contract_dtypes:
             return False
         match = match_contraction(
-            root, self.expr_builder(), self.target.contract_min_macs, self._pack
+            root,
+            self.expr_builder(),
+            self.target.contract_min_macs,
+            self._pack,
+            self.target.strided_batches,
         )
         if match is None:
             return False

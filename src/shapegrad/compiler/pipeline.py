@@ -10,6 +10,9 @@ stage                     what it does
 ========================  ==========================================================
 choose_conv_algorithm     im2col or Winograd for each ``conv2d(algorithm="auto")``, by
                           the target's rule (``conv_algorithm.py``; its dump: the graph)
+permute_product_outputs   a permuted product becomes a product writing that layout, batch
+                          letters between its rows and columns (``products.py``;
+                          optional: ``Target.strided_batches``)
 widen_library_products    a product of a type the target's library lacks (bfloat16 on C)
                           runs in its accumulator type and is rounded once (``widen.py``)
 plan_fusion               which values get a buffer, which are recomputed inline, which
@@ -27,6 +30,9 @@ overlap_collectives       all-reduces start as soon as their operand is written 
                           optional: GPU targets stage collectives through the host)
 fuse_elementwise_kernels  adjacent elementwise kernels over one index space share one
                           loop nest (``loopfuse.py``; optional)
+fuse_row_kernels          adjacent kernels over the same rows (a softmax's max, exp, sum
+                          and divide) share one loop over the rows (``rowfuse.py``;
+                          optional)
 split_index_sets          short loops unrolled, loops cut into segments on which their
                           range tests are constant, ``v // d`` indexing div-split; loops
                           the backend threads stay whole (``splitting.py``; optional)
@@ -60,6 +66,8 @@ from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
 from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
 from shapegrad.compiler.overlap import overlap_collectives
+from shapegrad.compiler.products import permute_product_outputs
+from shapegrad.compiler.rowfuse import fuse_row_kernels
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -110,6 +118,10 @@ def stage_choose_conv_algorithm(unit: LoopUnit) -> LoopUnit:
     return replace(unit, graph=choose_conv_algorithm(unit.graph, unit.target))
 
 
+def stage_permute_product_outputs(unit: LoopUnit) -> LoopUnit:
+    return replace(unit, graph=permute_product_outputs(unit.graph))
+
+
 def stage_widen_library_products(unit: LoopUnit) -> LoopUnit:
     return replace(unit, graph=widen_library_products(unit.graph, unit.target))
 
@@ -154,6 +166,11 @@ def stage_fuse_elementwise_kernels(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_fuse_row_kernels(unit: LoopUnit) -> LoopUnit:
+    fuse_row_kernels(unit.built(), unit.target.tuning)
+    return unit
+
+
 def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
     split_index_sets(unit.built(), unit.target)
     return unit
@@ -171,6 +188,7 @@ def stage_assign_slots(unit: LoopUnit) -> LoopUnit:
 
 LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("choose_conv_algorithm", stage_choose_conv_algorithm),
+    LoopStage("permute_product_outputs", stage_permute_product_outputs, optional=True),
     LoopStage("widen_library_products", stage_widen_library_products),
     LoopStage("plan_fusion", stage_plan_fusion),
     LoopStage("build_kernels", stage_build_kernels),
@@ -180,6 +198,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("place_state_updates", stage_place_state_updates),
     LoopStage("overlap_collectives", stage_overlap_collectives, optional=True),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
+    LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),

@@ -25,6 +25,7 @@ Both are exact rewrites of the math; only the floating-point summation order cha
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from shapegrad.compiler.rewrite import Builder, rewrite_graph
 from shapegrad.ir import Graph, Node
@@ -74,8 +75,11 @@ def _sum_into_product(node: Node, b: Builder, uses: Counter[int]) -> Node | None
     return b.make(Prim.EINSUM, list(product.inputs), spec=f"{ta},{tb}->{kept}")
 
 
-def _permute_into_product(node: Node, b: Builder, uses: Counter[int]) -> Node | None:
-    """``permute(einsum(a, b))`` -> one einsum writing its output in the permuted order."""
+def _permute_into_product(
+    node: Node, b: Builder, uses: Counter[int], strided: bool = False
+) -> Node | None:
+    """``permute(einsum(a, b))`` -> one einsum writing its output in the permuted order
+    (``strided``: batch letters may move between the rows and the columns too)."""
     if node.prim is not Prim.PERMUTE:
         return None
     product = node.inputs[0]
@@ -86,7 +90,13 @@ def _permute_into_product(node: Node, b: Builder, uses: Counter[int]) -> Node | 
     perm: tuple[int, ...] = node.attr["perm"]
     order = "".join(out[p] for p in perm)
     batch = "".join(c for c in out if c in ta and c in tb)
-    if not order.startswith(batch):
+    if strided:  # a two-level batch: what is left must still read rows then columns
+        kinds = "".join("m" if c in ta else "n" for c in order if c not in batch)
+        if kinds not in ("".join(sorted(kinds)), "".join(sorted(kinds, reverse=True))):
+            return None
+        if order.startswith(batch):
+            return None  # merge_product_batches' own case
+    elif not order.startswith(batch):
         return None  # batch letters must stay a leading prefix for a batched library product
     return b.make(Prim.EINSUM, list(product.inputs), spec=f"{terms}->{order}")
 
@@ -111,3 +121,41 @@ def merge_product_batches(graph: Graph) -> Graph:
         return found if found is not None else _permute_into_product(node, b, uses)
 
     return rewrite_graph(graph, rule)
+
+
+def permute_product_outputs(graph: Graph, max_rounds: int = 16) -> Graph:
+    """``permute(einsum)`` -> an einsum whose output letters put batch letters between its
+    rows and columns (attention's heads merged back: ``bhqk,bhkd->bqhd``), for targets
+    whose library products take two-level batches (``Target.strided_batches``): the
+    product writes the merged layout and the copy that merged it is gone. The
+    ``permute_product_outputs`` loop stage (``pipeline.py``) runs it; CUDA does not.
+    Repeated until nothing fires: a rebuilt product's uses are counted in the next round.
+    """
+    for _ in range(max_rounds):
+        fired: list[Node] = []
+        graph = rewrite_graph(graph, _permute_rule(_uses(graph), fired))
+        if not fired:
+            break
+    return graph
+
+
+def _uses(graph: Graph) -> Counter[int]:
+    uses: Counter[int] = Counter()
+    for n in graph.nodes():
+        uses.update(i.id for i in n.inputs)
+    uses.update(o.id for o in graph.outputs)
+    return uses
+
+
+def _permute_rule(uses: Counter[int], fired: list[Node]) -> Callable[[Node, Builder], Node | None]:
+    """The rule of :func:`permute_product_outputs` (appends what it builds to ``fired``)."""
+
+    def rule(node: Node, b: Builder) -> Node | None:
+        if node.prim is not Prim.PERMUTE or len(node.inputs[0].inputs) != 2:
+            return None
+        found = _permute_into_product(node, b, uses, strided=True)
+        if found is not None:
+            fired.append(found)
+        return found
+
+    return rule

@@ -46,6 +46,14 @@ class Tuning:
     # Loop fusion (``compiler/loopfuse.py``): kernels per merged loop; beyond this the
     # body's registers spill.
     fuse_max_group: int = 6
+    # fuse_row_kernels: kernels per merged row loop (a softmax is 4, LayerNorm's forward 5,
+    # their backward passes 3-6)
+    row_fuse_max_group: int = 8
+    # a per-row value (a LayerNorm's 1/std) forwarded into the row's later statements
+    row_forward_max_nodes: int = 24
+    # shortest row a merged reduction runs over (softmax rows 64, LayerNorm 128; a 2x2
+    # pooling window, 4, keeps the renderer's row-of-accumulators form in its own kernel)
+    row_fuse_min_row: int = 16
     # Expression size up to which a private temp of a merged loop is recomputed inline.
     fuse_max_forwarded_nodes: int = 160
     # Float sums (``cstyle.sum_blocks``): shorter sums keep one accumulator (exact enough,
@@ -154,6 +162,11 @@ class Target:
         tie_row: on a tie in contiguity, prefer the row form for wide rows.
         local_row_max: largest row (elements) accumulated in a per-iteration scratch
             array when an epilogue follows.
+        row_fusion: adjacent kernels over the same rows share one loop over the rows
+            (the ``fuse_row_kernels`` stage, ``rowfuse.py``).
+        strided_batches: a library product's batch may be two axes with strides of their
+            own and its output rows wider than ``n`` (``loops.Contract.inner``/``ldc``), so
+            attention's head views are read and written in place, not copied.
         batch_fusion: produce a large batched product's operand one batch slice at a
             time (``BatchFused``) instead of materializing it.
         batch_fusion_slots: scratch slices reserved for concurrent batch indices.
@@ -193,6 +206,8 @@ class Target:
     row_form: bool = True
     tie_row: bool = False
     local_row_max: int = 4096
+    strided_batches: bool = True
+    row_fusion: bool = True
     batch_fusion: bool = True
     batch_fusion_slots: int = 8
     batch_fusion_min_operand: int = 1 << 18
@@ -230,6 +245,10 @@ class Target:
         """Whether the optional loop stage ``stage`` runs for this target."""
         if stage == "fuse_batch_producers" and not self.batch_fusion:
             return False
+        if stage == "permute_product_outputs" and not self.strided_batches:
+            return False
+        if stage == "fuse_row_kernels" and not self.row_fusion:
+            return False
         return stage not in self.skip_stages
 
 
@@ -257,6 +276,11 @@ CUDA_TARGET = Target(
     contract_dtypes=frozenset({"float16", "bfloat16", "float32", "float64"}),
     runtime_alpha=False,  # cuBLAS reads alpha from the host here (device scalars: later)
     row_form=False,
+    # a row loop would run each row's passes on one GPU thread, where separate launches
+    # spread every pass over the grid
+    row_fusion=False,
+    # cublasGemmStridedBatchedEx takes one stride per operand: head views are copied
+    strided_batches=False,
     batch_fusion=False,
     alignment=256,
     reduction="tree",

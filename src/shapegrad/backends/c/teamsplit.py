@@ -117,7 +117,7 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth, f"const int64_t p0 = part * {extent} / {parts};")
             self.emit(depth, f"const int64_t p1 = (part + 1) * {extent} / {parts};")
             if kind == "rows":
-                rows, a_off, c_off = "(int)(p1 - p0)", f" + p0 * {a_row}", f" + p0 * {s.n}"
+                rows, a_off, c_off = "(int)(p1 - p0)", f" + p0 * {a_row}", f" + p0 * {s.row_c}"
             else:
                 cols, b_off, c_off = "(int)(p1 - p0)", f" + p0 * {b_col}", " + p0"
         self.emit(depth, f"for (int64_t bi = 0; bi < {s.batch}; ++bi)")
@@ -125,9 +125,11 @@ class TeamRenderer(CStyleRenderer):
         self.emit(
             depth + 2,
             f"{fn}(101, {ta}, {tb}, {rows}, {cols}, {s.k}, {alpha}, "
-            f"{s.a} + {s.offset_a} + bi * {s.stride_a} + si * {s.sum_stride_a}{a_off}, {s.lda}, "
-            f"{s.b} + {s.offset_b} + bi * {s.stride_b} + si * {s.sum_stride_b}{b_off}, {s.ldb}, "
-            f"si ? {one} : {beta}, {s.c} + bi * {s.stride_c}{c_off}, {s.n});",
+            f"{s.a} + {s.offset_a} + {s.batch_offset('a', 'bi')} + si * {s.sum_stride_a}{a_off}, "
+            f"{s.lda}, "
+            f"{s.b} + {s.offset_b} + {s.batch_offset('b', 'bi')} + si * {s.sum_stride_b}{b_off}, "
+            f"{s.ldb}, "
+            f"si ? {one} : {beta}, {s.c} + {s.batch_offset('c', 'bi')}{c_off}, {s.row_c});",
         )
         if kind in ("rows", "cols"):
             depth -= 1

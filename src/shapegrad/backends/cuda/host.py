@@ -277,6 +277,8 @@ class HostLauncher(CStyleRenderer):
         """``C = alpha * op(A) op(B) + beta * C`` per batch, as ``C^T = op(B)^T op(A)^T``."""
         if s.alpha_buffer is not None:
             raise NotImplementedError("CUDA: a run-time product scale needs runtime_alpha=False")
+        if not s.plain_batch:
+            raise NotImplementedError("CUDA: a two-level batch needs strided_batches=False")
         t = self.storage_name(s.dtype)
         scalar = "double" if s.dtype.name == "float64" else "float"
         dt, ct = CUDA_R[s.dtype.name], COMPUTE[s.dtype.name]
