@@ -20,8 +20,12 @@ then ``--steps`` more are timed; both phases go in interleaved rounds of ~20 ms 
 (alternating order), so a busy machine slows every variant alike. Printed: median and mean
 per step, the share of region calls the default ran on one thread during the timed phase
 (when the library reports it), and ``default / best`` where best is the faster median of
-``1 thread`` and ``full team``. The load average (1 minute) is printed before and after.
+``1 thread`` and ``full team`` (and the same of the means: on a busy box a round can lose
+its CPU for tens of milliseconds, which the median hides and the mean shows). The load
+average (1 minute) is printed before and after.
 
+``--tune FIELD=VALUE`` (repeatable) adds the three variants rendered with that field of
+the target's ``CTuning`` replaced (e.g. ``split_parts=2``: more, smaller product blocks).
 ``--base TREE`` adds the same three variants rendered by another source tree's
 ``render.py`` (``git worktree add --detach /tmp/base <commit>``); only the C source differs
 (lowering is this tree's), so the base renderer must accept this tree's loop IR.
@@ -30,6 +34,7 @@ per step, the share of region calls the default ran on one thread during the tim
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -51,6 +56,7 @@ from shapegrad.backends.c.manifest import RuntimeInfo
 from shapegrad.backends.c.options import COptions
 from shapegrad.backends.c.toolchain import has_vector_math
 from shapegrad.compiler.pipeline import lower_program
+from shapegrad.compiler.target import CTuning
 from shapegrad.nn.transformer import BlockStack, block_init
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -106,11 +112,23 @@ def workload(row: str) -> dict[str, Any]:
     return T.workload(name, batch, k)
 
 
-def build(graph: Any, render: ModuleType, label: str, threads: int, policy: int) -> Any:
+def build(
+    graph: Any,
+    render: ModuleType,
+    label: str,
+    threads: int,
+    policy: int,
+    tune: dict[str, int] | None = None,
+) -> Any:
     """A step of ``graph`` rendered by ``render`` as the backend would (translation units),
-    loaded, with ``sg_set_threads(threads, policy)``."""
+    loaded, with ``sg_set_threads(threads, policy)``; ``tune`` replaces fields of the
+    target's ``CTuning`` for rendering."""
     program, _ = lower_program(graph, c_target(CompileOptions()), label)
-    units = render.render_c_units(program, False, has_vector_math())
+    if tune:
+        tuning = dataclasses.replace(this_render.c_tuning(), **tune)
+        units = render.render_c_units(program, False, has_vector_math(), tuning=tuning)
+    else:
+        units = render.render_c_units(program, False, has_vector_math())
     library = compile_units([(u.name, u.source) for u in units], program, COptions())
     lib = load(library)
     lib.sg_set_threads(threads, policy)
@@ -203,17 +221,22 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
     x, y = w["xs"][0], w["ys"][0]
     graph = sg.compile(step, backend="numpy", donate_argnums=0).graph(w["params"], x, y)
     n = num_threads()
-    renders = [("", this_render)] + ([("base ", base)] if base is not None else [])
+    renders: list[tuple[str, ModuleType, dict[str, int] | None]] = [("", this_render, None)]
+    if base is not None:
+        renders.append(("base ", base, None))
+    for field, value in args.tune:
+        renders.append((f"{field}={value} ", this_render, {field: value}))
     runs: dict[str, Callable[[], Any]] = {}
     counters: dict[str, Callable[[], tuple[int, int]] | None] = {}
-    for prefix, render in renders:
+    for prefix, render, tune in renders:
         for label, threads, policy in (
             ("default", n, 1),
             ("full team", n, 0),
             ("1 thread", 1, 0),
         ):
             name = f"{prefix}{label}"
-            exe = build(graph, render, f"ab_{row}_{name.replace(' ', '_')}", threads, policy)
+            tag = "".join(c if c.isalnum() else "_" for c in name)
+            exe = build(graph, render, f"ab_{row}_{tag}", threads, policy, tune)
             bound = exe.bind([p.copy() for p in w["params"]])
             runs[name] = lambda bound=bound: bound(x, y)
             counters[name] = team_counts(exe.source_path) if label == "default" else None
@@ -241,8 +264,21 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
             f"  {label:16s} median {medians[label] * 1e3:9.3f} ms   "
             f"mean {statistics.mean(ts) * 1e3:9.3f} ms{extra}"
         )
-    print(f"  default / best = {medians['default'] / best:.3f}", flush=True)
-    return {"default": medians["default"], "best": best, "load": load}
+    means = {label: statistics.mean(ts) for label, ts in times.items()}
+    best_mean = min(means["1 thread"], means["full team"])
+    ratio, ratio_mean = medians["default"] / best, means["default"] / best_mean
+    print(f"  default / best = {ratio:.3f} (medians), {ratio_mean:.3f} (means)", flush=True)
+    return {"default": medians["default"], "best": best, "load": load, "mean": ratio_mean}
+
+
+def tune_arg(text: str) -> tuple[str, int]:
+    field, _, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(CTuning)}
+    if field not in names or not value.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--tune {text!r}: FIELD=INT, FIELD one of {sorted(names)}"
+        )
+    return field, int(value)
 
 
 def main() -> None:
@@ -252,6 +288,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="timed steps per variant")
     parser.add_argument("--background-load", type=int, default=0, metavar="N")
     parser.add_argument("--base", help="source tree whose render.py is also measured")
+    parser.add_argument(
+        "--tune",
+        type=tune_arg,
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="also measure the variants rendered with this CTuning field (repeatable)",
+    )
     parser.add_argument("--jax", action="store_true")
     args = parser.parse_args()
     base = base_render(args.base) if args.base else None
@@ -265,11 +309,11 @@ def main() -> None:
         for proc in busy:
             proc.kill()
             proc.wait()
-    print(f"\n{args.background_load} busy processes; default / best (median per step):")
+    print(f"\n{args.background_load} busy processes; default / best (median per step; means):")
     for row, m in table.items():
         print(
-            f"  {row:10s} {m['default'] / m['best']:6.3f}   (default {m['default'] * 1e3:.3f} ms, "
-            f"best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f})"
+            f"  {row:10s} {m['default'] / m['best']:6.3f}  {m['mean']:6.3f}   (default "
+            f"{m['default'] * 1e3:.3f} ms, best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f})"
         )
 
 
