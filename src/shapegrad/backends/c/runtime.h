@@ -62,7 +62,7 @@ static inline double sg_team_median(const struct sg_team *s) {
     for (unsigned i = 0; i < n; ++i) { /* insertion sort of a few values */
         double x = s->ratio[i];
         unsigned j = i;
-        for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+        for (; j > 0 && v[j - 1] > x; j -= 1) v[j] = v[j - 1];
         v[j] = x;
     }
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -81,7 +81,7 @@ static inline int sg_team_pick_in(struct sg_team *s, unsigned epoch) {
     if (sg_threads <= 1 || !sg_adaptive) return 1;
     if (s->probe == 2) return !s->order;
     if (s->probe == 0 && s->wait > 0) {
-        --s->wait;
+        s->wait -= 1;
         return s->choice;
     }
     s->probe = 1; /* a new pair (or the first call of one that was never recorded) */
