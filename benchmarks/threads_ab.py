@@ -1,24 +1,40 @@
-"""In-process A/B of two C renderers on one lowered training step, under the same load.
+"""Default threads vs one thread vs the full team, in steady state, under the same load.
 
 Run:
-    git worktree add --detach /tmp/base <commit>
-    python benchmarks/threads_ab.py /tmp/base mlp [--rounds 60] [--background-load 2] [--jax]
+    python benchmarks/threads_ab.py [--rows moons10,mlp,w1024,cnn,gpt,gptloop]
+        [--warmup 200] [--steps 200] [--background-load 2] [--base TREE] [--jax]
 
-The step of ``train_step.py``'s row (moons10, mlp, w1024, cnn, ...) is lowered once by
-this tree; ``render_c`` of the base tree (``<base>/src/shapegrad/backends/c/render.py``)
-and of this tree each render it, and both libraries are loaded into this process. Every
-round runs each variant for ~20 ms, in alternating order, so a busy machine (other users,
-``--background-load N`` busy processes) slows all variants alike; mean and median per
-step are printed. Variants: base at the default and at one thread, this tree with the
-adaptive team, the fixed full team and one thread, and ``jax.jit`` with ``--jax``.
+Per row (``train_step.py``'s moons10, mlp (784-512-512-10 b128), w1024, cnn (b64), plus
+``gpt``: the charlm step of ``depth.py``, d 128, 2 blocks, 4 heads, context 64, batch 32,
+unrolled, and ``gptloop``: the same as one layer loop, SGD instead of AdamW), one SGD step
+is lowered once and built three times (distinct program names, so distinct libraries),
+each loaded into this process:
 
-Only the C source differs between the variants (lowering is this tree's), so the base
-renderer must accept this tree's loop IR.
+* ``default``: ``sg_set_threads(n, 1)``, the adaptive team (what users get);
+* ``full team``: ``sg_set_threads(n, 0)``;
+* ``1 thread``: ``sg_set_threads(1, 0)`` (what ``SHAPEGRAD_NUM_THREADS=1`` gives).
+
+``--background-load N`` busy processes start *before* the warm-up, so the adaptive choice
+settles under the load it is measured under. Every variant first runs ``--warmup`` steps,
+then ``--steps`` more are timed; both phases go in interleaved rounds of ~20 ms per variant
+(alternating order), so a busy machine slows every variant alike. Printed: median and mean
+per step, the share of region calls the default ran on one thread during the timed phase
+(when the library reports it), and ``default / best`` where best is the faster median of
+``1 thread`` and ``full team`` (and the same of the means: on a busy box a round can lose
+its CPU for tens of milliseconds, which the median hides and the mean shows). The load
+average (1 minute) is printed before and after.
+
+``--tune FIELD=VALUE`` (repeatable) adds the three variants rendered with that field of
+the target's ``CTuning`` replaced (e.g. ``split_parts=2``: more, smaller product blocks).
+``--base TREE`` adds the same three variants rendered by another source tree's
+``render.py`` (``git worktree add --detach /tmp/base <commit>``); only the C source differs
+(lowering is this tree's), so the base renderer must accept this tree's loop IR.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -26,41 +42,119 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 import shapegrad as sg
 from shapegrad.backends.base import CompileOptions
-from shapegrad.backends.c import c_target
-from shapegrad.backends.c.executable import CExecutable, load_library, num_threads
-from shapegrad.backends.c.render import render_c, uses_blas
-from shapegrad.backends.c.toolchain import has_vector_math, library_for, make_spec
+from shapegrad.backends.c import c_target, compile_units, load
+from shapegrad.backends.c import render as this_render
+from shapegrad.backends.c.executable import CExecutable, num_threads
+from shapegrad.backends.c.manifest import RuntimeInfo
+from shapegrad.backends.c.options import COptions
+from shapegrad.backends.c.toolchain import has_vector_math
 from shapegrad.compiler.pipeline import lower_program
+from shapegrad.compiler.target import CTuning
+from shapegrad.nn.transformer import BlockStack, block_init
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step as T
+from charlm_model import charlm_loss
+
+DEFAULT_ROWS = "moons10,mlp,w1024,cnn,gpt"
+
+# counters of the adaptive choice (runtime.h), read through a cdef of their own so a base
+# library without them still loads
+_COUNTS_CDEF = "void sg_team_counts(unsigned long long *out);"
 
 
-def base_renderer(tree: str) -> Callable[..., str]:
+def base_render(tree: str) -> ModuleType:
     path = os.path.join(tree, "src", "shapegrad", "backends", "c", "render.py")
     spec = importlib.util.spec_from_file_location("base_render", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["base_render"] = module
     spec.loader.exec_module(module)
-    render: Callable[..., str] = module.render_c
-    return render
+    return module
 
 
-def build(graph: Any, render: Callable[..., str], label: str, threads: int, policy: int) -> Any:
-    """A bound step of ``graph`` rendered by ``render``; ``sg_set_threads(threads, policy)``
-    (a base library without the policy argument ignores it)."""
+def gpt_workload(loop: bool, k: int = 1) -> dict[str, Any]:
+    """``depth.py``'s charlm model as a flat parameter list (SGD step)."""
+    vocab, d, blocks, heads, t, bsz = 94, 128, 2, 4, 64, 32
+    rng = np.random.default_rng(2)
+    stack = BlockStack.init(block_init(0.02), seed=0, layers=blocks, d=d, f=4 * d)
+    params = [
+        (rng.normal(size=(vocab, d)) * 0.02).astype(np.float32),
+        (rng.normal(size=(t, d)) * 0.01).astype(np.float32),
+        *[np.asarray(p.numpy()) for p in stack],
+        np.ones(d, np.float32),
+        np.zeros(d, np.float32),
+    ]
+    inner = charlm_loss(blocks, heads, vocab, loop)
+
+    def loss(p: list[sg.Tensor], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
+        tree = {"tokens": p[0], "positions": p[1], "blocks": list(p[2:14])}
+        tree.update({"ln_w": p[14], "ln_b": p[15]})
+        out: sg.Tensor = inner(tree, ids, targets)
+        return out
+
+    xs = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
+    ys = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
+    return {"params": params, "xs": xs, "ys": ys, "loss": loss}
+
+
+def workload(row: str) -> dict[str, Any]:
+    if row in ("gpt", "gptloop"):
+        return gpt_workload(row == "gptloop")
+    name, batch, k = T.ROWS[row]
+    return T.workload(name, batch, k)
+
+
+def build(
+    graph: Any,
+    render: ModuleType,
+    label: str,
+    threads: int,
+    policy: int,
+    tune: dict[str, int] | None = None,
+) -> Any:
+    """A step of ``graph`` rendered by ``render`` as the backend would (translation units),
+    loaded, with ``sg_set_threads(threads, policy)``; ``tune`` replaces fields of the
+    target's ``CTuning`` for rendering."""
     program, _ = lower_program(graph, c_target(CompileOptions()), label)
-    vector_math = has_vector_math()
-    spec = make_spec(render(program, False, vector_math), uses_blas(program), vector_math)
-    path, _ = library_for(spec)
-    lib = load_library(path, spec.key)
+    if tune:
+        tuning = dataclasses.replace(this_render.c_tuning(), **tune)
+        units = render.render_c_units(program, False, has_vector_math(), tuning=tuning)
+    else:
+        units = render.render_c_units(program, False, has_vector_math())
+    library = compile_units([(u.name, u.source) for u in units], program, COptions())
+    lib = load(library)
     lib.sg_set_threads(threads, policy)
-    return CExecutable(graph, program, lib, path)
+    info = RuntimeInfo.of(program, library.key)
+    return CExecutable(graph, info, lib, library.path, program)
+
+
+def team_counts(path: str) -> Callable[[], tuple[int, int]] | None:
+    """(region calls, calls that ran on one thread) of the library at ``path``, if it
+    counts them."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(_COUNTS_CDEF)
+    lib = ffi.dlopen(path)
+    try:
+        fn = lib.sg_team_counts
+    except AttributeError:
+        return None
+    out = ffi.new("unsigned long long[2]")
+
+    def read() -> tuple[int, int]:
+        fn(out)
+        return int(out[0]), int(out[1])
+
+    return read
 
 
 def jax_step(w: dict[str, Any], name: str) -> Callable[[], None] | None:
@@ -68,6 +162,8 @@ def jax_step(w: dict[str, Any], name: str) -> Callable[[], None] | None:
         import jax
         import jax.numpy as jnp
     except ImportError:
+        return None
+    if name.startswith("gpt"):
         return None
 
     def loss(params: list[Any], x: Any, y: Any) -> Any:
@@ -83,7 +179,7 @@ def jax_step(w: dict[str, Any], name: str) -> Callable[[], None] | None:
             for i in range(0, len(params) - 2, 2):
                 h = jax.nn.relu(h @ params[i] + params[i + 1])
             out = h @ params[-2] + params[-1]
-        if name == "moons":
+        if name.startswith("moons"):
             return jax.nn.relu(1 - y * out[:, 0]).mean()
         logp = jax.nn.log_softmax(out)
         return -jnp.take_along_axis(logp, y[:, None], axis=1).mean()
@@ -103,65 +199,122 @@ def jax_step(w: dict[str, Any], name: str) -> Callable[[], None] | None:
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("base", help="source tree whose render.py is the baseline")
-    parser.add_argument("row", help="a train_step.py row: moons10, mlp, w1024, cnn, ...")
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--background-load", type=int, default=0, metavar="N")
-    parser.add_argument("--jax", action="store_true")
-    args = parser.parse_args()
-    name, batch, k = T.ROWS[args.row]
-    w = T.workload(name, batch, k)
+def rounds(runs: dict[str, Callable[[], Any]], calls: int, steps: int) -> dict[str, list[float]]:
+    """Interleaved rounds (alternating order) of ``calls`` calls per variant until each has
+    run ``steps`` steps; seconds per step of each round, per variant."""
+    times: dict[str, list[float]] = {label: [] for label in runs}
+    items = list(runs.items())
+    r = 0
+    while r * calls < steps:
+        for label, run in items if r % 2 == 0 else items[::-1]:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                run()
+            times[label].append((time.perf_counter() - t0) / calls)
+        r += 1
+    return times
+
+
+def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict[str, float]:
+    w = workload(row)
     step = T.sgd_step(w["loss"])
-    graph = sg.compile(step, backend="numpy", donate_argnums=0).graph(
-        w["params"], w["xs"][0], w["ys"][0]
-    )
-    base, n = base_renderer(args.base), num_threads()
-    specs = {
-        "base": (base, n, 0),
-        "base 1 thread": (base, 1, 0),
-        "adaptive team": (render_c, n, 1),
-        "full team": (render_c, n, 0),
-        "1 thread": (render_c, 1, 0),
-    }
     x, y = w["xs"][0], w["ys"][0]
+    graph = sg.compile(step, backend="numpy", donate_argnums=0).graph(w["params"], x, y)
+    n = num_threads()
+    renders: list[tuple[str, ModuleType, dict[str, int] | None]] = [("", this_render, None)]
+    if base is not None:
+        renders.append(("base ", base, None))
+    for field, value in args.tune:
+        renders.append((f"{field}={value} ", this_render, {field: value}))
     runs: dict[str, Callable[[], Any]] = {}
-    for label, (render, threads, policy) in specs.items():
-        bound = build(graph, render, f"ab_{label.replace(' ', '_')}", threads, policy).bind(
-            [p.copy() for p in w["params"]]
-        )
-        runs[label] = lambda bound=bound: bound(x, y)
-    if args.jax and (jax_run := jax_step(w, name)) is not None:
+    counters: dict[str, Callable[[], tuple[int, int]] | None] = {}
+    for prefix, render, tune in renders:
+        for label, threads, policy in (
+            ("default", n, 1),
+            ("full team", n, 0),
+            ("1 thread", 1, 0),
+        ):
+            name = f"{prefix}{label}"
+            tag = "".join(c if c.isalnum() else "_" for c in name)
+            exe = build(graph, render, f"ab_{row}_{tag}", threads, policy, tune)
+            bound = exe.bind([p.copy() for p in w["params"]])
+            runs[name] = lambda bound=bound: bound(x, y)
+            counters[name] = team_counts(exe.source_path) if label == "default" else None
+    if args.jax and (jax_run := jax_step(w, row)) is not None:
         runs["JAX jit"] = jax_run
-    for run in runs.values():
-        for _ in range(3):
-            run()
     t0 = time.perf_counter()
     runs["1 thread"]()
-    calls = max(1, int(0.02 / (time.perf_counter() - t0)))
+    calls = max(1, int(0.02 / max(time.perf_counter() - t0, 1e-7)))
+    rounds(runs, calls, args.warmup)
+    before = {k: c() for k, c in counters.items() if c is not None}
+    load = os.getloadavg()[0]
+    times = rounds(runs, calls, args.steps)
+    medians = {label: statistics.median(ts) for label, ts in times.items()}
+    best = min(medians["1 thread"], medians["full team"])
+    print(
+        f"{row}: {n} threads, load average {load:.2f} -> {os.getloadavg()[0]:.2f}; "
+        f"{args.warmup} warm-up + {len(times['1 thread']) * calls} timed steps per variant"
+    )
+    for label, ts in times.items():
+        extra = ""
+        if (count := counters.get(label)) is not None:
+            total, solo = (a - b for a, b in zip(count(), before[label], strict=True))
+            extra = f"   one thread in {solo}/{total} region calls" if total else ""
+        print(
+            f"  {label:16s} median {medians[label] * 1e3:9.3f} ms   "
+            f"mean {statistics.mean(ts) * 1e3:9.3f} ms{extra}"
+        )
+    means = {label: statistics.mean(ts) for label, ts in times.items()}
+    best_mean = min(means["1 thread"], means["full team"])
+    ratio, ratio_mean = medians["default"] / best, means["default"] / best_mean
+    print(f"  default / best = {ratio:.3f} (medians), {ratio_mean:.3f} (means)", flush=True)
+    return {"default": medians["default"], "best": best, "load": load, "mean": ratio_mean}
+
+
+def tune_arg(text: str) -> tuple[str, int]:
+    field, _, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(CTuning)}
+    if field not in names or not value.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(
+            f"--tune {text!r}: FIELD=INT, FIELD one of {sorted(names)}"
+        )
+    return field, int(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"default {DEFAULT_ROWS}")
+    parser.add_argument("--warmup", type=int, default=200, help="steps before timing")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per variant")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N")
+    parser.add_argument("--base", help="source tree whose render.py is also measured")
+    parser.add_argument(
+        "--tune",
+        type=tune_arg,
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="also measure the variants rendered with this CTuning field (repeatable)",
+    )
+    parser.add_argument("--jax", action="store_true")
+    args = parser.parse_args()
+    base = base_render(args.base) if args.base else None
     code = "while True:\n    pass"
     busy = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(args.background_load)]
-    load = os.getloadavg()[0]
-    times: dict[str, list[float]] = {label: [] for label in runs}
+    table: dict[str, dict[str, float]] = {}
     try:
-        for r in range(args.rounds):
-            items = list(runs.items())
-            for label, run in items if r % 2 == 0 else items[::-1]:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                times[label].append((time.perf_counter() - t0) / calls)
+        for row in args.rows.split(","):
+            table[row] = measure(row, args, base)
     finally:
         for proc in busy:
             proc.kill()
-    print(
-        f"{args.row}: {n} threads, {args.background_load} busy processes, load average "
-        f"{load:.2f} -> {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {calls} calls"
-    )
-    for label, ts in times.items():
-        mean, median = statistics.mean(ts) * 1e3, statistics.median(ts) * 1e3
-        print(f"  {label:14s} mean {mean:8.3f} ms   median {median:8.3f} ms")
+            proc.wait()
+    print(f"\n{args.background_load} busy processes; default / best (median per step; means):")
+    for row, m in table.items():
+        print(
+            f"  {row:10s} {m['default'] / m['best']:6.3f}  {m['mean']:6.3f}   (default "
+            f"{m['default'] * 1e3:.3f} ms, best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f})"
+        )
 
 
 if __name__ == "__main__":

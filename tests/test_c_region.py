@@ -245,3 +245,44 @@ def test_each_translation_unit_is_one_region_and_shares_the_team_policy() -> Non
     w1, w2, x = (a.astype(np.float64) for a in args)
     out = np.maximum(x @ w1, 0) @ w2
     np.testing.assert_allclose(expected[2], (out**2).mean(), rtol=1e-4)
+
+
+def test_layer_loop_steps_pick_their_team_per_call_and_keep_their_bits() -> None:
+    """A layer loop keeps fork mode (one ``parallel for`` per large statement, in the layer
+    body's function too); each call of the step picks the team those statements open
+    (``sg_team_now``: the adaptive choice) and is timed. One thread forced, the full team
+    and the adaptive choice give the same bits, equal to a float64 NumPy loop."""
+
+    def step(w: sg.Tensor, x: sg.Tensor) -> tuple[sg.Tensor, sg.Tensor]:
+        def loss(w: sg.Tensor) -> sg.Tensor:
+            h, _ = sg.scan(lambda h, wl: (sg.tanh(h @ wl), None), x, w)
+            return (h**2).mean()
+
+        return sg.value_and_grad(loss)(w)
+
+    w, x = _f32(3, 256, 256) * 0.05, _f32(128, 256, seed=1)
+    source = generate(_graph(step, w, x))[1]
+    assert "static int sg_fork_body(" in source and "sg_team_now = sg_pick ?" in source
+    assert "num_threads(sg_team_now)" in source and "num_threads(sg_threads)" not in source
+    exe = sg.compile(step, backend="c").lower(w, x).executable
+    results = []
+    try:
+        for policy in (0, 2, 1, 1, 1, 0):
+            exe.lib.sg_set_threads(2, policy)
+            results.append(exe([w, x]))
+    finally:
+        exe.lib.sg_set_threads(2, 1)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    h = x.astype(np.float64)
+    for layer in w.astype(np.float64):
+        h = np.tanh(h @ layer)
+    np.testing.assert_allclose(results[0][0], (h**2).mean(), rtol=1e-4)
+
+
+def test_programs_without_splits_are_not_timed() -> None:
+    """Nothing opens a team (a tiny step): no adaptive pick, no clock reads per call."""
+    _, source = generate(_graph(lambda x: sg.tanh(x) * 2.0, _f32(10, 16)))
+    assert "sg_team_pick()" not in source.split("static int sg_body(")[1]
+    assert "sg_fork_body" not in source

@@ -104,7 +104,10 @@ class CTuning(Tuning):
     # threads, MLP 784-512-512-10 step, in-process interleaved: 1 block per thread 1.95 ms,
     # 2 blocks 2.00 ms (quiet); 11.9 vs 13.7 ms (2 busy processes). Every extra block packs
     # the other operand again: 128x784x512 on one thread, 1 call 759 us, 2 row blocks 844
-    # us, 4 row blocks 1027 us, 4 column blocks 857 us (CPU time).
+    # us, 4 row blocks 1027 us, 4 column blocks 857 us (CPU time). Again on the AMD EPYC
+    # box (AVX-512), 2 busy processes, load average 6-9, ``threads_ab.py --tune
+    # split_parts=2``, full team, 1 vs 2 blocks per thread: MLP 34.6 vs 36.8 ms, w1024 45.0
+    # vs 49.1 ms, CNN 79.8 vs 77.3 ms (medians of one interleaved run).
     split_parts: int = 1
     # Split a product by columns of ``c`` when ``op(a)`` is the smaller operand (see
     # ``teamsplit.split_kind``).

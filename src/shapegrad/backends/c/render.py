@@ -73,7 +73,14 @@ _STEPS = r"""
 SG_HIDDEN int sg_threads = 1;
 SG_HIDDEN int sg_adaptive = 1;
 SG_HIDDEN unsigned sg_team_epoch;
+SG_HIDDEN unsigned long long sg_team_calls, sg_team_solo;
 SG_HIDDEN unsigned long long sg_fp_caller = 0x1f80u;
+
+/* timed calls of the adaptive team so far, and those that ran on one thread */
+void sg_team_counts(unsigned long long *out) {
+    out[0] = sg_team_calls;
+    out[1] = sg_team_solo;
+}
 
 int sg_run(void **io, char *arena) {
     SG_FP_CALL_ENTER;
@@ -446,16 +453,30 @@ def _function(
     """``signature`` with ``plan``'s kernels as its body (one OpenMP region when anything
     is worth splitting, ``CRenderer.body``), preceded by the layer functions it calls."""
     w = CRenderer(program, tuning, flush_denormals)
-    w.lines.append(signature + " {")
+    w.lines.append((_FORK_BODY if plan.forks else signature) + " {")
     w.emit(1, "(void)io; (void)arena;")
     w.body(plan, profile)
     w.lines.append("}")
+    if plan.forks:  # the kernels' parallel statements open teams of the call's choice
+        w.lines += [signature + " {", _FORK_CALL, "}"]
     # layer bodies (declared first: a body may call a nested body defined after it)
     declared = [
         f"static int sg_layer{n}(void **restrict io, char *restrict arena);"
         for n in range(len(w.functions))
     ]
     return declared + w.functions + w.lines
+
+
+# Fork mode with splits: the kernels are a function of their own, and the function the
+# step calls picks the team of every ``parallel`` statement of the call (``runtime.h``'s
+# adaptive choice, ``teamsplit.FORK_TEAM``) and times the call.
+_FORK_BODY = "static int sg_fork_body(void **restrict io, char *restrict arena)"
+_FORK_CALL = """    const int sg_pick = sg_team_pick();
+    sg_team_now = sg_pick ? sg_threads : 1;
+    const double sg_start = sg_threads > 1 && sg_adaptive == 1 ? sg_clock() : 0.0;
+    const int rc = sg_fork_body(io, arena);
+    if (sg_start != 0.0) sg_team_record(sg_pick, sg_clock() - sg_start);
+    return rc;"""
 
 
 def render_c(

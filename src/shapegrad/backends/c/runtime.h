@@ -14,50 +14,114 @@
 SG_HIDDEN extern int sg_threads;
 SG_HIDDEN extern int sg_adaptive;
 SG_HIDDEN extern unsigned sg_team_epoch;
-/* The step's region runs with the full team or with one thread, whichever is faster
-   (sg_set_threads(n, adaptive=1); 0: always the full team). Two calls in every SG_PROBE
-   (every SG_PROBE / 4 during the first 16 * SG_PROBE calls) run one with each choice, back to back and in alternating order, so both see the same
-   load; sg_ratio is a moving average of their time ratio (one thread / full team, each
-   pair clamped to [1/2, 2] so one stalled call cannot decide). The other calls use one
-   thread only while sg_ratio < 0.95. Under contention the team usually stays faster (the
-   OS gives each thread its share), but where barriers stall more than the second thread
-   gains, steps fall back to one thread. Blocks and partial sums are cut by sg_threads,
-   not by the team a call ran with, so results do not depend on the choice. */
-#define SG_PROBE 64
-static double sg_ratio = 1.0;
-static double sg_probe_first;
-static unsigned sg_calls;
+/* The adaptive team (sg_set_threads(n, adaptive=1); 0: always the full team; 2: always one
+   thread). Each timed function (a step's OpenMP region, or a fork-mode function whose
+   statements open their own teams: layer loops, collectives) runs each call with the full
+   team or with one thread, whichever is faster now. Its state is one struct sg_team per
+   translation unit (one timed function per unit).
+
+   Probes come in pairs: two consecutive calls, one with each option, in alternating order
+   (team first, then one thread first), so both options of a pair see the same load and an
+   order effect cancels over pairs. A pair's ratio (one-thread time / team time) goes into
+   a window of the last SG_TEAM_WINDOW pairs; the choice is the option the window's median
+   favours by more than SG_TEAM_MARGIN (else it stays). A median, not a mean: a call that
+   stalled (a descheduled thread at a barrier, a page fault) is one outlier, never a
+   decision. The first SG_TEAM_WINDOW pairs run back to back; after that a pair comes every
+   sg_team_period() calls, longer the more the options differ, so probing the slower option
+   costs about 1.5% of the time whatever the gap. A pair that disagrees with the choice
+   (the other option faster by more than the margin) is followed by another at once: a
+   change of load is confirmed, or refuted, within a few calls instead of a few periods.
+   Blocks and partial sums are cut by sg_threads, not by the team a call ran with, so
+   results do not depend on the choice. */
+#define SG_TEAM_WINDOW 15
+#define SG_TEAM_MARGIN 0.03
+struct sg_team {
+    unsigned epoch;                 /* 1 + sg_team_epoch at the last reset (0: never) */
+    unsigned pairs;                 /* pairs measured since the reset */
+    unsigned wait;                  /* calls left before the next pair */
+    int choice;                     /* the calls between pairs: 1 full team, 0 one thread */
+    int probe;                      /* 0 no pair running; 1, 2: this call is its first, second */
+    int order;                      /* the option the next pair runs first */
+    double first;                   /* seconds of the pair's first call */
+    double ratio[SG_TEAM_WINDOW];   /* one-thread / team seconds of the latest pairs */
+};
+/* calls counted by sg_team_record (sg_team_counts): all timed calls, and those on one
+   thread; defined in the step unit */
+SG_HIDDEN extern unsigned long long sg_team_calls, sg_team_solo;
+static inline void sg_team_reset(struct sg_team *s, unsigned epoch) {
+    s->epoch = epoch + 1u;
+    s->pairs = s->wait = 0;
+    s->choice = s->order = 1;
+    s->probe = 0;
+    s->first = 0.0;
+}
+/* the median of the window's ratios (of the pairs so far while it is not full) */
+static inline double sg_team_median(const struct sg_team *s) {
+    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    double v[SG_TEAM_WINDOW];
+    for (unsigned i = 0; i < n; ++i) { /* insertion sort of a few values */
+        double x = s->ratio[i];
+        unsigned j = i;
+        for (; j > 0 && v[j - 1] > x; j -= 1) v[j] = v[j - 1];
+        v[j] = x;
+    }
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+/* calls between pairs: 8 + 64 * (gap - 1), at most 128, where gap >= 1 is how many times
+   slower the other option is (median), so (gap - 1) / period stays about 1.5% */
+static inline unsigned sg_team_period(double median) {
+    double gap = median >= 1.0 ? median : 1.0 / median;
+    double calls = 8.0 + 64.0 * (gap - 1.0);
+    return calls < 128.0 ? (unsigned)calls : 128u;
+}
+/* 1: run this call with the full team, 0: with one thread */
+static inline int sg_team_pick_in(struct sg_team *s, unsigned epoch) {
+    if (s->epoch != epoch + 1u) sg_team_reset(s, epoch); /* sg_set_threads ran */
+    if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
+    if (sg_threads <= 1 || !sg_adaptive) return 1;
+    if (s->probe == 2) return !s->order;
+    if (s->probe == 0 && s->wait > 0) {
+        s->wait -= 1;
+        return s->choice;
+    }
+    s->probe = 1; /* a new pair (or the first call of one that was never recorded) */
+    return s->order;
+}
+/* after a call that sg_team_pick_in answered ``pick``: it took ``seconds`` */
+static inline void sg_team_record_in(struct sg_team *s, int pick, double seconds) {
+    ++sg_team_calls;
+    sg_team_solo += !pick;
+    if (s->probe == 1) {
+        s->first = seconds;
+        s->probe = 2;
+        return;
+    }
+    if (s->probe != 2) return;
+    s->probe = 0;
+    s->order = !s->order;
+    if (!(s->first > 0.0 && seconds > 0.0)) return;
+    double r = pick ? s->first / seconds : seconds / s->first; /* one thread / team */
+    s->ratio[s->pairs % SG_TEAM_WINDOW] = r;
+    ++s->pairs;
+    double m = sg_team_median(s);
+    if (m < 1.0 - SG_TEAM_MARGIN) s->choice = 0;
+    else if (m > 1.0 + SG_TEAM_MARGIN) s->choice = 1;
+    int disagrees = s->choice ? r < 1.0 - SG_TEAM_MARGIN : r > 1.0 + SG_TEAM_MARGIN;
+    s->wait = s->pairs < SG_TEAM_WINDOW || disagrees ? 0u : sg_team_period(m) - 2u;
+}
+static struct sg_team sg_team_state __attribute__((unused)); /* this unit's timed function */
+/* fork mode: the team of this call's parallel statements (sg_threads or 1), set by the
+   timed function before its statements and the layer bodies they call run */
+static int sg_team_now __attribute__((unused)) = 1;
+static inline int sg_team_pick(void) { return sg_team_pick_in(&sg_team_state, sg_team_epoch); }
+static inline void sg_team_record(int pick, double seconds) {
+    sg_team_record_in(&sg_team_state, pick, seconds);
+}
 #include <time.h>
 static inline double sg_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static unsigned sg_seen_epoch;
-static inline int sg_team_pick(void) {
-    if (sg_seen_epoch != sg_team_epoch) { /* sg_set_threads ran: this unit starts afresh */
-        sg_seen_epoch = sg_team_epoch;
-        sg_ratio = 1.0;
-        sg_calls = 0;
-    }
-    if (sg_adaptive == 2) return 0; /* one thread, blocks still cut for sg_threads (tests) */
-    if (sg_threads <= 1 || !sg_adaptive) return 1;
-    unsigned period = sg_calls < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE; /* faster at first */
-    unsigned c = sg_calls % period, order = (sg_calls / period) & 1u;
-    ++sg_calls;
-    if (c < 2) return (int)(c ^ order); /* a probe pair */
-    return sg_ratio >= 0.95;
-}
-static inline void sg_team_record(int pick, double seconds) {
-    unsigned call = sg_calls - 1;
-    unsigned c = call % (call < 16u * SG_PROBE ? SG_PROBE / 4 : SG_PROBE);
-    if (c == 0) {
-        sg_probe_first = seconds;
-    } else if (c == 1 && sg_probe_first > 0.0 && seconds > 0.0) {
-        double r = pick ? sg_probe_first / seconds : seconds / sg_probe_first;
-        r = r < 0.5 ? 0.5 : (r > 2.0 ? 2.0 : r);
-        sg_ratio += 0.25 * (r - sg_ratio);
-    }
 }
 static inline int sg_thread_id(void) {
 #ifdef _OPENMP

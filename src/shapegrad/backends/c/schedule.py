@@ -198,6 +198,9 @@ class Region:
             split across threads (at least ``CTuning.omp_min_work`` scalar ops).
         team: the region's ``num_threads`` expression.
         failing: how many groups can fail (the size of ``sg_fail``).
+        forks: fork mode only: some statement of the kernels, or of a layer body they
+            run, opens a team of its own; each call of the function then picks that team
+            (the full team or one thread, ``runtime.h``'s adaptive choice) and is timed.
     """
 
     first: int
@@ -206,11 +209,13 @@ class Region:
     parallel: tuple[tuple[bool, ...], ...]
     team: str
     failing: int
+    forks: bool = False
 
     def format(self, tuning: CTuning) -> str:
         """The plan as text (the ``SHAPEGRAD_DEBUG`` dump)."""
         if not self.groups:
-            lines = [f"fork mode: {len(self.kernels)} kernels from k#{self.first}"]
+            adaptive = ", adaptive team per call" if self.forks else ""
+            lines = [f"fork mode: {len(self.kernels)} kernels from k#{self.first}{adaptive}"]
             for k, flags in zip(self.kernels, self.parallel, strict=True):
                 split = [n for n, ok in enumerate(flags) if ok]
                 lines.append(
@@ -268,7 +273,9 @@ def plan_region(
     kernels = tuple(kernels)
     if not any(u.shared for u in units):
         parallel = tuple(fork_parallel(k, tuning) for k in kernels)
-        return Region(first, kernels, (), parallel, "sg_threads", 0)
+        # a layer body runs with the team its caller picked
+        forks = not nested and (any(map(any, parallel)) or _layer_bodies_fork(kernels, tuning))
+        return Region(first, kernels, (), parallel, "sg_threads", 0, forks)
     runs: list[list[Unit]] = []
     for u in units:
         if u.shared or not runs or runs[-1][0].shared:
@@ -291,6 +298,18 @@ def plan_region(
             pending.clear()  # the barrier after a failing group
         groups.append(Group(tuple(run), barrier, flag))
     return Region(first, kernels, tuple(groups), (), _team_size(kernels), failing)
+
+
+def _layer_bodies_fork(kernels: tuple[L.Kernel, ...], tuning: CTuning) -> bool:
+    """Whether a statement of a layer body that ``kernels`` run (at any depth) opens a team
+    (``render.CRenderer.layer_loop`` renders bodies in fork mode)."""
+    bodies = [s.body for k in kernels for s in L.walk(k.body) if isinstance(s, L.LayerLoop)]
+    return any(
+        any(fork_parallel(k, tuning))
+        for body in bodies
+        for program in L.nested_programs(body)
+        for k in program.kernels
+    )
 
 
 def _team_size(kernels: tuple[L.Kernel, ...]) -> str:

@@ -27,6 +27,10 @@ from shapegrad.compiler.target import CTuning
 # The split thresholds and block counts are fields of ``CTuning`` (``compiler/target.py``):
 # ``contract_split_macs``, ``sum_split_max_out``, ``split_parts``, ``column_split``.
 MODES = ("fork", "shared", "serial")
+# The team a fork-mode split opens: the timed function's choice for this call, the full
+# team (``sg_threads``) or one thread (``runtime.h``, ``render._function``). Work is still
+# cut by ``sg_threads``.
+FORK_TEAM = "sg_team_now"
 
 
 class TeamRenderer(CStyleRenderer):
@@ -53,13 +57,13 @@ class TeamRenderer(CStyleRenderer):
         if self.mode == "shared":
             self.emit(depth, f"#pragma omp for schedule({schedule}) nowait")
         elif self.flush_denormals:  # a region of its own, whose threads set the mode
-            self.emit(depth, "#pragma omp parallel num_threads(sg_threads)")
+            self.emit(depth, f"#pragma omp parallel num_threads({FORK_TEAM})")
             self.emit(depth, "{")
             self.emit(depth, "SG_FP_ENTER;")
             self.emit(depth, f"#pragma omp for schedule({schedule})")
         else:
             self.emit(
-                depth, f"#pragma omp parallel for schedule({schedule}) num_threads(sg_threads)"
+                depth, f"#pragma omp parallel for schedule({schedule}) num_threads({FORK_TEAM})"
             )
 
     def end_work_sharing(self, depth: int) -> None:
@@ -69,7 +73,8 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth, "}")
 
     def team_block(self, depth: int, team: str) -> None:
-        """Open a block every thread of the team runs (a region of its own in fork mode)."""
+        """Open a block every thread of the team runs (a region of its own in fork mode, of
+        ``team`` threads: an expression of ``FORK_TEAM``)."""
         if self.mode != "shared":
             self.emit(depth, "#ifdef _OPENMP")
             self.emit(depth, f"#pragma omp parallel num_threads({team})")
@@ -170,7 +175,7 @@ class TeamRenderer(CStyleRenderer):
         f = "f" if s.dtype.name == "float32" else ""
         e = self.emit
         e(depth, "{")
-        self.team_block(depth, "sg_threads")
+        self.team_block(depth, FORK_TEAM)
 
         def group(d: int) -> None:
             e(d, "for (int64_t si = s0; si < s1; ++si)")
@@ -232,9 +237,9 @@ class TeamRenderer(CStyleRenderer):
         t, f = self.type_name(c.dtype), ("f" if c.dtype.name == "float32" else "")
         summed = c.sum_batch > 1
         count = c.sum_batch if summed else c.batch
-        team = f"(sg_threads < {s.slots} ? sg_threads : {s.slots})"
+        team = f"(sg_threads < {s.slots} ? sg_threads : {s.slots})"  # groups: a cut
         e(depth, "{")
-        self.team_block(depth, team)
+        self.team_block(depth, f"({FORK_TEAM} < {s.slots} ? {FORK_TEAM} : {s.slots})")
         d = depth + 1
         e(d, "const int tid = sg_thread_id(), nt = sg_team_size();")
         e(d, "(void)nt;")

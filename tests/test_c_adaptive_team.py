@@ -1,0 +1,180 @@
+"""The adaptive team's decision logic (``backends/c/runtime.h``), driven with synthetic
+timings: the packaged runtime text is compiled into a small library next to a harness
+that exports its pick and record functions, and a simulated clock answers each call with
+the time of the option it ran (seeded noise and stalls). It must settle on the faster
+option, keep probing the slower one rarely, survive stalled calls, and follow a change of
+load."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shapegrad.backends.c.toolchain import compiler
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
+
+_HARNESS = r"""
+int sg_threads = 2;
+int sg_adaptive = 1;
+unsigned sg_team_epoch = 1;
+unsigned long long sg_team_calls, sg_team_solo;
+unsigned long long sg_fp_caller = 0x1f80u;
+int team_pick(void) { return sg_team_pick(); }
+void team_record(int pick, double seconds) { sg_team_record(pick, seconds); }
+int team_choice(void) { return sg_team_state.choice; }
+void team_set(int threads, int adaptive) {
+    sg_threads = threads;
+    sg_adaptive = adaptive;
+    ++sg_team_epoch;
+}
+"""
+
+_CDEF = """
+int team_pick(void);
+void team_record(int pick, double seconds);
+int team_choice(void);
+void team_set(int threads, int adaptive);
+"""
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Any:
+    """A fresh harness library (its own static state) per test."""
+    import cffi
+
+    runtime = resources.files("shapegrad.backends.c").joinpath("runtime.h").read_text("utf-8")
+    source = tmp_path / "team.c"
+    source.write_text(runtime + _HARNESS)
+    lib = tmp_path / "libteam.so"
+    subprocess.run(
+        [compiler(), "-O2", "-fPIC", "-shared", "-o", str(lib), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    ffi = cffi.FFI()
+    ffi.cdef(_CDEF)
+    return ffi.dlopen(str(lib))
+
+
+Times = Callable[[int], tuple[float, float]]  # call number -> (one thread, full team) seconds
+
+
+def simulate(
+    lib: Any, calls: int, times: Times, seed: int = 0, stall: float = 0.0, noise: float = 0.1
+) -> list[int]:
+    """Run ``calls`` calls; each takes its option's time from ``times`` with ``noise``
+    (lognormal sigma), and with probability ``stall`` four times that (a descheduled
+    thread). Returns the picks (1: full team, 0: one thread)."""
+    rng = np.random.default_rng(seed)
+    picks = []
+    for call in range(calls):
+        pick = lib.team_pick()
+        seconds = times(call)[pick] * float(np.exp(rng.normal(0.0, noise)))
+        if rng.random() < stall:
+            seconds *= 4.0
+        lib.team_record(pick, seconds)
+        picks.append(pick)
+    return picks
+
+
+@pytest.mark.parametrize(("solo", "team_time"), [(1.0e-3, 1.4e-3), (1.5e-3, 1.0e-3)])
+def test_settles_on_the_faster_option(team: Any, solo: float, team_time: float) -> None:
+    picks = simulate(team, 2000, lambda _: (solo, team_time))
+    faster = int(team_time < solo)
+    assert team.team_choice() == faster
+    steady = picks[100:]  # after the first window of back-to-back pairs
+    share = steady.count(faster) / len(steady)
+    assert share >= 0.95, f"faster option in {share:.1%} of the calls"
+    assert steady.count(1 - faster) > 0, "the slower option is still probed"
+
+
+def test_probing_a_much_slower_option_costs_little(team: Any) -> None:
+    """The slower the other option, the rarer its probes: at 2x their time stays ~1.5%."""
+    picks = simulate(team, 4000, lambda _: (2.0e-3, 1.0e-3))
+    steady = picks[100:]
+    solo = steady.count(0) / len(steady)
+    assert solo <= 0.02, f"one thread in {solo:.1%} of the calls"
+    extra = solo * (2.0 - 1.0)  # time spent beyond always running the team
+    assert extra <= 0.02
+
+
+def test_a_stalled_call_does_not_decide(team: Any) -> None:
+    """Every seventh call stalls (4x, a descheduled thread at a barrier): the median of
+    probe pairs keeps the team, 15% faster, from the first decision on."""
+    choices = []
+
+    def times(call: int) -> tuple[float, float]:
+        choices.append(team.team_choice())
+        stall = 4.0 if call % 7 == 3 else 1.0
+        return 1.15e-3 * stall, 1.0e-3 * stall
+
+    picks = simulate(team, 3000, times, noise=0.0)
+    assert choices[30:].count(0) == 0, f"one thread chosen in {choices.count(0)} calls"
+    solo = picks[100:].count(0) / len(picks[100:])  # probes, more of them after a stall
+    assert solo * 0.15 <= 0.015, f"one thread in {solo:.1%} of the calls"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_calls_rarely_move_the_choice(team: Any, seed: int) -> None:
+    """10% noise per call and one call in ten stalled at random: the choice may move for a
+    few calls (nine of fifteen pairs would have to disagree), never for long."""
+    choices = []
+
+    def times(call: int) -> tuple[float, float]:
+        choices.append(team.team_choice())
+        return 1.15e-3, 1.0e-3
+
+    simulate(team, 3000, times, seed=seed, stall=0.1)
+    settled = choices[200:]
+    assert settled.count(1) / len(settled) >= 0.97
+
+
+def test_follows_a_change_of_load(team: Any) -> None:
+    """The team is faster for 1500 calls, then one thread is (other processes took the
+    second core): the choice moves within a period, and back again after a second change."""
+    change, back = 1500, 3000
+
+    def times(call: int) -> tuple[float, float]:
+        if change <= call < back:
+            return 1.0e-3, 1.6e-3
+        return 1.6e-3, 1.0e-3
+
+    choices = []
+
+    def record(call: int) -> tuple[float, float]:
+        choices.append(team.team_choice())
+        return times(call)
+
+    simulate(team, 4500, record, seed=2)
+    assert choices[change - 1] == 1
+    moved = choices.index(0, change) - change
+    assert moved <= 80, f"switched to one thread {moved} calls after the change"
+    assert all(c == 0 for c in choices[change + 100 : back])
+    moved_back = choices.index(1, back) - back
+    assert moved_back <= 80, f"switched back {moved_back} calls after the change"
+    assert all(c == 1 for c in choices[back + 100 :])
+
+
+def test_policies_and_restart(team: Any) -> None:
+    """``sg_set_threads``: adaptive 0 always runs the team, 2 always one thread, one
+    configured thread never asks for more; a new setting starts the choice afresh."""
+    team.team_set(2, 0)
+    assert {team.team_pick() for _ in range(50)} == {1}
+    team.team_set(2, 2)
+    assert {team.team_pick() for _ in range(50)} == {0}
+    team.team_set(1, 1)
+    assert {team.team_pick() for _ in range(50)} == {1}
+    team.team_set(2, 1)
+    simulate(team, 300, lambda _: (1.0e-3, 2.0e-3))
+    assert team.team_choice() == 0
+    team.team_set(2, 1)  # afresh (on the next call): the team until probes say otherwise
+    team.team_pick()
+    assert team.team_choice() == 1
