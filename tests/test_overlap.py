@@ -207,7 +207,10 @@ def test_a_program_without_all_reduce_is_left_as_it_is() -> None:
 def test_generated_c_starts_tests_and_waits_in_order() -> None:
     program = _step_program(1 << 12)
     source = render_c(program)
-    body = source[source.index("static int sg_body") :]
+    # a program that forks teams (collectives do) renders its step as sg_fork_body under
+    # the adaptive-team wrapper sg_body
+    start = source.find("static int sg_fork_body")
+    body = source[start if start >= 0 else source.index("static int sg_body") :]
     lines = body.splitlines()
 
     def first(text: str) -> int:

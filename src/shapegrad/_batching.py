@@ -27,7 +27,6 @@ import numpy as np
 from shapegrad import tree
 from shapegrad._custom_vjp import bind_marker, replay_nodes
 from shapegrad.autodiff import CustomVjpCall
-from shapegrad.dtypes import int32
 from shapegrad.ir import Graph
 from shapegrad.ops import prims
 from shapegrad.ops.eager import STATE
@@ -255,7 +254,7 @@ def _concat(ops: BatchOps, slots: list[_Slot], attrs: Attrs, aval: AVal) -> Tens
 def _offsets(ops: BatchOps, idx: Tensor, stride: int) -> Tensor:
     """``idx`` (batch axis first) plus ``b * stride`` in row ``b``: indices into the batch
     flattened into the indexed axis."""
-    rows = prims.iota(idx.shape, 0, int32, like=idx)
+    rows = prims.iota(idx.shape, 0, idx.dtype, like=idx)  # int32 or int64, as the indices
     return prims.binary(Prim.ADD, idx, prims.binary(Prim.MUL, rows, stride))
 
 
