@@ -329,25 +329,11 @@ def test_hvp_sample(case: Case) -> None:
     check_hvp(case)
 
 
-# gcc 12.2 with the C backend's -fassociative-math miscompiles this program (value forwarding
-# across kernel blocks of one function: a compiler memory barrier between the kernels, or
-# dropping -fassociative-math / -fno-tree-fre, gives the right tangent); see the issue 26
-# report. The eager and numpy rows pass.
-_MISCOMPILED = {("cross_entropy[nd]", "c")}
-
-
 def _jvp_params() -> list[Any]:
+    # cross_entropy[nd]-c was xfail here: gcc 12.2 miscompiled it under -fassociative-math,
+    # which the C backend no longer passes (tests/test_c_gcc_workarounds.py).
     return [
-        pytest.param(
-            case,
-            mode,
-            id=f"{case.name}-{mode}",
-            marks=[pytest.mark.xfail(reason="gcc 12.2 -fassociative-math miscompile", strict=False)]
-            if (case.name, mode) in _MISCOMPILED
-            else [],
-        )
-        for case in GRAD_CASES
-        for mode in MODES
+        pytest.param(case, mode, id=f"{case.name}-{mode}") for case in GRAD_CASES for mode in MODES
     ]
 
 

@@ -53,6 +53,15 @@ from shapegrad.compiler import loops as L
 from shapegrad.compiler.splitting import row_of
 from shapegrad.compiler.target import C_TARGET, CTuning, Target
 
+# A compiler-only memory fence at the top of every kernel block (no instruction is emitted):
+# each kernel loads its inputs from the arena instead of receiving an earlier kernel's
+# vector registers through gcc's store-to-load forwarding. gcc 12.2 (-fassociative-math)
+# vectorized a fully unrolled small sum of products fed by two such forwarded exp vectors
+# as an SLP reduction in lane order [3, 2, 0, 1] and permuted only one of them: a silent
+# wrong answer (issue 26; defined C, tests/data/gcc12_slp_reduction_miscompile.c;
+# docs/DESIGN.md, known debts).
+KERNEL_FENCE: Final = '__asm__ __volatile__("" ::: "memory"); /* kernel boundary */'
+
 # The static C text every unit starts with (packaged ``runtime.h``: team size, adaptive
 # team, flush-to-zero, thread helpers), then the scalar helpers shared with CUDA. Inlined,
 # not ``#include``d by path: the text is part of each unit's source and so of its cache key.
@@ -212,6 +221,7 @@ class CRenderer(TeamRenderer):
         if k.inlined:
             self.emit(depth, f"/*   inlined: {', '.join(k.inlined)} */")
         self.emit(depth, "{")
+        self.emit(depth + 1, KERNEL_FENCE)
         if profile:
             self.emit(depth + 1, "double sg_t0 = sg_now();")
         for name in sorted(u.reads | u.writes):
@@ -234,6 +244,7 @@ class CRenderer(TeamRenderer):
         if k.inlined:
             self.emit(1, f"/*   inlined: {', '.join(k.inlined)} */")
         self.emit(1, "{")
+        self.emit(2, KERNEL_FENCE)
         if profile:
             self.emit(2, "double sg_t0 = sg_now();")
         for name in sorted(L.reads(k.body) | L.writes(k.body)):
