@@ -65,8 +65,9 @@ def substitute(a: L.Affine, mapping: dict[L.Var, L.Affine]) -> L.Affine:
     return out
 
 
-def _rebind(stores: tuple[L.Store, ...], mapping: dict[L.Var, L.Affine]) -> tuple[L.Store, ...]:
-    """``stores`` with their loop variables replaced (indices, iota values, ranges)."""
+def rebind(body: tuple[L.Stmt, ...], mapping: dict[L.Var, L.Affine]) -> tuple[L.Stmt, ...]:
+    """``body`` with loop variables replaced (indices, iota values, ranges, random
+    counters, store indices); the row-fusion stage uses it too."""
 
     def expr(e: L.Expr) -> L.Expr:
         if isinstance(e, L.Load | L.IndexValue | L.InRange):
@@ -75,11 +76,20 @@ def _rebind(stores: tuple[L.Store, ...], mapping: dict[L.Var, L.Affine]) -> tupl
             return replace(e, counter=substitute(e.counter, mapping))
         return e
 
+    def stmt(s: L.Stmt) -> L.Stmt:
+        if isinstance(s, L.Store):
+            return replace(s, index=substitute(s.index, mapping))
+        return s
+
+    return L.map_body(body, expr, stmt)
+
+
+def _rebind(stores: tuple[L.Store, ...], mapping: dict[L.Var, L.Affine]) -> tuple[L.Store, ...]:
+    """``stores`` with their loop variables replaced."""
     out = []
-    for s in stores:
-        mapped = L.map_stmt(s, expr)
-        assert isinstance(mapped, L.Store)
-        out.append(replace(mapped, index=substitute(mapped.index, mapping)))
+    for s in rebind(stores, mapping):
+        assert isinstance(s, L.Store)
+        out.append(s)
     return tuple(out)
 
 

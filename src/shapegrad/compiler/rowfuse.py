@@ -22,10 +22,8 @@ index. Kernels over the rows flattened into one loop (``t41[i]`` over ``b*t``) j
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from shapegrad.compiler import loops as L
-from shapegrad.compiler.loopfuse import substitute
+from shapegrad.compiler.loopfuse import rebind
 from shapegrad.compiler.target import Tuning
 
 _DEFAULT = Tuning()
@@ -62,24 +60,6 @@ def _rows(vars_: list[L.Var], body: tuple[L.Stmt, ...], depth: int) -> tuple[L.S
     return body
 
 
-def _rebind(body: tuple[L.Stmt, ...], mapping: dict[L.Var, L.Affine]) -> tuple[L.Stmt, ...]:
-    """``body`` with row variables replaced (indices, iota values, ranges, random counters)."""
-
-    def expr(e: L.Expr) -> L.Expr:
-        if isinstance(e, L.Load | L.IndexValue | L.InRange):
-            return replace(e, index=substitute(e.index, mapping))
-        if isinstance(e, L.Random):
-            return replace(e, counter=substitute(e.counter, mapping))
-        return e
-
-    def stmt(s: L.Stmt) -> L.Stmt:
-        if isinstance(s, L.Store):
-            return replace(s, index=substitute(s.index, mapping))
-        return s
-
-    return L.map_body(body, expr, stmt)
-
-
 def _aligned(
     space: list[L.Var], vars_: list[L.Var], body: tuple[L.Stmt, ...]
 ) -> tuple[L.Stmt, ...] | None:
@@ -87,10 +67,10 @@ def _aligned(
     extents = [v.extent for v in space]
     if [v.extent for v in vars_[: len(space)]] == extents:
         mapping = {o: L.var(v) for o, v in zip(vars_, space, strict=False)}
-        return _rebind(_rows(vars_, body, len(space)), mapping)
+        return rebind(_rows(vars_, body, len(space)), mapping)
     if len(vars_) == 1 and vars_[0].extent == _product(extents) and len(space) > 1:
         flat = L.flatten(tuple(L.var(v) for v in space), tuple(extents))
-        return _rebind(body, {vars_[0]: flat})
+        return rebind(body, {vars_[0]: flat})
     return None
 
 
