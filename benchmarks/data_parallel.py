@@ -149,15 +149,36 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     if comm.size == 1:
         result["step_ms"] = 1e3 * _interleaved({"dp": lambda: dp.step(x, y)}, steps)["dp"]
         return result
+    # the same step exchanging through MPI's all-reduce (allreduce="mpi"), interleaved
+    assert isinstance(comm, D.MPICommunicator)
+    over_mpi = D.MPICommunicator(comm.comm.Dup(), key="world-mpi", allreduce="mpi")
+    dp_mpi = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=over_mpi)
     alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
     med = _interleaved(
-        {"dp": lambda: dp.step(x, y), "alone": lambda: alone.step(x, y)}, steps, barrier
+        {
+            "dp": lambda: dp.step(x, y),
+            "mpi": lambda: dp_mpi.step(x, y),
+            "alone": lambda: alone.step(x, y),
+        },
+        steps,
+        barrier,
     )
     result["step_ms"], result["step_without_allreduce_ms"] = 1e3 * med["dp"], 1e3 * med["alone"]
     grads = [np.ones(s, np.float32) for s in SHAPES]
     reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
-    result["allreduce_ms"] = 1e3 * _interleaved({"r": lambda: reduce(grads)}, steps, barrier)["r"]
+    reduce_mpi = sg.compile(lambda gs: [D.all_reduce(g, "mean", over_mpi) for g in gs], backend="c")
+    ar = _interleaved({"r": lambda: reduce(grads), "m": lambda: reduce_mpi(grads)}, steps, barrier)
+    result["allreduce_ms"] = 1e3 * ar["r"]
     result["exposed_ms"], result["kernels_ms"] = _exposed_exchange(comm, x, y, steps, barrier)
+    exposed, kernels = _exposed_exchange(over_mpi, x, y, steps, barrier)
+    result["transport"] = comm.allreduce
+    result["over_mpi"] = {
+        "step_ms": 1e3 * med["mpi"],
+        "step_without_allreduce_ms": 1e3 * med["alone"],
+        "allreduce_ms": 1e3 * ar["m"],
+        "exposed_ms": exposed,
+        "kernels_ms": kernels,
+    }
     return result
 
 
@@ -386,6 +407,10 @@ def main() -> None:
                 r = _launch(role, ranks, threads, args.steps)
                 results[role, ranks] = r
                 label = "PyTorch DDP" if role == "torch" and ranks > 1 else role
+                if "transport" in r:  # shapegrad 2 ranks: shared memory, then MPI's all-reduce
+                    print(_row(f"{label} {ranks}x{threads} AR {r['transport']}", r), flush=True)
+                    print(_row(f"{label} {ranks}x{threads} AR mpi", r["over_mpi"]), flush=True)
+                    continue
                 print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)
         if "torch" in roles:
             ours, theirs = results["shapegrad", 2]["step_ms"], results["torch", 2]["step_ms"]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shapegrad.distributed import _shm
 from shapegrad.distributed._comm import (
     Array,
     Communicator,
@@ -77,6 +78,11 @@ def _mpi() -> Any:
 class MPICommunicator:
     """A communicator over an ``mpi4py`` communicator (default: ``MPI.COMM_WORLD``).
 
+    ``allreduce`` says how the all-reduces of compiled C programs exchange: ``"shm"``
+    (the default; ``$SHAPEGRAD_ALLREDUCE`` sets it for :func:`world`) through memory
+    shared by the processes when they are all on one node, else MPI; ``"mpi"`` through
+    MPI always (``backends/c/collectives.py``).
+
     Host collectives run on NumPy arrays with mpi4py's buffer interface: float16 is
     reduced in float32 and bool as bytes (``max`` is logical or); gathers and broadcasts
     move raw bytes, so every dtype works. Every host collective first checks that all
@@ -88,7 +94,9 @@ class MPICommunicator:
         >>> total = comm.all_reduce(np.ones(3), "sum")    # == comm.size everywhere
     """
 
-    def __init__(self, comm: Any = None, key: str | None = None) -> None:
+    def __init__(
+        self, comm: Any = None, key: str | None = None, allreduce: str | None = None
+    ) -> None:
         MPI = _mpi()
         self.mpi = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -96,6 +104,10 @@ class MPICommunicator:
         self.size = int(self.comm.Get_size())
         self.key = key if key is not None else ("world" if comm is None else f"comm{id(comm)}")
         self._native: NativeMPI | None = None
+        # how compiled all-reduces exchange (see ``distributed/_shm.py``)
+        self.allreduce = _shm.allreduce_transport(allreduce)
+        self._node: Any = None
+        self._segments: dict[str, _shm.SharedSegments | None] = {}
         self.watchdog: Watchdog | None = None
         limit = os.environ.get("SHAPEGRAD_COLLECTIVE_TIMEOUT")
         if limit and self.size > 1:
@@ -164,6 +176,26 @@ class MPICommunicator:
         self.comm.Abort(code)
 
     # --- native --------------------------------------------------------------------------
+    def shared_segments(self, tag: str, nbytes: int) -> _shm.SharedSegments | None:
+        """One segment of ``nbytes`` per process, all mapped here, for the compiled program
+        ``tag`` (its library key: a program reuses its segments when bound again), or None
+        when the processes are not all on one node or ``allreduce`` is ``"mpi"``.
+        Collective: every process asks for the same tags in the same order (they bind the
+        same programs, ``check_program`` compares them first)."""
+        if self.allreduce != "shm":
+            return None
+        if tag not in self._segments:
+            if self._node is None:
+                self._node = _shm.node_communicator(self.mpi, self.comm)
+            self._segments[tag] = _shm.allocate(self.mpi, self.comm, self._node, nbytes)
+        found = self._segments[tag]
+        if found is not None and found.nbytes < nbytes:
+            raise DistributedError(
+                f"{self!r}: program {tag} was bound with {found.nbytes}-byte shared segments "
+                f"and now asks for {nbytes}"
+            )
+        return found
+
     def native(self) -> NativeMPI:
         """MPI entry points of the library mpi4py loaded (no second MPI in the process)."""
         if self._native is None:

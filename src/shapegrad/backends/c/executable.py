@@ -52,6 +52,7 @@ extern const char sg_key[];
 void sg_set_threads(int n, int adaptive);
 extern double sg_profile[];
 int sg_mpi_bind(void **fns, const int64_t *handles, const int64_t *comms);
+int sg_shm_bind(int comm, int n, int me, void **segments, double limit);
 """
 
 ffi = lazy_ffi(_CDEF)  # the shared cffi FFI (ABI mode)

@@ -428,7 +428,11 @@ def render_cuda_unit(
     if uses_cublas(program):
         head.append(CUBLAS_DECL)
     if program.communicators:  # host code: MPI entry points bound after loading
-        head.append(mpi_prelude(program).replace("int sg_mpi_bind(", 'extern "C" int sg_mpi_bind('))
+        head.append(
+            mpi_prelude(program, shared=False).replace(
+                "int sg_mpi_bind(", 'extern "C" int sg_mpi_bind('
+            )
+        )
     head.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
     for k in program.kernels:
         r.kernel(k)
