@@ -270,6 +270,92 @@ def check_buckets(comm: D.Communicator, steps: int = 20) -> None:
         pipeline.LOOP_PIPELINE[:] = stages
 
 
+def _bound_shared(comm: D.Communicator) -> bool:
+    """Whether compiled programs over ``comm`` got shared segments (the shm all-reduce)."""
+    return any(v is not None for v in getattr(comm, "_segments", {}).values())
+
+
+def check_shared_allreduce(comm: D.Communicator, steps: int = 20) -> None:
+    """The shared-memory all-reduce of the generated C (``backends/c/collectives.py``)
+    against MPI's, on one program with exchanges of several sizes, dtypes and ops (one
+    region reused with different chunk bounds) and on bucketed data-parallel training:
+    ranks bit-equal, equal to the NumPy sum, to MPI's all-reduce and to one process.
+    Under ``SHAPEGRAD_FAKE_NODES`` the ranks look like several nodes: MPI is used."""
+    from mpi4py import MPI
+
+    from shapegrad.train import step
+
+    assert isinstance(comm, D.MPICommunicator) and comm.allreduce == "shm"
+    over_mpi = D.MPICommunicator(MPI.COMM_WORLD.Dup(), key="world-mpi", allreduce="mpi")
+    rng = np.random.default_rng(7 + comm.rank)
+    sizes = (1, 17, 1000, 100_003, 31)
+    cases = [(dtype, op) for dtype in ("float32", "float64", "int32") for op in ("sum", "max")]
+    xs = [
+        (rng.integers(-50, 50, n) if dtype == "int32" else rng.standard_normal(n)).astype(dtype)
+        for dtype, _ in cases
+        for n in sizes
+    ]
+    ops = [op for _, op in cases for _ in sizes]
+
+    def reduce_all(group: D.Communicator) -> Any:
+        return lambda arrays: [
+            D.all_reduce(x, op, group) for x, op in zip(arrays, ops, strict=True)
+        ]
+
+    shared = [np.asarray(v) for v in sg.compile(reduce_all(comm), backend="c")(xs)]
+    expect_shared = not os.environ.get("SHAPEGRAD_FAKE_NODES")
+    assert _bound_shared(comm) == expect_shared, (comm.rank, comm._segments)
+    assert not _bound_shared(over_mpi)
+    again = [np.asarray(v) for v in sg.compile(reduce_all(comm), backend="c")(xs)]  # rebound
+    mpi = [np.asarray(v) for v in sg.compile(reduce_all(over_mpi), backend="c")(xs)]
+    everyone = comm.gather_objects(xs)
+    for r, theirs in enumerate(comm.gather_objects(shared)):
+        for a, b in zip(shared, theirs, strict=True):
+            assert np.array_equal(a, b), f"shm all-reduce differs between rank {comm.rank} and {r}"
+    for n, (a, b, c, op) in enumerate(zip(shared, again, mpi, ops, strict=True)):
+        rows = [xs_r[n] for xs_r in everyone]
+        want = rows[0]
+        for row in rows[1:]:  # in rank order, rounding in the dtype at each step
+            want = np.maximum(want, row) if op == "max" else want + row
+        assert np.array_equal(a, want), (n, a.dtype, op)  # the shm order, to the last bit
+        assert np.array_equal(a, b), n
+        if op == "max" or a.dtype == np.int32 or comm.size == 2:  # a + b == b + a
+            assert np.array_equal(a, c), (n, a.dtype, op, float(np.abs(a - c).max()))
+        else:  # MPI may add three ranks in another order
+            tol = 1e-5 if a.dtype == np.float32 else 1e-12
+            assert np.allclose(a, c, rtol=tol, atol=tol), (n, a.dtype, op)
+    saved = step.BUCKET_BYTES
+    try:  # several nonblocking buckets (overlapped) and one blocking exchange
+        for bucket_bytes in (200, 1 << 40):
+            step.BUCKET_BYTES = bucket_bytes
+            mine = _train(comm, "compiled", "c", "sgd", "float64", steps)
+            theirs_mpi = _train(over_mpi, "compiled", "c", "sgd", "float64", steps)
+            for r, theirs in enumerate(comm.gather_objects(mine)):
+                for a, b in zip(mine, theirs, strict=True):
+                    assert np.array_equal(a, b), f"buckets {bucket_bytes}: rank {comm.rank} vs {r}"
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, theirs_mpi, strict=True))
+            assert err <= (0.0 if comm.size == 2 else 1e-13), (bucket_bytes, err)
+    finally:
+        step.BUCKET_BYTES = saved
+    single = _train(None, "compiled", "c", "sgd", "float64", steps)
+    err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+    assert err <= 1e-10, err
+    if comm.rank == 0:
+        print(f"shm all-reduce (bound: {expect_shared}): max |diff| vs one process {err:.2e}")
+
+
+def shared_timeout(comm: D.Communicator) -> None:
+    """Rank 1 compiles the same all-reduce but never runs it: rank 0's shared-memory
+    wait gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT (+ margin) and the job ends."""
+    f = sg.compile(lambda a: D.all_reduce(a, "sum", comm), backend="c")
+    x = np.ones(1000, np.float32)
+    f(x)  # once together
+    comm.barrier()
+    if comm.rank == 1:
+        time.sleep(120)  # stuck, neither dead nor raising
+    f(x)
+
+
 def check_training_cuda(comm: D.Communicator, steps: int = 30) -> None:
     """Data parallel on GPUs (every rank may share one): the CUDA step averages gradients
     over MPI through host copies; N ranks match one process on the global batch and hold
@@ -423,6 +509,10 @@ def main() -> None:
         check_checkpoint(comm, out)
     elif task == "cuda":
         check_training_cuda(comm)
+    elif task == "shm":
+        check_shared_allreduce(comm)
+    elif task == "shm-timeout":
+        shared_timeout(comm)
     elif task in ("raise", "kill", "hang"):
         fault(comm, out, task)
     else:

@@ -264,6 +264,38 @@ def test_a_failing_rank_ends_the_job(how: str, tmp_path: Path) -> None:
     assert trainer.load_checkpoint(tmp_path / "fault.ckpt").step == 5
 
 
+@pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
+def test_shared_memory_all_reduce(n: int, nodes: str | None, tmp_path: Path) -> None:
+    """The generated C's shared-memory all-reduce (sum and max of float32/float64/int32,
+    sizes 1 to 100003 in one program, overlapped buckets and a blocking exchange): ranks
+    bit-equal, equal to the rank-order sum, to MPI's all-reduce (exactly with 2 ranks)
+    and to one process. With the ranks made to look like 2 nodes (SHAPEGRAD_FAKE_NODES),
+    no segment is bound and the same programs fall back to MPI, with the same results."""
+    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
+    if nodes is not None:
+        extra["SHAPEGRAD_FAKE_NODES"] = nodes
+    run = launch(n, "shm", tmp_path, **extra)
+    assert run.returncode == 0 and (tmp_path / "ok-shm.txt").exists(), run.stdout + run.stderr
+
+
+def test_shared_memory_wait_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    """A rank that never arrives: the other's shared-memory wait (in a compiled call that
+    no watchdog watches) gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT plus the margin,
+    names the missing rank, and the job ends instead of hanging."""
+    start = time.perf_counter()
+    run = launch(
+        2, "shm-timeout", tmp_path, timeout=90, SHAPEGRAD_ALLREDUCE="shm",
+        SHAPEGRAD_COLLECTIVE_TIMEOUT="2",
+    )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and elapsed < 60, (run.returncode, elapsed, text)
+    assert "[rank 0/2] shapegrad: a shared-memory all-reduce (1000 elements) waited" in text, text
+    assert "for rank(s) 1 to arrive" in text, text
+    assert "shared-memory wait timed out (SHAPEGRAD_COLLECTIVE_TIMEOUT" in text, text
+    assert "aborting all 2 processes" in text, text
+
+
 def test_cli_data_parallel_digits_matches_one_process(capsys: pytest.CaptureFixture[str]) -> None:
     """``mpiexec -n 2 shapegrad demo digits --data-parallel`` reaches the accuracy of one
     process with the same global batch (only rank 0 prints)."""

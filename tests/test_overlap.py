@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
+from shapegrad.backends.c import collectives
 from shapegrad.backends.c.render import render_c
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.overlap import overlap_collectives
@@ -235,3 +236,68 @@ def test_generated_c_starts_tests_and_waits_in_order() -> None:
     first_wait = wait_of[request(starts[0])]
     assert products and starts[0] < max(products) < first_wait
     assert starts[0] < first(f"sg_mpi_test({request(starts[0])}]") < first_wait
+
+
+# --- the shared-memory all-reduce in the generated C (values: tests/distributed_worker.py) ---
+
+
+class _TwoOnOneNode(_TwoProcesses):
+    """The stand-in with the shared-memory transport (``MPICommunicator(allreduce="shm")``)."""
+
+    allreduce = "shm"
+
+    def shared_segments(self, tag: str, nbytes: int) -> None:
+        raise AssertionError("a lowering-only test tried to bind shared memory")
+
+
+def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request() -> None:
+    plan_comm = _TwoOnOneNode()
+    program = _step_program(1 << 12)
+    program.communicators = [plan_comm]  # same program, the transport of the stand-in
+    source = render_c(program)
+    starts, waits = _exchanges(program, "start"), _exchanges(program, "wait")
+    tests = sum(
+        1
+        for k in program.kernels
+        for s in k.body
+        if isinstance(s, L.Collective) and s.phase == "test"
+    )
+    blocking = [
+        s
+        for k in program.kernels
+        for s in k.body
+        if isinstance(s, L.Collective) and s.phase == "blocking"
+    ]
+    # every phase has its shared-memory call, the MPI call kept as the else branch
+    assert source.count("sg_shm_start(0, ") == len(starts) + len(blocking)
+    assert source.count("sg_shm_wait(0, ") == len(waits) + len(blocking)
+    assert source.count("sg_shm_progress(0, ") == tests
+    assert source.count("sg_mpi_iallreduce(") == len(starts)
+    assert "int sg_shm_bind(" in source and "all-reduce shm */" in source
+    # one region per request and one for the blocking exchanges, each as large as its largest
+    offsets, results, nbytes = collectives.shared_layout(program)
+    assert len(offsets) == len(results) == max(starts) + 2  # requests keep their numbers
+    for r, (_, start) in starts.items():
+        assert results[r] - offsets[r] >= 4 * start.count
+    if blocking:
+        assert results[-1] - offsets[-1] >= 4 * max(s.count for s in blocking)
+    assert nbytes >= results[-1] and all(o % 64 == 0 for o in [*offsets, *results])
+
+
+def test_mpi_transport_renders_no_shared_memory() -> None:
+    source = render_c(_step_program(1 << 12))  # _TwoProcesses: no shared_segments
+    assert "sg_shm_bind" not in source and "all-reduce mpi */" in source
+
+
+def test_allreduce_transport_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shapegrad.distributed._shm import allreduce_transport
+
+    monkeypatch.delenv("SHAPEGRAD_ALLREDUCE", raising=False)
+    assert allreduce_transport(None) == "shm" and allreduce_transport("mpi") == "mpi"
+    monkeypatch.setenv("SHAPEGRAD_ALLREDUCE", "mpi")
+    assert allreduce_transport(None) == "mpi"
+    monkeypatch.setenv("SHAPEGRAD_ALLREDUCE", "nccl")
+    with pytest.raises(ValueError, match="SHAPEGRAD_ALLREDUCE must be one of 'shm', 'mpi'"):
+        allreduce_transport(None)
+    with pytest.raises(ValueError, match="allreduce must be one of"):
+        allreduce_transport("fast")

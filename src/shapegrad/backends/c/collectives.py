@@ -26,9 +26,9 @@ byte through its cells twice per direction; here each byte crosses once:
   that region);
 * ``progress`` (the ``test`` of a nonblocking exchange, and the loop of its ``wait``):
   once every rank has arrived, rank ``me`` sums chunk ``me`` over the ranks in rank order
-  (its own operand read where it is), writes it to its result and to its segment,
-  publishes ``reduced = s``; once every rank has reduced, copies the others' chunks of
-  the result out of their segments. Every element is summed by one rank in one fixed
+  (its own operand read where it is), writes it to its result and to its segment's
+  result area, publishes ``reduced = s``; once every rank has reduced, copies the
+  others' chunks of the result out of their segments. Every element is summed by one rank in one fixed
   order and copied to the others: the results are bitwise equal on every rank, and
   deterministic (with 2 ranks, a + b, bitwise MPI's too).
 * ``wait``: progress until done; spins with the CPU's pause hint, then yields the core
@@ -37,12 +37,13 @@ byte through its cells twice per direction; here each byte crosses once:
   seconds plus ``SHM_TIMEOUT_MARGIN`` (the watchdog of a watched step, which polls each
   second, names the step first), prints which ranks never arrived and fails the call.
 
-Reuse is safe without a closing barrier: a rank writes a region's operand chunks for
+Reuse is safe without a closing barrier: a rank writes a region's operand area for
 exchange ``s + 1`` only after every rank published ``reduced = s`` (they have read its
-operand of ``s``), and its result chunk only after every rank arrived at ``s + 1`` (they
-have copied its result of ``s``). Each nonblocking request has its own region (they
-overlap in time), blocking exchanges one more; a region's size is the largest exchange
-that uses it. The segments belong to one library and communicator: a library bound again
+operand of ``s``), and its result area only after every rank arrived at ``s + 1`` (they
+have copied its result of ``s``). Operands and results need separate areas: exchanges
+of one region may differ in size, so their chunk bounds differ. Each nonblocking request
+has its own region (they overlap in time), blocking exchanges one more; a region's
+areas are as large as the largest exchange that uses it. The segments belong to one library and communicator: a library bound again
 (the same source) reuses them (``MPICommunicator.shared_segments``).
 
 When the processes are not all on one node, no segment exists and the same code calls
