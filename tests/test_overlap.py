@@ -277,11 +277,15 @@ def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request() -
     # one region per request and one for the blocking exchanges, each as large as its largest
     offsets, results, nbytes = collectives.shared_layout(program)
     assert len(offsets) == len(results) == max(starts) + 2  # requests keep their numbers
+    # (operands: every element; results: one chunk, at most half of them + 16 rounding)
+    ends = [*offsets[1:], nbytes]
     for r, (_, start) in starts.items():
         assert results[r] - offsets[r] >= 4 * start.count
+        assert ends[r] - results[r] >= 4 * ((start.count + 1) // 2 + 16)
     if blocking:
         assert results[-1] - offsets[-1] >= 4 * max(s.count for s in blocking)
-    assert nbytes >= results[-1] and all(o % 64 == 0 for o in [*offsets, *results])
+        assert nbytes - results[-1] >= 4 * max((s.count + 1) // 2 + 16 for s in blocking)
+    assert all(o % 64 == 0 for o in [*offsets, *results, nbytes])
 
 
 def test_mpi_transport_renders_no_shared_memory() -> None:

@@ -130,7 +130,7 @@ _SHM = r"""
 #define SG_SHM_NREG {nreg}
 #define SG_SHM_NCOMM {ncomms}
 static const int64_t sg_shm_off[SG_SHM_NREG] = {{{offsets}}};  /* operand chunks */
-static const int64_t sg_shm_res[SG_SHM_NREG] = {{{results}}};  /* result chunks */
+static const int64_t sg_shm_res[SG_SHM_NREG] = {{{results}}};  /* this rank's result chunk */
 static int sg_shm_n[SG_SHM_NCOMM];      /* ranks sharing memory; 0: MPI's all-reduce */
 static int sg_shm_me[SG_SHM_NCOMM];
 static double sg_shm_limit;             /* seconds a wait may take; <= 0: no limit */
@@ -182,6 +182,7 @@ static void sg_shm_start(int c, int reg, const void *src, void *dst, int64_t cou
 }}
 
 #define SG_SHM_SUM(a, b) ((a) + (b))
+#define SG_SHM_ISUM(a, b) ((int32_t)((uint32_t)(a) + (uint32_t)(b))) /* wraps, as MPI's */
 #define SG_SHM_MAX(a, b) ((b) > (a) ? (b) : (a))
 #define SG_SHM_REDUCE(T, OP)                                                              \
     {{                                                                                    \
@@ -212,13 +213,13 @@ static int sg_shm_progress(int c, int reg) {{
         switch (q->kind) {{
         case 0: SG_SHM_REDUCE(float, SG_SHM_SUM) break;
         case 1: SG_SHM_REDUCE(double, SG_SHM_SUM) break;
-        case 2: SG_SHM_REDUCE(int32_t, SG_SHM_SUM) break;
+        case 2: SG_SHM_REDUCE(int32_t, SG_SHM_ISUM) break;
         case 3: SG_SHM_REDUCE(float, SG_SHM_MAX) break;
         case 4: SG_SHM_REDUCE(double, SG_SHM_MAX) break;
         default: SG_SHM_REDUCE(int32_t, SG_SHM_MAX) break;
         }}
         if (hi > lo)
-            memcpy(sg_shm_seg[c][me] + sg_shm_res[reg] + lo * es, q->dst + lo * es,
+            memcpy(sg_shm_seg[c][me] + sg_shm_res[reg], q->dst + lo * es,
                    (size_t)((hi - lo) * es));
         __atomic_store_n(sg_shm_flag(c, me, reg, 1), q->seq, __ATOMIC_RELEASE);
         q->stage = 2;
@@ -231,7 +232,7 @@ static int sg_shm_progress(int c, int reg) {{
             if (r == me) continue;
             sg_shm_chunk(c, q->count, r, &lo, &hi);
             if (hi > lo)
-                memcpy(q->dst + lo * es, sg_shm_seg[c][r] + sg_shm_res[reg] + lo * es,
+                memcpy(q->dst + lo * es, sg_shm_seg[c][r] + sg_shm_res[reg],
                        (size_t)((hi - lo) * es));
         }}
         q->stage = 0;
@@ -340,20 +341,26 @@ def shared_layout(program: L.Program) -> tuple[list[int], list[int], int]:
     exchanges; the flags of all regions come first (``_FLAG_BYTES`` each), every area
     starts on a cache line. Operands and results have separate areas: two exchanges of
     one region may differ in size, so chunk ``r`` of one overlaps chunk ``q`` of the next,
-    and a rank writing its next operand must not overwrite a result still being read."""
+    and a rank writing its next operand must not overwrite a result still being read.
+    The result area holds the rank's own chunk only: at most half the elements (rounded
+    up, plus the 16 of the chunk rounding) with 2 or more ranks."""
     nreg = requests(program) + 1
-    sizes = [0] * nreg
+    sizes, chunks = [0] * nreg, [0] * nreg
     for p in L.nested_programs(program):
         for k in p.kernels:
             for s in L.walk(k.body):
                 if isinstance(s, L.Collective) and _shared(s):
                     reg = nreg - 1 if s.phase == "blocking" else s.request
-                    sizes[reg] = max(sizes[reg], s.count * s.dtype.numpy.itemsize)
+                    itemsize = s.dtype.numpy.itemsize
+                    sizes[reg] = max(sizes[reg], s.count * itemsize)
+                    # a chunk: ceil(count / ranks) rounded up to 16 elements, ranks >= 2
+                    chunks[reg] = max(chunks[reg], ((s.count + 1) // 2 + 16) * itemsize)
     offsets, results, at = [], [], _FLAG_BYTES * nreg
-    for size in sizes:
+    for size, chunk in zip(sizes, chunks, strict=True):
         offsets.append(at)
-        results.append(at + -(-size // 64) * 64)
-        at += 2 * -(-size // 64) * 64
+        at += -(-size // 64) * 64
+        results.append(at)
+        at += -(-chunk // 64) * 64
     return offsets, results, at
 
 
