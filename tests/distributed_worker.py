@@ -340,6 +340,17 @@ def check_shared_allreduce(comm: D.Communicator, steps: int = 20) -> None:
     single = _train(None, "compiled", "c", "sgd", "float64", steps)
     err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
     assert err <= 1e-10, err
+    # ranks disagreeing on the transport are refused at compile time, not left to hang
+    mixed = D.MPICommunicator(
+        MPI.COMM_WORLD.Dup(), key="mixed", allreduce="shm" if comm.rank == 0 else "mpi"
+    )
+    try:
+        sg.compile(reduce_all(mixed), backend="c")(xs)
+    except D.RankMismatchError as exc:
+        assert "the all-reduce transport (SHAPEGRAD_ALLREDUCE)" in str(exc), str(exc)
+        assert "rank 0: 'shm'" in str(exc), str(exc)
+    else:
+        raise AssertionError("a shm rank and an MPI rank compiled the same all-reduce")
     if comm.rank == 0:
         print(f"shm all-reduce (bound: {expect_shared}): max |diff| vs one process {err:.2e}")
 

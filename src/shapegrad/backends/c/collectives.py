@@ -506,6 +506,11 @@ def check_program(program: L.Program) -> None:
             f"compiled program {program.name!r}: its collectives (kind, elements, dtype, op, root)",
             collective_signature(program, k),
         )
+        check_same(  # SHAPEGRAD_ALLREDUCE must agree: one rank in MPI, another in shm, hangs
+            comm,
+            f"compiled program {program.name!r}: the all-reduce transport (SHAPEGRAD_ALLREDUCE)",
+            transport(comm),
+        )
 
 
 def bind(lib: Any, ffi: Any, program: L.Program) -> None:
