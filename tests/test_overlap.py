@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
-from shapegrad.backends.c import collectives
+from shapegrad.backends.c import collectives, shm
 from shapegrad.backends.c.render import render_c
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.overlap import overlap_collectives
@@ -275,7 +275,7 @@ def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request() -
     assert source.count("sg_mpi_iallreduce(") == len(starts)
     assert "int sg_shm_bind(" in source and "all-reduce shm */" in source
     # one region per request and one for the blocking exchanges, each as large as its largest
-    offsets, results, nbytes = collectives.shared_layout(program)
+    offsets, results, nbytes = shm.shared_layout(program, collectives.requests(program))
     assert len(offsets) == len(results) == max(starts) + 2  # requests keep their numbers
     # (operands: every element; results: one chunk, at most half of them + 16 rounding)
     ends = [*offsets[1:], nbytes]
