@@ -28,6 +28,14 @@ error-flag contract of ``loops.py``); an exchange's source and destination stay 
 from its start to its wait (they are read and written by both), so ``pack_arena`` gives
 nothing else their bytes.
 
+The phases keep their meaning for the shared-memory all-reduce within a node
+(``backends/c/shm.py``, the default there): ``start`` copies this rank's operand chunks
+in, ``test`` advances without waiting (reduces this rank's chunk once every rank has
+arrived, copies the result out once every rank has reduced), ``wait`` finishes. Its work
+runs on this rank's core either way, so overlapping hides the wait for the slower rank,
+not the work, and the early buckets are done in tests between backward kernels instead
+of all at the end.
+
 An exchange that nothing runs alongside (one bucket: its start is right before its wait)
 stays blocking. Only top-level all-reduces without ``root`` are overlapped (the
 data-parallel ones); other collectives stay blocking and are ordered like any failing
