@@ -6,9 +6,13 @@ batch 256. Configurations (both use the machine's 2 cores):
 * 1 rank x 2 threads: one process, the whole batch, ``SHAPEGRAD_NUM_THREADS=2``;
 * 2 ranks x 1 thread: ``mpiexec -n 2``, 128 rows per rank, gradients averaged inside the
   compiled step (one native call per step): all-reduced in buckets (``train/step.py``
-  ``BUCKET_BYTES``), each a nonblocking ``MPI_Iallreduce`` started as soon as its last
-  gradient is written and waited for just before the update reads it
-  (``compiler/overlap.py``).
+  ``BUCKET_BYTES``), each exchange started as soon as its last gradient is written and
+  waited for just before the update reads it (``compiler/overlap.py``). Two rows: "AR
+  shm", the default, exchanges through memory shared by the ranks of the node
+  (``backends/c/shm.py``; ``AR mpi`` if ``SHAPEGRAD_ALLREDUCE=mpi`` is set), and "AR
+  mpi", the same step over a duplicate of the world communicator with
+  ``allreduce="mpi"`` (``MPI_Iallreduce``/``MPI_Test``/``MPI_Wait``), interleaved in the
+  same launch.
 
 One interleaved run: ``--rounds`` rounds, each launching every configuration once
 (shapegrad 1 rank, shapegrad 2 ranks, PyTorch 1 rank, PyTorch DDP 2 ranks), so a change
