@@ -73,11 +73,17 @@ def allocate(mpi: Any, comm: Any, node: Any, nbytes: int) -> SharedSegments | No
     size = comm.Get_size()
     if node.Get_size() != size or size > MAX_NODE_RANKS:
         return None
-    window = mpi.Win.Allocate_shared(nbytes, 1, comm=node)
+    window: Any = None
     addresses = []
-    for r in range(size):
-        buffer, _ = window.Shared_query(r)
-        addresses.append(int(buffer.address))
+    try:  # an MPI without shared-memory windows: MPI's all-reduce, on every rank alike
+        window = mpi.Win.Allocate_shared(nbytes, 1, comm=node)
+        for r in range(size):
+            buffer, _ = window.Shared_query(r)
+            addresses.append(int(buffer.address))
+    except mpi.Exception:
+        window = None
+    if not node.allreduce(window is not None, op=mpi.LAND):
+        return None
     ctypes.memset(addresses[node.Get_rank()], 0, nbytes)
     node.Barrier()
     return SharedSegments(tuple(addresses), nbytes, window)
