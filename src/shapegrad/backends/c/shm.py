@@ -18,14 +18,15 @@ byte through its cells twice per direction; here each byte crosses once:
   others' chunks of the result out of their segments. Every element is summed by one
   rank in one fixed order and copied to the others: the results are bitwise equal on
   every rank, and deterministic (with 2 ranks, a + b, bitwise MPI's too).
-* ``wait``: progress until done; spins with the CPU's pause hint (``SHM_SPINS``, ~0.2 ms
-  on the 2-core AMD EPYC), then sleeps on a futex on the flag it waits for (Linux; the
-  publisher wakes it, only where a rank sleeps), else yields the core. Sleeping is what
-  lets oversubscribed ranks run: 3 ranks on 2 cores, 1.2 MB in 4 all-reduces, 3.0 ms per
-  call vs 9.8 ms yielding (MPI: 9.5-11 ms); 2 ranks at load 6 were equal either way
-  (MLP step 7.4-8.4 vs 7.8-8.2 ms, interleaved). With ``SHAPEGRAD_COLLECTIVE_TIMEOUT`` set, it gives up after that many
-  seconds plus ``SHM_TIMEOUT_MARGIN`` (the watchdog of a watched step, which polls each
-  second, names the step first), prints which ranks never arrived and fails the call.
+* ``wait``: progress until done; spins with the CPU's pause hint (``SHM_SPIN_SECONDS``),
+  then sleeps on a futex on the flag it waits for (Linux; the publisher wakes it, only
+  where a rank sleeps), else yields the core. Sleeping is what lets oversubscribed ranks
+  run: 3 ranks on 2 cores, 1.2 MB in 4 all-reduces, 3.0 ms per call vs 9.8 ms yielding
+  (MPI: 9.5-11 ms); 2 ranks at load 6 were equal either way (MLP step 7.4-8.4 vs
+  7.8-8.2 ms, interleaved). With ``SHAPEGRAD_COLLECTIVE_TIMEOUT`` set, it gives up after
+  that many seconds plus ``SHM_TIMEOUT_MARGIN`` (the watchdog of a watched step, which
+  polls each second, names the step first), prints which ranks never arrived and fails
+  the call.
 
 Reuse is safe without a closing barrier: a rank writes a region's operand area for
 exchange ``s + 1`` only after every rank published ``reduced = s`` (they have read its
@@ -60,9 +61,12 @@ from shapegrad.distributed._shm import MAX_NODE_RANKS
 # under the watchdog (distributed/_mpi.py, polling each second) is ended by it first, with
 # a message naming the step; the native limit is for calls that nothing watches.
 SHM_TIMEOUT_MARGIN = 2.0
-# Pause-hinted polls before a waiting rank starts yielding its core (~0.1 ms on a 4 GHz
-# core: an exchange's other ranks are usually that close when both have a core).
-SHM_SPINS = 4096
+# Seconds a waiting rank polls (with the CPU's pause hint) before it sleeps. 2 ranks x 1
+# thread of the MLP step at load ~6 (2-core AMD EPYC, interleaved, 400 steps): 0.2, 1,
+# 3 and 10 ms gave the same 10th/25th percentiles (2.49-2.65 ms vs 2.03-2.08 without
+# exchange) and medians within the run-to-run noise (2.7-7.9 ms); the short one leaves
+# the core sooner to ranks that outnumber the cores.
+SHM_SPIN_SECONDS = 2e-4
 # After the spins, a waiting rank sleeps on a futex until the flag it waits for changes
 # (Linux), instead of yielding its core in a loop: it leaves the core to the others.
 SHM_SLEEP = True
@@ -99,12 +103,15 @@ typedef struct {{ const char *src; char *dst; int64_t count; int kind; int stage
     sg_shm_req_t;
 static sg_shm_req_t sg_shm_req[SG_SHM_NCOMM][SG_SHM_NREG];
 
+static double sg_shm_spin;             /* seconds a wait spins before it sleeps */
+
 int sg_shm_bind(int comm, int n, int me, void **segments, double limit) {{
     if (comm < 0 || comm >= SG_SHM_NCOMM || n < 0 || n > SG_SHM_MAXRANKS) return 1;
     for (int r = 0; r < n; ++r) sg_shm_seg[comm][r] = (char *)segments[r];
     sg_shm_n[comm] = n;
     sg_shm_me[comm] = me;
     sg_shm_limit = limit;
+    sg_shm_spin = {spin};
     return 0;
 }}
 
@@ -249,15 +256,16 @@ static void sg_shm_doze(int c, int reg) {{
 /* Finish exchange ``reg``: 0, or 1 after the time limit (the ranks missing printed). */
 static int sg_shm_wait(int c, int reg) {{
     struct timespec t0, t1;
-    int timed = 0;
+    int dozing = 0;
     for (uint64_t spin = 0; !sg_shm_progress(c, reg); ++spin) {{
-        if (spin < {spins}) {{ sg_shm_relax(); continue; }}
-        sg_shm_doze(c, reg);
-        if (sg_shm_limit <= 0) continue;
-        if (!timed) {{ clock_gettime(CLOCK_MONOTONIC, &t0); timed = 1; continue; }}
+        if (spin == 0) clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (!dozing && (spin & 63) != 63) {{ sg_shm_relax(); continue; }}
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        if (waited > sg_shm_limit) {{
+        if (!dozing && waited < sg_shm_spin) {{ sg_shm_relax(); continue; }}
+        dozing = 1;
+        sg_shm_doze(c, reg);
+        if (sg_shm_limit > 0 && waited > sg_shm_limit) {{
             sg_shm_req_t *q = &sg_shm_req[c][reg];
             int which = q->stage == 1 ? 0 : 1;
             fprintf(stderr, "[rank %d/%d] shapegrad: a shared-memory all-reduce (%lld elements) "
@@ -290,7 +298,7 @@ def shm_prelude(program: L.Program, nrequests: int) -> str:
         offsets=", ".join(map(str, offsets)),
         results=", ".join(map(str, results)),
         flag_bytes=_FLAG_BYTES,
-        spins=SHM_SPINS,
+        spin=SHM_SPIN_SECONDS,
         sleep=int(SHM_SLEEP),
         margin=SHM_TIMEOUT_MARGIN,
     )
