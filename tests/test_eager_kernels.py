@@ -121,12 +121,13 @@ def _native_params(cases: list[Case]) -> list[Any]:
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> Iterator[eager_kernels.CKernels]:
-    """A fresh C provider that compiles every key on first sight, for operands of any size."""
+    """A fresh C provider that compiles every key on first sight, in the foreground (the
+    call runs the kernel), for operands of any size."""
     reason = _c_unavailable()
     if reason:
         pytest.skip(reason)
     previous = kernels.installed()
-    provider = eager_kernels.CKernels(compile_after=1)
+    provider = eager_kernels.CKernels(compile_after=1, background=False)
     monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
     kernels.install(provider)
     try:
@@ -284,7 +285,7 @@ def test_compile_after_counts_sightings(monkeypatch: pytest.MonkeyPatch) -> None
     if _c_unavailable():
         pytest.skip(_c_unavailable() or "")
     previous = kernels.installed()
-    provider = eager_kernels.CKernels(compile_after=3)
+    provider = eager_kernels.CKernels(compile_after=3, background=False)
     monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
     kernels.install(provider)
     try:

@@ -213,7 +213,8 @@ def _python_vjp(
     pure: Callable[..., Any], tensors: list[Tensor], ct: Tensor, needs: Sequence[bool]
 ) -> list[Tensor | None]:
     """The composite's VJP primitive by primitive (recorded when an outer ``grad`` needs
-    it): the forward runs again, on NumPy, from the same operands."""
+    it): the forward runs again, on NumPy, from the same operands. Also the VJP of a
+    kernel whose VJP kernel is still compiling (or failed to compile)."""
     wanted = [i for i, need in enumerate(needs) if need]
 
     def part(*needed: Tensor) -> Any:
@@ -222,8 +223,16 @@ def _python_vjp(
             operands[i] = t
         return pure(*operands)
 
+    previous = STATE.grad_enabled
+    # The forward is recorded for its pullback even in a plain backward pass (which runs
+    # with recording off): unrecorded, the pullback would see constants and give zeros.
+    STATE.grad_enabled = True
+    try:
+        with kernels.enabled(False):
+            _, pull = vjp(part, *[tensors[i] for i in wanted])
+    finally:
+        STATE.grad_enabled = previous
     with kernels.enabled(False):
-        _, pull = vjp(part, *[tensors[i] for i in wanted])
         grads = pull(ct)
     result: list[Tensor | None] = [None] * len(tensors)
     for i, g in zip(wanted, grads, strict=True):

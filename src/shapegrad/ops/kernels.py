@@ -8,10 +8,13 @@ of its operand types: one native call for the forward and one for the VJP, compi
 from the composite itself (the same loop IR and renderer as ``sg.compile``). The eager
 interpreter asks it for single primitives whose NumPy rule is slow (SCAN: a Python loop
 over its body), forward only: their VJP rules are primitives again. The
-provider may decline (no C compiler, an op it has not seen often enough, an unusual
-operand); the composite then runs primitive by primitive on NumPy (``ops/reference.py``,
+provider may decline (no C compiler, an op it has not seen often enough, a kernel still
+compiling in the background, an unusual operand); the composite then runs primitive by primitive on NumPy (``ops/reference.py``,
 the reference), as it does for every op when no provider is installed or kernels are
 switched off (``SHAPEGRAD_EAGER_KERNELS=0``, or :func:`enabled` ``(False)`` around a block).
+``SHAPEGRAD_EAGER_KERNELS=sync`` keeps them on but asks the provider to compile in the
+foreground (:func:`synchronous`): the call that triggers a compile then runs the kernel,
+so which calls run native code does not depend on timing.
 """
 
 from __future__ import annotations
@@ -67,15 +70,30 @@ class KernelProvider(Protocol):
         ...
 
 
-def _env_enabled() -> bool:
+def _env_mode() -> str:
+    """``SHAPEGRAD_EAGER_KERNELS``: "background" (the default), "sync" or "off"."""
     value = os.environ.get(ENV, "1").strip().lower()
     if value in ("1", "true", "yes", "on", ""):
-        return True
+        return "background"
+    if value == "sync":
+        return "sync"
     if value in ("0", "false", "no", "off"):
-        return False
+        return "off"
     raise ValueError(
-        f"{ENV}={value!r}: expected 1 (native eager kernels, the default) or 0 (NumPy only)"
+        f"{ENV}={value!r}: expected 1 (native eager kernels, compiled in the background: the "
+        "default), sync (compiled before the call that needs them returns: deterministic) or "
+        "0 (NumPy only)"
     )
+
+
+def _env_enabled() -> bool:
+    return _env_mode() != "off"
+
+
+def synchronous() -> bool:
+    """Whether ``SHAPEGRAD_EAGER_KERNELS=sync`` asks providers to compile in the foreground
+    (the call that triggers a compile waits for it and runs the kernel), read at import."""
+    return _ENV_SYNC
 
 
 class _Switch(threading.local):
@@ -83,7 +101,9 @@ class _Switch(threading.local):
         self.on = _ENV_ON
 
 
-_ENV_ON = _env_enabled()
+_ENV_MODE = _env_mode()
+_ENV_ON = _ENV_MODE != "off"
+_ENV_SYNC = _ENV_MODE == "sync"
 _SWITCH = _Switch()
 _PROVIDER: list[KernelProvider] = []
 
