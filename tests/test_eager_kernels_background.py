@@ -91,7 +91,7 @@ def test_background_compile_switches_forward_and_vjp(bg: eager_kernels.CKernels)
     assert bg.calls == 1, "the call after the compile runs the kernel"
     _close(got, want)
 
-    # the VJP: the first backward queues it and differentiates in Python
+    # a tracked call: its VJP is queued, and the call runs as written until it is ready
     x = sg.tensor(arrays[0])
     w = sg.tensor(np.random.default_rng(1).standard_normal(want.shape).astype(np.float32))
 
@@ -100,12 +100,32 @@ def test_background_compile_switches_forward_and_vjp(bg: eager_kernels.CKernels)
 
     want_g = _numpy_path(sg.grad(loss), x).numpy()
     got_g = sg.grad(loss)(x).numpy()
-    assert bg.vjp_calls == 0
-    _close(got_g, want_g)
-    assert bg.drain(DRAIN_S)
+    assert (bg.calls, bg.vjp_calls) == (1, 0)
+    np.testing.assert_array_equal(got_g, want_g)  # the NumPy path's own gradient
+    assert bg.drain(DRAIN_S), bg.declined
     got_g = sg.grad(loss)(x).numpy()
-    assert bg.vjp_calls == 1, "the backward after the VJP's compile runs its kernel"
+    assert (bg.calls, bg.vjp_calls) == (2, 1), "forward and VJP kernels once both are ready"
     _close(got_g, want_g)
+    assert bg.declined == []
+
+
+def test_tracked_key_compiles_with_its_vjp_in_one_job(
+    bg: eager_kernels.CKernels,
+) -> None:
+    """A key first seen twice under a tape is compiled with its VJP in one job: the first
+    call after it runs both kernels."""
+    x = sg.tensor(np.linspace(-2, 2, 40, dtype=np.float32).reshape(5, 8))
+    w = sg.tensor(np.linspace(1, 2, 40, dtype=np.float32).reshape(5, 8))
+
+    def loss(x: sg.Tensor) -> sg.Tensor:
+        return (sg.gelu(x) * w).sum()
+
+    want = _numpy_path(sg.grad(loss), x).numpy()
+    for _ in range(2):
+        np.testing.assert_array_equal(sg.grad(loss)(x).numpy(), want)
+    assert bg.drain(DRAIN_S) and bg.calls == 0
+    np.testing.assert_allclose(sg.grad(loss)(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert (bg.calls, bg.vjp_calls, bg.compiles) == (1, 1, 1)
 
 
 def test_warm_disk_cache_loads_at_once(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,6 +181,37 @@ def test_failing_compile_keeps_numpy_and_says_why(
         (reason,) = provider.declined
         assert reason.startswith("softmax: CompileError") and "no code today" in reason
         assert provider.pending() == 0  # declined for good: no second compile
+
+
+def test_failing_vjp_compile_differentiates_in_python(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VJP that fails to compile (here: a compiler that refuses any VJP's source) leaves
+    the forward kernel in use and the composite's Python VJP, in a plain backward pass."""
+    real = os.environ.get("CC", "").strip() or "cc"
+    refuse_vjps = (
+        'for a in "$@"; do case "$a" in *.c) if grep -q _vjp "$a"; then '
+        'echo "fake-cc: no VJPs" >&2; exit 1; fi;; esac; done; exec ' + real + ' "$@"'
+    )
+    monkeypatch.setenv("CC", _fake_cc(tmp_path, refuse_vjps))
+    rng = np.random.default_rng(2)
+    x = sg.tensor(rng.standard_normal((6, 16)).astype(np.float32))
+    w = sg.tensor(rng.standard_normal((6, 16)).astype(np.float32))
+
+    def loss(x: sg.Tensor) -> sg.Tensor:
+        return (sg.layer_norm(x) * w).sum()
+
+    want = _numpy_path(sg.grad(loss), x).numpy()
+    for provider in _provider(monkeypatch):
+        for _ in range(2):
+            sg.grad(loss)(x)
+        assert provider.drain(DRAIN_S)
+        got = [sg.grad(loss)(x).numpy() for _ in range(2)]
+        assert (provider.calls, provider.vjp_calls, provider.compiles) == (2, 0, 1)
+        (reason,) = provider.declined
+        assert reason.startswith("layer_norm_vjp: CompileError") and "no VJPs" in reason
+        for g in got:
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
 
 
 def test_two_python_threads_share_the_provider(bg: eager_kernels.CKernels) -> None:

@@ -179,10 +179,13 @@ def _call(
         call_kwargs = {k: _fill(e, operands) for k, e in kw_template.items()}
         return fn(*call_args, **call_kwargs)
 
-    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name)
+    tracked = STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors)
+    needs = None
+    if tracked:  # the operands a backward pass will likely differentiate
+        needs = tuple((t._leaf or t._tape is not None) and t.aval.dtype.is_float for t in tensors)
+    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name, needs)
     if kernel is None:
         return None
-    tracked = STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors)
     if tracked and not kernel.single:
         return None  # several outputs: one tape node cannot carry them; run it as written
     arrays = [t._payload for t in tensors]

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -37,11 +39,17 @@ class Pool:
     """Up to ``workers`` daemon threads running the jobs of a queue of ``capacity``."""
 
     def __init__(
-        self, workers: int, capacity: int, name: str, on_error: Callable[[BaseException], None]
+        self,
+        workers: int,
+        capacity: int,
+        name: str,
+        on_error: Callable[[BaseException], None],
+        nice: int = 0,
     ) -> None:
         if workers < 1 or capacity < 1:
             raise ValueError(f"Pool: workers ({workers}) and capacity ({capacity}) must be >= 1")
         self.workers = workers
+        self.nice = nice
         self.capacity = capacity
         self.name = name
         self._on_error = on_error
@@ -96,6 +104,7 @@ class Pool:
         self._closed = closed
 
     def _work(self) -> None:
+        _lower_priority(self.nice)
         while True:
             with self._cond:
                 self._idle += 1
@@ -114,6 +123,17 @@ class Pool:
                 with self._cond:
                     self._running -= 1
                     self._cond.notify_all()
+
+
+def _lower_priority(nice: int) -> None:
+    """This thread's nice value raised by ``nice`` (Linux: per thread, and inherited by the
+    processes it starts, e.g. a compiler). Elsewhere a process-wide call would slow the
+    user's own threads too, so nothing changes there."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 _POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()

@@ -55,11 +55,18 @@ class KernelProvider(Protocol):
     """Answers "a native kernel for this composite call?"; None keeps it on NumPy."""
 
     def composite(
-        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal], name: str
+        self,
+        key: Hashable,
+        fn: Callable[..., Any],
+        inputs: Sequence[AVal],
+        name: str,
+        needs: tuple[bool, ...] | None = None,
     ) -> CompositeKernel | None:
         """The kernel of ``fn`` (a function of tensors ``inputs``; ``key`` names ``fn`` and
         every static argument it closes over; ``name`` is for people: errors the compiled
-        code raises name it), or None."""
+        code raises name it), or None. ``needs``: the call is recorded on a tape, and a
+        backward pass will likely ask for the cotangents of these operands (a provider may
+        then wait for that VJP's kernel before it answers with the forward's)."""
         ...
 
     def primitive(
