@@ -179,10 +179,13 @@ def _call(
         call_kwargs = {k: _fill(e, operands) for k, e in kw_template.items()}
         return fn(*call_args, **call_kwargs)
 
-    tracked = STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors)
-    needs = None
-    if tracked:  # the operands a backward pass will likely differentiate
-        needs = tuple((t._leaf or t._tape is not None) and t.aval.dtype.is_float for t in tensors)
+    tracked, needs = False, None
+    if STATE.grad_enabled:
+        marks = [t._leaf or t._tape is not None for t in tensors]
+        if True in marks:  # needs: the operands a backward pass will likely differentiate
+            tracked = True
+            floats = [t._payload.dtype.kind == "f" for t in tensors]
+            needs = tuple([m and f for m, f in zip(marks, floats, strict=True)])
     kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name, needs)
     if kernel is None:
         return None

@@ -137,11 +137,14 @@ class _Kernel:
         # needs -> executable, None (declined: differentiate in Python) or _PENDING
         self._backward: dict[tuple[bool, ...], Any] = {}
         self._lock = threading.Lock()  # an executable's I/O table is not reentrant
+        self.calls = 0  # forward calls run (counted under the lock: exact with threads)
+        self.vjp_calls = 0  # backward calls run by a VJP kernel
 
     def forward(self, arrays: Sequence[Any]) -> list[Any]:
         inputs = [_ready(a) for a in arrays]
         with self._lock:
             outs: list[Any] = self._forward.run_validated(inputs)
+            self.calls += 1
         return outs
 
     def backward(
@@ -155,7 +158,7 @@ class _Kernel:
         inputs = [_ready(a) for a in arrays] + [_ready(cotangent)]
         with self._lock:
             outs = iter(exe.run_validated(inputs))
-        self.provider._count_vjp()
+            self.vjp_calls += 1
         return [next(outs) if need else None for need in needs]
 
     def _after_fork(self) -> None:
@@ -219,8 +222,7 @@ class CKernels:
         self.unavailable: str | None = None  # why the C backend cannot run, once known
         self.compiles = 0  # kernels built (forward ones, here or in the background)
         self.cache_loads = 0  # of those, loaded from the disk cache (no C compiler run)
-        self.calls = 0  # forward calls answered with a kernel
-        self.vjp_calls = 0  # backward calls run by a VJP kernel
+        self._retired = [0, 0]  # calls and vjp_calls of kernels dropped (MAX_ENTRIES)
         # why keys were declined ("name: error"), the latest few: a silent NumPy fallback
         # is only slower, so this is where to look when eager code is unexpectedly slow
         self.declined: list[str] = []
@@ -264,8 +266,6 @@ class CKernels:
                 exe = self._vjp(kernel, needs)
             if exe is _PENDING:
                 return None
-        with self._lock:
-            self.calls += 1
         return kernel
 
     def primitive(self, prim: Prim, inputs: Sequence[AVal], attrs: Attrs) -> _Kernel | None:
@@ -280,7 +280,21 @@ class CKernels:
 
         return self.composite(key, one_op, inputs, prim.value)
 
-    # --- waiting for the background --------------------------------------------------------
+    # --- counters (tests, benchmarks) and waiting for the background ------------------------
+
+    @property
+    def calls(self) -> int:
+        """Forward calls run by a kernel."""
+        return self._retired[0] + sum(k.calls for k in self._kernels())
+
+    @property
+    def vjp_calls(self) -> int:
+        """Backward calls run by a VJP kernel."""
+        return self._retired[1] + sum(k.vjp_calls for k in self._kernels())
+
+    def _kernels(self) -> list[_Kernel]:
+        with self._lock:
+            return [e for e in self._entries.values() if type(e) is _Kernel]
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until no compile is queued or running (then the next call of each compiled
@@ -393,7 +407,10 @@ class CKernels:
         """Set ``key``'s entry, dropping the oldest beyond ``MAX_ENTRIES`` (lock held)."""
         if key not in self._entries:
             while len(self._entries) >= MAX_ENTRIES:  # the oldest first (insertion order)
-                del self._entries[next(iter(self._entries))]
+                old = self._entries.pop(next(iter(self._entries)))
+                if type(old) is _Kernel:
+                    self._retired[0] += old.calls
+                    self._retired[1] += old.vjp_calls
         self._entries[key] = entry
 
     def _settle(self, key: Hashable, was: _Pending, entry: _Kernel | str | None) -> None:
@@ -412,10 +429,6 @@ class CKernels:
         with self._lock:
             self.declined = [*self.declined[-15:], f"{name}: {type(exc).__name__}: {exc}"]
         return _DECLINED
-
-    def _count_vjp(self) -> None:
-        with self._lock:
-            self.vjp_calls += 1
 
     def _escaped(self, exc: BaseException) -> None:
         """A background job's exception that its own handlers missed (a bug): recorded."""
