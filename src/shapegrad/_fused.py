@@ -87,6 +87,9 @@ def eager_kernel(name: str) -> Callable[[F], F]:
             provider = kernels.provider()
             if provider is not None and STATE.grad_depth <= 1 and not STATE.check_numerics:
                 out = _call(provider, name, fn, args, kwargs)
+                if out is _COMPILING:  # as written, without kernels of the composites inside
+                    with kernels.enabled(False):  # (they would be compiled for nothing)
+                        return fn(*args, **kwargs)
                 if out is not None:
                     return out
             return fn(*args, **kwargs)
@@ -97,6 +100,7 @@ def eager_kernel(name: str) -> Callable[[F], F]:
 
 
 _UNKEYABLE = object()
+_COMPILING = object()  # _call's answer while the call's kernel is being compiled
 
 
 def _static(value: Any) -> Any:
@@ -154,7 +158,8 @@ def _call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """``fn(*args, **kwargs)`` through the provider's kernel, or None (run it as written)."""
+    """``fn(*args, **kwargs)`` through the provider's kernel, or None (run it as written), or
+    ``_COMPILING`` (run it as written with kernels off: its own is being compiled)."""
     tensors: list[Tensor] = []
     parts: list[Hashable] = [name, fn.__module__, len(args)]
     template = []
@@ -186,9 +191,10 @@ def _call(
             tracked = True
             floats = [t._payload.dtype.kind == "f" for t in tensors]
             needs = tuple([m and f for m, f in zip(marks, floats, strict=True)])
-    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name, needs)
+    key = tuple(parts)
+    kernel = provider.composite(key, pure, [t.aval for t in tensors], name, needs)
     if kernel is None:
-        return None
+        return _COMPILING if provider.compiling(key, needs) else None
     if tracked and not kernel.single:
         return None  # several outputs: one tape node cannot carry them; run it as written
     arrays = [t._payload for t in tensors]

@@ -255,6 +255,12 @@ class CKernels:
         kernel = self._start(key, fn, inputs, name, needs)
         return None if kernel is None else self._answer(kernel, needs)
 
+    def compiling(self, key: Hashable, needs: tuple[bool, ...] | None = None) -> bool:
+        entry = self._entries.get(key)
+        if type(entry) is _Kernel:
+            return needs is not None and entry._backward.get(needs) is _PENDING
+        return entry is _PENDING
+
     def _answer(self, kernel: _Kernel, needs: tuple[bool, ...] | None) -> _Kernel | None:
         """``kernel`` (counted) when it can serve the call: an untracked one, or one whose
         VJP for ``needs`` is ready (or declined: the Python VJP). While that VJP compiles

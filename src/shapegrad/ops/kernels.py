@@ -69,6 +69,12 @@ class KernelProvider(Protocol):
         then wait for that VJP's kernel before it answers with the forward's)."""
         ...
 
+    def compiling(self, key: Hashable, needs: tuple[bool, ...] | None = None) -> bool:
+        """Whether the kernel of ``key`` (or its VJP for ``needs``) is being compiled: the
+        caller then runs the composite as written with kernels off, so that the composites
+        it calls are not compiled for nothing."""
+        ...
+
     def primitive(
         self, prim: Prim, inputs: Sequence[AVal], attrs: Attrs
     ) -> CompositeKernel | None:
