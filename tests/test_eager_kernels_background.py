@@ -214,6 +214,31 @@ def test_failing_vjp_compile_differentiates_in_python(
             np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
 
 
+def test_composites_inside_a_compiling_one_are_not_compiled(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cross_entropy calls log_softmax: while cross_entropy's own kernel compiles (here a
+    compiler that waits for a gate), it runs as written with kernels off, so log_softmax
+    gets no sightings and no kernel of its own."""
+    real = os.environ.get("CC", "").strip() or "cc"
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(
+        "CC", _fake_cc(tmp_path, f'while [ ! -e "{gate}" ]; do sleep 0.02; done; exec {real} "$@"')
+    )
+    logits = sg.tensor(np.linspace(-3, 3, 48, dtype=np.float32).reshape(8, 6))
+    labels = sg.tensor(np.arange(8, dtype=np.int32) % 6)
+    want = _numpy_path(sg.cross_entropy, logits, labels).numpy()
+    for provider in _provider(monkeypatch):
+        for _ in range(5):  # sighting 2 queues the compile, which waits for the gate
+            np.testing.assert_array_equal(sg.cross_entropy(logits, labels).numpy(), want)
+        assert provider.pending() == 1
+        gate.touch()
+        assert provider.drain(DRAIN_S)
+        got = sg.cross_entropy(logits, labels).numpy()
+        assert (provider.compiles, provider.calls, provider.declined) == (1, 1, [])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_two_python_threads_share_the_provider(bg: eager_kernels.CKernels) -> None:
     """Two threads run the same keys (and one key of their own) forward and backward while
     compiles finish in the background; every result equals the NumPy path's."""
