@@ -332,9 +332,14 @@ def test_bad_label_raises_index_error_through_the_kernel(native: eager_kernels.C
 
 
 def test_env_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True), ("sync", True)):
         monkeypatch.setenv(kernels.ENV, value)
         assert kernels._env_enabled() is on
+    assert kernels._env_mode() == "sync"  # (the last value): compiles in the foreground
+    monkeypatch.setattr(kernels, "_ENV_SYNC", True)
+    assert eager_kernels.CKernels().background is False
+    monkeypatch.setattr(kernels, "_ENV_SYNC", False)
+    assert eager_kernels.CKernels().background is True
     monkeypatch.setenv(kernels.ENV, "maybe")
     with pytest.raises(ValueError, match="SHAPEGRAD_EAGER_KERNELS='maybe'"):
         kernels._env_enabled()
