@@ -17,15 +17,30 @@ framework runs ``--threads`` threads (default 1: OpenBLAS through NumPy, the C k
 team, PyTorch's intra-op pool). The native column's first two steps compile its kernels
 (a key compiles on its second sighting, its VJP on its first backward) or, with a warm
 disk cache, trace and load them: they are printed apart ("warm-up") and not timed in the
-table; ``--cold`` starts from an empty cache.
+table; ``--cold`` starts from an empty cache. Kernels compile in the background (the
+op runs on NumPy meanwhile), so the warm-up waits for them (``CKernels.drain``) before the
+timed rounds.
+
+``--cold-start`` prints the cold-start table instead: what a new user's first steps cost.
+Each (workload, variant) runs in a fresh process over an empty kernel cache (a temporary
+``SHAPEGRAD_CACHE_DIR``), shapegrad eager alone, and reports the time of its first 1, 5
+and 20 steps (cumulative), its slowest step (the stall), the steady step time once every
+kernel is ready (median of ``--steady`` steps) and the kernels compiled. Variants
+(``--cold-modes``): ``numpy`` (``SHAPEGRAD_EAGER_KERNELS=0``: no compile at all),
+``sync`` (compiles in the foreground: the step that needs a kernel waits for it, as before
+background compiles), ``background`` (the default); ``--baseline-src DIR`` adds ``base``,
+shapegrad imported from ``DIR`` (e.g. an export of main's ``src``) with its defaults.
+Rounds (``--rounds``) interleave the variants.
 
 Run: python benchmarks/eager_vs_torch.py [--only cnn,gpt] [--rounds 5]
                                          [--threads 1] [--background-load 2]
+     python benchmarks/eager_vs_torch.py --cold-start [--rounds 2] [--baseline-src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -43,9 +58,16 @@ ARGS.add_argument("--steps", type=int, default=3, help="steps per runner per rou
 ARGS.add_argument("--threads", type=int, default=1)
 ARGS.add_argument("--background-load", type=int, default=0, metavar="N")
 ARGS.add_argument("--cold", action="store_true", help="an empty kernel cache (compile all)")
+ARGS.add_argument("--cold-start", action="store_true", help="the cold-start table (see above)")
+ARGS.add_argument("--cold-modes", default="numpy,sync,background")
+ARGS.add_argument("--cold-steps", type=int, default=20)
+ARGS.add_argument("--steady", type=int, default=15, help="steps timed for the steady state")
+ARGS.add_argument("--baseline-src", default="", metavar="DIR")
+ARGS.add_argument("--child", default="", help=argparse.SUPPRESS)  # one cold run (internal)
 OPTS = ARGS.parse_args()
 if OPTS.cold:
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="sg-eager-cold-")
+    _empty = tempfile.mkdtemp(prefix="sg-eager-cold-")
+    os.environ["XDG_CACHE_HOME"] = os.environ["SHAPEGRAD_CACHE_DIR"] = _empty
 for _var in ("SHAPEGRAD_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = str(OPTS.threads)
 # The CNN's convolutions are sg.conv2d (as PyTorch's are F.conv2d), not train_step.py's
@@ -198,6 +220,21 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} cores, {vector}"
 
 
+def wait_for_kernels(run: Step) -> None:
+    """Until every kernel the step asks for is ready: each step may queue compiles (its
+    forward kernels, then their VJPs at the first backward that runs a kernel)."""
+    from shapegrad.jit import eager_kernels
+
+    provider = eager_kernels.installed()
+    drain = getattr(provider, "drain", None)  # None: an older shapegrad (compiles inline)
+    if drain is None:
+        return
+    for _ in range(3):
+        drain()
+        run()
+    drain()
+
+
 def measure(name: str) -> dict[str, list[float]]:
     from shapegrad.jit import eager_kernels
 
@@ -210,6 +247,7 @@ def measure(name: str) -> dict[str, list[float]]:
             t0 = time.perf_counter()
             run()
             warmup.setdefault(column, []).append(time.perf_counter() - t0)
+    wait_for_kernels(runners["sg native"])
     kernels_built = (provider.compiles if provider else 0) - compiled_before
     print(
         f"  {name} warm-up steps 1, 2 (ms): "
@@ -227,7 +265,126 @@ def measure(name: str) -> dict[str, list[float]]:
     return times
 
 
+def cold_child(name: str) -> None:
+    """One cold run (in its own process, over an empty cache): its figures as JSON."""
+    from shapegrad.jit import eager_kernels
+
+    load = os.getloadavg()[0]
+    run = WORKLOADS[name]()["sg"]
+    provider = eager_kernels.installed()
+    pending = getattr(provider, "pending", None)  # None: an older shapegrad (compiles inline)
+    steps: list[float] = []
+    ready = None  # the first step after which no compile was pending
+    for _ in range(OPTS.cold_steps):
+        t0 = time.perf_counter()
+        run()
+        steps.append(time.perf_counter() - t0)
+        if ready is None and pending is not None and provider and provider.compiles:
+            ready = len(steps) if pending() == 0 else None
+    t0 = time.perf_counter()
+    wait_for_kernels(run)
+    waited = time.perf_counter() - t0
+    steady = []
+    for _ in range(OPTS.steady):
+        t0 = time.perf_counter()
+        run()
+        steady.append(time.perf_counter() - t0)
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "ready": ready,
+                "waited": waited,
+                "steady": statistics.median(steady),
+                "kernels": provider.compiles if provider else 0,
+                "declined": len(provider.declined) if provider else 0,
+                "load": load,
+            }
+        )
+    )
+
+
+COLD_ENV = {"numpy": "0", "sync": "sync", "background": "1", "base": "1"}
+
+
+def cold_run(name: str, mode: str) -> dict[str, Any]:
+    """``cold_child`` in a fresh process over a fresh empty cache."""
+    src = OPTS.baseline_src if mode == "base" else str(HERE.parent / "src")
+    with tempfile.TemporaryDirectory(prefix="sg-eager-cold-") as cache:
+        env = {
+            **os.environ,
+            "SHAPEGRAD_CACHE_DIR": cache,
+            "XDG_CACHE_HOME": cache,
+            "SHAPEGRAD_EAGER_KERNELS": COLD_ENV[mode],
+            "PYTHONPATH": os.pathsep.join([src, str(HERE)]),
+        }
+        argv = [sys.executable, __file__, "--child", name, "--threads", str(OPTS.threads)]
+        argv += ["--cold-steps", str(OPTS.cold_steps), "--steady", str(OPTS.steady)]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"cold run {name}/{mode} failed:\n{out.stdout}{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def ready(runs: list[dict[str, Any]]) -> str:
+    """The runs' "ready at" steps (see the table's note)."""
+    marks = {r["ready"] for r in runs}
+    if marks == {None}:
+        return "-" if all(r["kernels"] == 0 or r["waited"] < 0.05 for r in runs) else "later"
+    return ",".join(sorted("later" if m is None else str(m) for m in marks))
+
+
+def cold_start() -> None:
+    modes = [m for m in OPTS.cold_modes.split(",") if m]
+    if OPTS.baseline_src:
+        modes.insert(0, "base")
+    unknown = set(modes) - set(COLD_ENV)
+    if unknown:
+        sys.exit(f"--cold-modes: unknown {sorted(unknown)}; known: {sorted(COLD_ENV)}")
+    names = OPTS.only.split(",")
+    print(
+        f"{cpu_description()}; {OPTS.threads} thread(s); cold start (empty kernel cache per "
+        f"run); {OPTS.rounds} interleaved rounds; load average {os.getloadavg()[0]:.2f}"
+        + (f"; base = {OPTS.baseline_src}" if OPTS.baseline_src else "")
+    )
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(OPTS.rounds):
+        for name in names:
+            for mode in modes:
+                runs.setdefault((name, mode), []).append(cold_run(name, mode))
+    print(f"load average after: {os.getloadavg()[0]:.2f} (median of runs' start loads below)\n")
+    n = OPTS.cold_steps
+    print(
+        f"{'model':7s}{'variant':>11s}{'step 1 s':>10s}{'1-5 s':>8s}{'1-' + str(n) + ' s':>8s}"
+        f"{'worst step s':>14s}{'steady ms':>11s}{'kernels':>9s}{'ready at':>10s}{'load':>6s}"
+    )
+    for name in names:
+        for mode in modes:
+            rs = runs[(name, mode)]
+
+            def med(f: Callable[[dict[str, Any]], float], rs: list[dict[str, Any]] = rs) -> float:
+                return statistics.median(f(r) for r in rs)
+
+            print(
+                f"{name:7s}{mode:>11s}{med(lambda r: r['steps'][0]):10.2f}"
+                f"{med(lambda r: sum(r['steps'][:5])):8.2f}{med(lambda r: sum(r['steps'])):8.2f}"
+                f"{med(lambda r: max(r['steps'])):14.2f}{med(lambda r: r['steady']) * 1e3:11.1f}"
+                f"{med(lambda r: r['kernels']):9.0f}{ready(rs):>10s}{med(lambda r: r['load']):6.2f}"
+            )
+    print(
+        "\nready at: the step after which no compile was pending (background), 'later': after "
+        f"the first {n} steps; '-': compiled inline (base) or nothing to compile (numpy)."
+    )
+
+
 def main() -> None:
+    if OPTS.child:
+        cold_child(OPTS.child)
+        return
+    if OPTS.cold_start:
+        cold_start()
+        return
     try:
         import torch
     except ImportError:

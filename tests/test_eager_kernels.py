@@ -121,12 +121,13 @@ def _native_params(cases: list[Case]) -> list[Any]:
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> Iterator[eager_kernels.CKernels]:
-    """A fresh C provider that compiles every key on first sight, for operands of any size."""
+    """A fresh C provider that compiles every key on first sight, in the foreground (the
+    call runs the kernel), for operands of any size."""
     reason = _c_unavailable()
     if reason:
         pytest.skip(reason)
     previous = kernels.installed()
-    provider = eager_kernels.CKernels(compile_after=1)
+    provider = eager_kernels.CKernels(compile_after=1, background=False)
     monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
     kernels.install(provider)
     try:
@@ -284,7 +285,7 @@ def test_compile_after_counts_sightings(monkeypatch: pytest.MonkeyPatch) -> None
     if _c_unavailable():
         pytest.skip(_c_unavailable() or "")
     previous = kernels.installed()
-    provider = eager_kernels.CKernels(compile_after=3)
+    provider = eager_kernels.CKernels(compile_after=3, background=False)
     monkeypatch.setattr(_fused, "MIN_ELEMENTS", 0)
     kernels.install(provider)
     try:
@@ -331,9 +332,14 @@ def test_bad_label_raises_index_error_through_the_kernel(native: eager_kernels.C
 
 
 def test_env_switch_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True), ("sync", True)):
         monkeypatch.setenv(kernels.ENV, value)
         assert kernels._env_enabled() is on
+    assert kernels._env_mode() == "sync"  # (the last value): compiles in the foreground
+    monkeypatch.setattr(kernels, "_ENV_SYNC", True)
+    assert eager_kernels.CKernels().background is False
+    monkeypatch.setattr(kernels, "_ENV_SYNC", False)
+    assert eager_kernels.CKernels().background is True
     monkeypatch.setenv(kernels.ENV, "maybe")
     with pytest.raises(ValueError, match="SHAPEGRAD_EAGER_KERNELS='maybe'"):
         kernels._env_enabled()

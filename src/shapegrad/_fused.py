@@ -87,6 +87,9 @@ def eager_kernel(name: str) -> Callable[[F], F]:
             provider = kernels.provider()
             if provider is not None and STATE.grad_depth <= 1 and not STATE.check_numerics:
                 out = _call(provider, name, fn, args, kwargs)
+                if out is _COMPILING:  # as written, without kernels of the composites inside
+                    with kernels.enabled(False):  # (they would be compiled for nothing)
+                        return fn(*args, **kwargs)
                 if out is not None:
                     return out
             return fn(*args, **kwargs)
@@ -97,6 +100,7 @@ def eager_kernel(name: str) -> Callable[[F], F]:
 
 
 _UNKEYABLE = object()
+_COMPILING = object()  # _call's answer while the call's kernel is being compiled
 
 
 def _static(value: Any) -> Any:
@@ -154,7 +158,8 @@ def _call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """``fn(*args, **kwargs)`` through the provider's kernel, or None (run it as written)."""
+    """``fn(*args, **kwargs)`` through the provider's kernel, or None (run it as written), or
+    ``_COMPILING`` (run it as written with kernels off: its own is being compiled)."""
     tensors: list[Tensor] = []
     parts: list[Hashable] = [name, fn.__module__, len(args)]
     template = []
@@ -179,10 +184,17 @@ def _call(
         call_kwargs = {k: _fill(e, operands) for k, e in kw_template.items()}
         return fn(*call_args, **call_kwargs)
 
-    kernel = provider.composite(tuple(parts), pure, [t.aval for t in tensors], name)
+    tracked, needs = False, None
+    if STATE.grad_enabled:
+        marks = [t._leaf or t._tape is not None for t in tensors]
+        if True in marks:  # needs: the operands a backward pass will likely differentiate
+            tracked = True
+            floats = [t._payload.dtype.kind == "f" for t in tensors]
+            needs = tuple([m and f for m, f in zip(marks, floats, strict=True)])
+    key = tuple(parts)
+    kernel = provider.composite(key, pure, [t.aval for t in tensors], name, needs)
     if kernel is None:
-        return None
-    tracked = STATE.grad_enabled and any(t._leaf or t._tape is not None for t in tensors)
+        return _COMPILING if provider.compiling(key, needs) else None
     if tracked and not kernel.single:
         return None  # several outputs: one tape node cannot carry them; run it as written
     arrays = [t._payload for t in tensors]
@@ -213,7 +225,8 @@ def _python_vjp(
     pure: Callable[..., Any], tensors: list[Tensor], ct: Tensor, needs: Sequence[bool]
 ) -> list[Tensor | None]:
     """The composite's VJP primitive by primitive (recorded when an outer ``grad`` needs
-    it): the forward runs again, on NumPy, from the same operands."""
+    it): the forward runs again, on NumPy, from the same operands. Also the VJP of a
+    kernel whose VJP kernel is still compiling (or failed to compile)."""
     wanted = [i for i, need in enumerate(needs) if need]
 
     def part(*needed: Tensor) -> Any:
@@ -222,8 +235,16 @@ def _python_vjp(
             operands[i] = t
         return pure(*operands)
 
+    previous = STATE.grad_enabled
+    # The forward is recorded for its pullback even in a plain backward pass (which runs
+    # with recording off): unrecorded, the pullback would see constants and give zeros.
+    STATE.grad_enabled = True
+    try:
+        with kernels.enabled(False):
+            _, pull = vjp(part, *[tensors[i] for i in wanted])
+    finally:
+        STATE.grad_enabled = previous
     with kernels.enabled(False):
-        _, pull = vjp(part, *[tensors[i] for i in wanted])
         grads = pull(ct)
     result: list[Tensor | None] = [None] * len(tensors)
     for i, g in zip(wanted, grads, strict=True):

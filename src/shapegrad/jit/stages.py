@@ -166,20 +166,13 @@ class Lowered:
         """Stage three: the executable (built and loaded once; from the backend's keyed
         cache when it holds this traced graph). It takes one NumPy array per
         ``graph.inputs`` entry, in order (``Compiled.__call__`` takes the pytrees)."""
-        if self._executable is not None:
-            return self._executable
-        backend = get_backend(self.stage.backend)
         t0 = time.perf_counter()
-        key = self._graph_key(backend)
-        if key is not None and isinstance(backend, KeyedBackend) and self._dumper is None:
-            # A debug run takes the full path so that every stage is dumped.
-            found = backend.load_keyed(key, self.traced, self.stage.options)
-            if found is not None:
-                self.from_cache = True
-                self.backend_seconds = time.perf_counter() - t0
-                self._executable = found
-                return found
+        found = self.cached()
+        if found is not None:
+            return found
         lookup = time.perf_counter() - t0
+        backend = get_backend(self.stage.backend)
+        key = self._graph_key(backend)
         graph = self.graph  # the passes: timed as optimize_seconds
         t1 = time.perf_counter()
         options = self._options(key)
@@ -190,6 +183,25 @@ class Lowered:
             self._executable = backend.compile(graph, options)
         self.backend_seconds = lookup + (time.perf_counter() - t1)
         return self._executable
+
+    def cached(self) -> Executable | None:
+        """The executable when it is built already or the backend's keyed cache holds this
+        traced graph (a manifest and a library load: no passes, no compiler), else None;
+        :meth:`compile` then builds it. The eager kernel provider loads cache hits at once
+        and compiles misses in the background."""
+        if self._executable is not None:
+            return self._executable
+        backend = get_backend(self.stage.backend)
+        t0 = time.perf_counter()
+        key = self._graph_key(backend)
+        if key is None or not isinstance(backend, KeyedBackend) or self._dumper is not None:
+            return None  # a debug run takes the full path so that every stage is dumped
+        found = backend.load_keyed(key, self.traced, self.stage.options)
+        if found is not None:
+            self.from_cache = True
+            self.backend_seconds = time.perf_counter() - t0
+            self._executable = found
+        return found
 
     def build(self) -> str:
         """Generate, compile and cache the backend's native artifact without loading it;

@@ -8,10 +8,13 @@ of its operand types: one native call for the forward and one for the VJP, compi
 from the composite itself (the same loop IR and renderer as ``sg.compile``). The eager
 interpreter asks it for single primitives whose NumPy rule is slow (SCAN: a Python loop
 over its body), forward only: their VJP rules are primitives again. The
-provider may decline (no C compiler, an op it has not seen often enough, an unusual
-operand); the composite then runs primitive by primitive on NumPy (``ops/reference.py``,
+provider may decline (no C compiler, an op it has not seen often enough, a kernel still
+compiling in the background, an unusual operand); the composite then runs primitive by primitive on NumPy (``ops/reference.py``,
 the reference), as it does for every op when no provider is installed or kernels are
 switched off (``SHAPEGRAD_EAGER_KERNELS=0``, or :func:`enabled` ``(False)`` around a block).
+``SHAPEGRAD_EAGER_KERNELS=sync`` keeps them on but asks the provider to compile in the
+foreground (:func:`synchronous`): the call that triggers a compile then runs the kernel,
+so which calls run native code does not depend on timing.
 """
 
 from __future__ import annotations
@@ -52,11 +55,24 @@ class KernelProvider(Protocol):
     """Answers "a native kernel for this composite call?"; None keeps it on NumPy."""
 
     def composite(
-        self, key: Hashable, fn: Callable[..., Any], inputs: Sequence[AVal], name: str
+        self,
+        key: Hashable,
+        fn: Callable[..., Any],
+        inputs: Sequence[AVal],
+        name: str,
+        needs: tuple[bool, ...] | None = None,
     ) -> CompositeKernel | None:
         """The kernel of ``fn`` (a function of tensors ``inputs``; ``key`` names ``fn`` and
         every static argument it closes over; ``name`` is for people: errors the compiled
-        code raises name it), or None."""
+        code raises name it), or None. ``needs``: the call is recorded on a tape, and a
+        backward pass will likely ask for the cotangents of these operands (a provider may
+        then wait for that VJP's kernel before it answers with the forward's)."""
+        ...
+
+    def compiling(self, key: Hashable, needs: tuple[bool, ...] | None = None) -> bool:
+        """Whether the kernel of ``key`` (or its VJP for ``needs``) is being compiled: the
+        caller then runs the composite as written with kernels off, so that the composites
+        it calls are not compiled for nothing."""
         ...
 
     def primitive(
@@ -67,15 +83,30 @@ class KernelProvider(Protocol):
         ...
 
 
-def _env_enabled() -> bool:
+def _env_mode() -> str:
+    """``SHAPEGRAD_EAGER_KERNELS``: "background" (the default), "sync" or "off"."""
     value = os.environ.get(ENV, "1").strip().lower()
     if value in ("1", "true", "yes", "on", ""):
-        return True
+        return "background"
+    if value == "sync":
+        return "sync"
     if value in ("0", "false", "no", "off"):
-        return False
+        return "off"
     raise ValueError(
-        f"{ENV}={value!r}: expected 1 (native eager kernels, the default) or 0 (NumPy only)"
+        f"{ENV}={value!r}: expected 1 (native eager kernels, compiled in the background: the "
+        "default), sync (compiled before the call that needs them returns: deterministic) or "
+        "0 (NumPy only)"
     )
+
+
+def _env_enabled() -> bool:
+    return _env_mode() != "off"
+
+
+def synchronous() -> bool:
+    """Whether ``SHAPEGRAD_EAGER_KERNELS=sync`` asks providers to compile in the foreground
+    (the call that triggers a compile waits for it and runs the kernel), read at import."""
+    return _ENV_SYNC
 
 
 class _Switch(threading.local):
@@ -83,7 +114,9 @@ class _Switch(threading.local):
         self.on = _ENV_ON
 
 
-_ENV_ON = _env_enabled()
+_ENV_MODE = _env_mode()
+_ENV_ON = _ENV_MODE != "off"
+_ENV_SYNC = _ENV_MODE == "sync"
 _SWITCH = _Switch()
 _PROVIDER: list[KernelProvider] = []
 
