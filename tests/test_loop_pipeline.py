@@ -65,6 +65,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "place_state_updates",
+        "forward_output_copies",
         "overlap_collectives",
         "fuse_elementwise_kernels",
         "fuse_row_kernels",

@@ -25,6 +25,8 @@ fuse_batch_producers      large batched products build their operand one batch s
 hoist_bounds_checks       index checks of program inputs run before any kernel, so a
                           failing step changes nothing (optional)
 place_state_updates       updated state written in place where safe (``memory.py``)
+forward_output_copies     an output that is a whole copy of a temp is written in place of
+                          that temp: no copy kernel (``memory.py``)
 overlap_collectives       all-reduces start as soon as their operand is written and are
                           waited for just before their result is read (``overlap.py``;
                           optional: GPU targets stage collectives through the host)
@@ -64,7 +66,12 @@ from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
-from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
+from shapegrad.compiler.memory import (
+    forward_output_copies,
+    pack_arena,
+    place_state_updates,
+    schedule_outputs_early,
+)
 from shapegrad.compiler.overlap import overlap_collectives
 from shapegrad.compiler.products import permute_product_outputs
 from shapegrad.compiler.rowfuse import fuse_row_kernels
@@ -156,6 +163,11 @@ def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_forward_output_copies(unit: LoopUnit) -> LoopUnit:
+    forward_output_copies(unit.built())
+    return unit
+
+
 def stage_overlap_collectives(unit: LoopUnit) -> LoopUnit:
     overlap_collectives(unit.built())
     return unit
@@ -196,6 +208,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
+    LoopStage("forward_output_copies", stage_forward_output_copies),
     LoopStage("overlap_collectives", stage_overlap_collectives, optional=True),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
