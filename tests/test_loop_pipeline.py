@@ -70,6 +70,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
         "split_index_sets",
+        "speculate_selects",
         "pack_arena",
         "assign_slots",
     ]
@@ -82,6 +83,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
         "split_index_sets",
+        "speculate_selects",
     }
 
 

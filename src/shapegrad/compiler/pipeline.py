@@ -38,6 +38,9 @@ fuse_row_kernels          adjacent kernels over the same rows (a softmax's max, 
 split_index_sets          short loops unrolled, loops cut into segments on which their
                           range tests are constant, ``v // d`` indexing div-split; loops
                           the backend threads stay whole (``splitting.py``; optional)
+speculate_selects         selects whose arms are safe to compute whatever the condition
+                          are marked so both arms are computed and blended: the loop
+                          vectorizes (``speculate.py``; optional: C only)
 pack_arena                temps packed into one arena by liveness (``memory.py``)
 assign_slots              the I/O table: inputs, then outputs, then constants
 ========================  ==========================================================
@@ -75,6 +78,7 @@ from shapegrad.compiler.memory import (
 from shapegrad.compiler.overlap import overlap_collectives
 from shapegrad.compiler.products import permute_product_outputs
 from shapegrad.compiler.rowfuse import fuse_row_kernels
+from shapegrad.compiler.speculate import speculate_selects
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -188,6 +192,11 @@ def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_speculate_selects(unit: LoopUnit) -> LoopUnit:
+    speculate_selects(unit.built())
+    return unit
+
+
 def stage_pack_arena(unit: LoopUnit) -> LoopUnit:
     pack_arena(unit.built(), unit.target.alignment)
     return unit
@@ -213,6 +222,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
+    LoopStage("speculate_selects", stage_speculate_selects, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),
 ]
