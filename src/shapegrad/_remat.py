@@ -7,11 +7,16 @@ The second kind that the first kind reads are the *residuals*. Two new bodies fo
 * ``Fr``: the forward body that also returns the residuals as extra per-layer outputs
   (cast to the loop's dtype: boolean masks are stored as 0/1), so the forward loop
   stores them, stacked;
-* ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation.
+* ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation (and,
+  when nothing reads the stored carries, with a zero for the carry history's cotangent,
+  which is then no input at all).
 
 What is stored are the results of products, reductions and gathers (JAX's
-"dots saveable" choice): views and elementwise math are redone in the backward body,
-where fusion inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
+"dots saveable" choice), each moved along the chain of its only reader while that reader
+is elementwise or a reshape/permute of the same size (a bias add, the causal mask, heads
+merged: the forward then writes the stored value once, in place, as the unrolled program
+would): other views and elementwise math are redone in the backward body, where fusion
+inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
 anything differentiates through them (a gradient of a gradient) and the cotangent
 reaching them cannot be shown to be zero, the VJP falls back to recomputation over
 ``Fr``, which is always correct.
