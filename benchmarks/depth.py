@@ -17,6 +17,25 @@ Run: ``python benchmarks/depth.py [--only mlp,transformer,charlm] [--threads 1]`
   native call) vs PyTorch eager vs JAX ``jit`` (hand-written AdamW), measured in one run,
   interleaved rounds.
 
+charlm, 2026-11-26 (AMD EPYC Zen 5, 2 cores, AVX-512; load average 4.4-5.7 from other
+jobs, so CPU time at one thread each: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
+python benchmarks/train_step.py --gpt --cpu-time``; ms per step, best round (median of 5),
+two runs per tree interleaved):
+
+==========================  ===============  ===============  ==============  ==============
+tree                        unrolled         layer loop       PyTorch eager   JAX jit
+==========================  ===============  ===============  ==============  ==============
+before (main a78e11f)       35.04 (35.83)    37.49 (38.39)    74.51 (76.18)   95.71 (96.43)
+                            35.87 (36.19)    37.12 (38.14)    73.29 (76.73)   94.17 (97.21)
+after (layer loop work)     34.78 (35.14)    34.12 (34.26)    74.95 (77.01)   93.99 (97.61)
+                            35.91 (37.03)    34.96 (36.00)    74.65 (76.28)   96.79 (98.04)
+==========================  ===============  ===============  ==============  ==============
+
+Layer loop / unrolled on medians: 1.05-1.07 before, 0.97 after (the residual backward no
+longer zero-pads a cotangent of the whole stacked output, 26 MB a step; residuals are
+stored after their epilogue with heads merged; an output copied from a temp is written in
+its place). Wall time at 2 threads was not measurable at that load (rounds swung 2x).
+
 Threads: default 1 for every framework (``SHAPEGRAD_NUM_THREADS``, torch, XLA flags):
 this box has 2 cores shared by several users, where OpenMP teams stall. Timings swing
 +-25% run to run here: compare ratios within one run.
@@ -344,12 +363,17 @@ def charlm_bench() -> None:
     runners: dict[str, Callable[[], None]] = {name: runner(tr) for name, tr in trainers.items()}
     runners.update(torch_charlm(tok, pos, stack, xs, ys, heads))
     runners.update(jax_charlm(tok, pos, stack, xs, ys, heads))
+    # ``train_step.py --gpt --cpu-time``: CPU time of the process, one thread each (the
+    # other processes' load then slows a step less than it delays its wall clock)
+    cpu = bool(os.environ.get("SG_BENCH_CPU_TIME"))
+    clock = time.process_time if cpu else time.perf_counter
     for _ in range(5):  # interleaved rounds: each framework sees the same machine load
         for name, run in runners.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             run()
-            results.setdefault(name, []).append((time.perf_counter() - t0) / k)
-    print("\ncharlm training step (d 128, 2 blocks, 4 heads, context 64, batch 32, AdamW)")
+            results.setdefault(name, []).append((clock() - t0) / k)
+    kind = "CPU time, one thread each" if cpu else "wall time"
+    print(f"\ncharlm training step (d 128, 2 blocks, 4 heads, context 64, batch 32, AdamW; {kind})")
     base = {name: min(v) for name, v in results.items()}
     for name, best in base.items():
         print(

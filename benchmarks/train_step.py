@@ -543,7 +543,8 @@ def run_tables(args: argparse.Namespace) -> None:
         return
     if args.gpt:
         depth = os.path.join(os.path.dirname(os.path.abspath(__file__)), "depth.py")
-        cmd = [sys.executable, depth, "--only", "charlm", "--threads", str(args.threads)]
+        threads = 1 if args.cpu_time else args.threads
+        cmd = [sys.executable, depth, "--only", "charlm", "--threads", str(threads)]
         subprocess.run(cmd, check=False)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
         return

@@ -65,10 +65,12 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_batch_producers",
         "hoist_bounds_checks",
         "place_state_updates",
+        "forward_output_copies",
         "overlap_collectives",
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
         "split_index_sets",
+        "speculate_selects",
         "pack_arena",
         "assign_slots",
     ]
@@ -81,6 +83,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
         "split_index_sets",
+        "speculate_selects",
     }
 
 

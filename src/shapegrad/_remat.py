@@ -7,11 +7,16 @@ The second kind that the first kind reads are the *residuals*. Two new bodies fo
 * ``Fr``: the forward body that also returns the residuals as extra per-layer outputs
   (cast to the loop's dtype: boolean masks are stored as 0/1), so the forward loop
   stores them, stacked;
-* ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation.
+* ``Br``: ``B`` with each residual replaced by a per-layer input: no recomputation (and,
+  when nothing reads the stored carries, with a zero for the carry history's cotangent,
+  which is then no input at all).
 
 What is stored are the results of products, reductions and gathers (JAX's
-"dots saveable" choice): views and elementwise math are redone in the backward body,
-where fusion inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
+"dots saveable" choice), each moved along the chain of its only reader while that reader
+is elementwise or a reshape/permute of the same size (a bias add, the causal mask, heads
+merged: the forward then writes the stored value once, in place, as the unrolled program
+would): other views and elementwise math are redone in the backward body, where fusion
+inlines them into its kernels, and constants are never stored. The residual outputs are internal: if
 anything differentiates through them (a gradient of a gradient) and the cotangent
 reaching them cannot be shown to be zero, the VJP falls back to recomputation over
 ``Fr``, which is always correct.
@@ -19,6 +24,7 @@ reaching them cannot be shown to be zero, the VJP falls back to recomputation ov
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,7 +101,39 @@ def _residual_nodes(bwd: Any, n_ct: set[int]) -> list[Node]:
     for o in bwd.graph.outputs:
         if o.id not in on_ct and o.id not in free:
             store(o)
-    return [n for n in found.values() if n.id in kept]
+    stored = [n for n in found.values() if n.id in kept]
+    return _store_where_read(stored, order, bwd.graph.outputs, on_ct)
+
+
+def _store_where_read(
+    stored: list[Node], order: list[Node], outputs: Sequence[Node], on_ct: set[int]
+) -> list[Node]:
+    """Each stored value moved along the chain of its only reader while that reader is
+    elementwise math or a reshape/permute of the same size computed without cotangents:
+    a product is then stored after its epilogue (a bias add, the causal mask) and in the
+    layout its reader wants (attention heads merged), so the forward writes it once, in
+    place, and the backward reads it without recomputing the epilogue or copying it."""
+    readers: dict[int, list[Node]] = {}
+    for n in order:
+        for i in n.inputs:
+            readers.setdefault(i.id, []).append(n)
+    out_ids = {o.id for o in outputs}
+    moved: dict[int, Node] = {}
+    for n in stored:
+        while n.id not in out_ids:
+            users = readers.get(n.id, [])
+            if len(users) != 1:
+                break
+            (u,) = users
+            if u.prim not in ELEMENTWISE and u.prim not in (Prim.RESHAPE, Prim.PERMUTE):
+                break
+            if u.id in on_ct or u.aval.dtype != n.aval.dtype:
+                break
+            if math.prod(u.shape) != math.prod(n.shape):
+                break
+            n = u
+        moved.setdefault(n.id, n)
+    return list(moved.values())
 
 
 def _replay_nodes(targets: Sequence[Node], env: dict[int, Tensor], like: Tensor) -> list[Tensor]:
@@ -155,29 +193,40 @@ def residual_forward(body: Any) -> Any:
     return forward
 
 
-def _residual_backward(forward: Any) -> Any:
-    """``Br``: the reverse body reading residuals as per-layer inputs (built once)."""
-    cached = derived(forward).get("residual_backward")
+def _residual_backward(forward: Any, history_ct: bool) -> Any:
+    """``Br``: the reverse body reading residuals as per-layer inputs (built once per
+    ``history_ct``). Without ``history_ct`` (nothing reads the stored carries, the usual
+    case) the cotangent of the carry history is no input but a zero the graph optimizer
+    folds away: the enclosing program then never builds the zero-padded cotangent of the
+    whole stacked output (the residuals included) only to read its zero rows."""
+    key = ("residual_backward", history_ct)
+    cached = derived(forward).get(key)
     if cached is not None:
         return cached
-    _, bwd, residuals, _, cursor = derived(forward)["residual_of"]
+    _, bwd, residuals, n_user, cursor = derived(forward)["residual_of"]
     avals = [n.aval for n in bwd.graph.inputs]
-    in_avals = avals[:cursor] + [r.aval for r in residuals] + avals[cursor:]
+    has_c = layout(forward, 1, False).carry > 0
+    dropped = cursor - n_user - 1 if has_c and not history_ct else None  # the history ct
+    kept = [a for k, a in enumerate(avals) if k != dropped]
+    at = cursor - (dropped is not None)
+    in_avals = kept[:at] + [r.aval for r in residuals] + kept[at:]
     n_res = len(residuals)
 
     def fn(inputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-        values = inputs[cursor : cursor + n_res]
-        args = inputs[:cursor] + inputs[cursor + n_res :]
+        values = inputs[at : at + n_res]
+        args = inputs[:at] + inputs[at + n_res :]
+        if dropped is not None:
+            a = avals[dropped]
+            args.insert(dropped, p.full(a.shape, 0, a.dtype, like=inputs[0]))
         substitute = {r.id: v for r, v in zip(residuals, values, strict=True)}
         outs = replay(bwd.graph, args, substitute)
         return outs[: bwd.n_carry], outs[bwd.n_carry :]
 
+    n_xs = bwd.n_xs + n_res - (dropped is not None)
     backward: Body
-    backward, captured = trace_body(
-        fn, in_avals, bwd.n_carry, bwd.n_xs + n_res, f"{forward.name}_vjp"
-    )
+    backward, captured = trace_body(fn, in_avals, bwd.n_carry, n_xs, f"{forward.name}_vjp")
     assert not captured
-    derived(forward)["residual_backward"] = backward
+    derived(forward)[key] = backward
     return backward
 
 
@@ -202,15 +251,18 @@ def residual_vjp(
         return list(_scan_vjp(inputs, out, ct, recompute, needs))
     # ``needs`` may ask for less than the conservative pattern ``Br`` was built for; the
     # extra gradients are computed and dropped.
-    br = _residual_backward(forward)
     nc, nx = forward.n_carry, forward.n_xs
     has_c = lay.carry > 0
+    history = lay.history_offset, lay.history_offset + length * lay.carry
+    history_ct = has_c and not _zero_range(ct, *history)
+    br = _residual_backward(forward, history_ct)
     carry_in: list[Tensor] = []
     xs_in: list[Tensor] = []
     if has_c:
         carry_in.append(p.slice_(ct, [lay.final_offset], [lay.final_offset + lay.carry], [1]))
         xs_in.append(_rows(out, lay.history_offset, length, lay.carry))
-        xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
+        if history_ct:
+            xs_in.append(_rows(ct, lay.history_offset, length, lay.carry))
     xs_in += stacked_ys(ct, forward, lay)[:n_user]
     for r, piece in zip(residuals, stacked_ys(out, forward, lay)[n_user:], strict=True):
         xs_in.append(piece if r.aval.dtype == piece.dtype else piece.astype(r.aval.dtype))

@@ -203,6 +203,10 @@ class CStyleRenderer:
         if isinstance(e, L.Binary):
             return self.rounded(e, self.binary(e.op, e.dtype, self.expr(e.a), self.expr(e.b)))
         if isinstance(e, L.Select):
+            if e.speculate:  # both arms computed, then picked: gcc blends, the loop vectorizes
+                t = self.type_name(e.dtype)
+                a, b = self.expr(e.a), self.expr(e.b)
+                return f"({{ {t} sg_a = {a}; {t} sg_b = {b}; {self.expr(e.cond)} ? sg_a : sg_b; }})"
             return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
         if isinstance(e, L.Cast):
             if e.dtype.name == "bool":
@@ -280,7 +284,9 @@ class CStyleRenderer:
             return self._integer(dtype, f"sg_{'l' if dtype.name in WIDE_INT else 'i'}div({a}, {b})")
         if op == "pow":
             if not dtype.is_float:
-                return self._integer(dtype, f"sg_{'l' if dtype.name in WIDE_INT else 'i'}pow({a}, {b})")
+                return self._integer(
+                    dtype, f"sg_{'l' if dtype.name in WIDE_INT else 'i'}pow({a}, {b})"
+                )
             if dtype.name == "float16":
                 return f"(({self.type_name(dtype)})powf((float){a}, (float){b}))"
             return f"pow{'f' if dtype.name in FLOAT32_VALUES else ''}({a}, {b})"
@@ -456,7 +462,9 @@ class CStyleRenderer:
         for v in s.vars[j + 1 :]:
             self.emit(inner, f"for (int64_t {v.name} = 0; {v.name} < {v.extent}; ++{v.name})")
             inner += 1
-        self.emit(inner, f"{part} = {self.binary('add', s.value.dtype, part, self.accumuland(s.value))};")
+        self.emit(
+            inner, f"{part} = {self.binary('add', s.value.dtype, part, self.accumuland(s.value))};"
+        )
         self.emit(d + 1, f"{wide} += (double){part};")
         self.emit(d, "}")
         self.emit(depth + 1, f"{s.name} = ({ctype}){wide};")

@@ -140,9 +140,13 @@ class Binary(Expr):
 
 @dataclass(frozen=True)
 class Select(Expr):
+    """``cond ? a : b``. ``speculate``: both arms may be computed whatever ``cond`` (set by
+    ``compiler/speculate.py``), so a renderer may compute both and blend (vectorizes)."""
+
     cond: Expr
     a: Expr
     b: Expr
+    speculate: bool = False
 
     def __str__(self) -> str:
         return f"select({self.cond}, {self.a}, {self.b})"

@@ -143,6 +143,63 @@ def _copy_kernel(program: L.Program, src: str, dst: str, number: int) -> L.Kerne
     return L.Kernel(f"k{number}", (L.Loop(v, "parallel", (store,)),), spec.size, f"copy {src}")
 
 
+def forward_output_copies(program: L.Program) -> L.Program:
+    """Drop each kernel that only copies a whole temp into a program output (an output
+    that is a reshape of a value another kernel writes: a layer-loop residual stored in
+    the layout its reader wants): the temp's writers write the output buffer instead and
+    its readers read it there. Only when no other kernel writes the output and the output
+    is no state (state updates have their own rule, ``place_state_updates``)."""
+    state = {program.outputs[k] for k in program.state_of_output}
+    access = [(buffers_read(k), buffers_written(k)) for k in program.kernels]
+    dropped: set[int] = set()
+    for n, kernel in enumerate(program.kernels):
+        pair = _whole_copy(kernel, program)
+        if pair is None:
+            continue
+        src, dst = pair
+        if dst in state or program.outputs.count(dst) != 1 or dst in program.inputs:
+            continue
+        if program.buffers[src].kind != "temp":
+            continue
+        others = [w for m, (_, w) in enumerate(access) if m != n and m not in dropped]
+        if any(dst in w for w in others):  # its readers come after the copy: they stay
+            continue
+        dropped.add(n)
+        _rename(program, access, src, dst)
+        for sets in access:
+            for names in sets:
+                if src in names:
+                    names.discard(src)
+                    names.add(dst)
+        del program.buffers[src]
+    program.kernels = [k for m, k in enumerate(program.kernels) if m not in dropped]
+    return program
+
+
+def _whole_copy(kernel: L.Kernel, program: L.Program) -> tuple[str, str] | None:
+    """(src, dst) when ``kernel`` is one perfect loop nest ``dst[i] = src[i]`` visiting
+    every element of two buffers of one size and dtype once, in row-major order."""
+    if len(kernel.body) != 1:
+        return None
+    s, nest = kernel.body[0], []
+    while isinstance(s, L.Loop) and len(s.body) == 1 and s.start == 0 and s.end == s.var.extent:
+        nest.append(s.var)
+        s = s.body[0]
+    if not nest or not isinstance(s, L.Store) or s.accumulate is not None:
+        return None
+    if not isinstance(s.value, L.Load) or s.value.index != s.index:
+        return None
+    src, dst = s.value.buffer, s.buffer
+    a, b = program.buffers.get(src), program.buffers.get(dst)
+    if src == dst or a is None or b is None or (a.size, a.dtype) != (b.size, b.dtype):
+        return None
+    row_major, stride = L.const(0), 1
+    for v in reversed(nest):
+        row_major = row_major + L.var(v) * stride
+        stride *= v.extent
+    return (src, dst) if stride == a.size and s.index == row_major else None
+
+
 def schedule_outputs_early(program: L.Program) -> L.Program:
     """Move each kernel that writes only (non-state) outputs to just after the last earlier
     kernel it depends on. Graph order can put such a kernel far from its operands (all the

@@ -25,6 +25,8 @@ fuse_batch_producers      large batched products build their operand one batch s
 hoist_bounds_checks       index checks of program inputs run before any kernel, so a
                           failing step changes nothing (optional)
 place_state_updates       updated state written in place where safe (``memory.py``)
+forward_output_copies     an output that is a whole copy of a temp is written in place of
+                          that temp: no copy kernel (``memory.py``)
 overlap_collectives       all-reduces start as soon as their operand is written and are
                           waited for just before their result is read (``overlap.py``;
                           optional: GPU targets stage collectives through the host)
@@ -36,6 +38,9 @@ fuse_row_kernels          adjacent kernels over the same rows (a softmax's max, 
 split_index_sets          short loops unrolled, loops cut into segments on which their
                           range tests are constant, ``v // d`` indexing div-split; loops
                           the backend threads stay whole (``splitting.py``; optional)
+speculate_selects         selects whose arms are safe to compute whatever the condition
+                          are marked so both arms are computed and blended: the loop
+                          vectorizes (``speculate.py``; optional: C only)
 pack_arena                temps packed into one arena by liveness (``memory.py``)
 assign_slots              the I/O table: inputs, then outputs, then constants
 ========================  ==========================================================
@@ -64,10 +69,16 @@ from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
 from shapegrad.compiler.loopfuse import fuse_elementwise_kernels
 from shapegrad.compiler.lower import build_kernels, local_id
-from shapegrad.compiler.memory import pack_arena, place_state_updates, schedule_outputs_early
+from shapegrad.compiler.memory import (
+    forward_output_copies,
+    pack_arena,
+    place_state_updates,
+    schedule_outputs_early,
+)
 from shapegrad.compiler.overlap import overlap_collectives
 from shapegrad.compiler.products import permute_product_outputs
 from shapegrad.compiler.rowfuse import fuse_row_kernels
+from shapegrad.compiler.speculate import speculate_selects
 from shapegrad.compiler.splitting import split_index_sets
 from shapegrad.compiler.target import Target
 from shapegrad.compiler.widen import widen_library_products
@@ -156,6 +167,11 @@ def stage_place_state_updates(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_forward_output_copies(unit: LoopUnit) -> LoopUnit:
+    forward_output_copies(unit.built())
+    return unit
+
+
 def stage_overlap_collectives(unit: LoopUnit) -> LoopUnit:
     overlap_collectives(unit.built())
     return unit
@@ -173,6 +189,11 @@ def stage_fuse_row_kernels(unit: LoopUnit) -> LoopUnit:
 
 def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
     split_index_sets(unit.built(), unit.target)
+    return unit
+
+
+def stage_speculate_selects(unit: LoopUnit) -> LoopUnit:
+    speculate_selects(unit.built())
     return unit
 
 
@@ -196,10 +217,12 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("fuse_batch_producers", stage_fuse_batch_producers, optional=True),
     LoopStage("hoist_bounds_checks", stage_hoist_bounds_checks, optional=True),
     LoopStage("place_state_updates", stage_place_state_updates),
+    LoopStage("forward_output_copies", stage_forward_output_copies),
     LoopStage("overlap_collectives", stage_overlap_collectives, optional=True),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
+    LoopStage("speculate_selects", stage_speculate_selects, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
     LoopStage("assign_slots", stage_assign_slots),
 ]
