@@ -184,3 +184,72 @@ def test_reader_of_other_images_is_not_interleaved() -> None:
                     assert load.index.coef(nest.var) == c.stride_c
                     lo, hi = (load.index + L.var(nest.var) * (-c.stride_c)).bounds()
                     assert lo >= 0 and hi < c.stride_c
+
+
+# --- the rules, on hand-built loop IR: y[b] = s[b] @ w, s[b] built from x[b] per index ---
+
+F32 = sg.float32
+B, R = L.Var("b", 2), L.Var("r", 4)
+
+
+def _nest(
+    store: str, value: L.Expr, index: L.Affine | None = None, acc: str | None = None
+) -> L.Loop:
+    at = index if index is not None else L.var(B) * 4 + L.var(R)
+    inner = L.Loop(R, "parallel", (L.Store(store, at, value, accumulate=acc),))
+    return L.Loop(B, "parallel", (inner,))
+
+
+def _load(name: str, shift: int = 0) -> L.Load:
+    return L.Load(F32, name, L.var(B) * 4 + L.var(R) + shift)
+
+
+def _program(before: L.Loop | None, after: L.Loop | None) -> L.Program:
+    product = L.Contract("s", "w", "y", 2, 2, 2, False, False, 2, 2, 0, 0, 2, 4, 0, 4, F32)
+    fused = L.BatchFused((_nest("s", _load("x")),), product, "a", "s", 4, 2)
+    kernels = [L.Kernel("k1", (fused,), 32, "einsum")]
+    if before is not None:
+        kernels.insert(0, L.Kernel("k0", (before,), 8, "relu"))
+    if after is not None:
+        kernels.append(L.Kernel("k2", (after,), 8, "mul"))
+    sizes = {"x": 8, "w": 4, "y": 8, "z": 8, "s": 8, "u": 8}
+    buffers = {n: L.BufferSpec(n, F32, size, "temp") for n, size in sizes.items()}
+    return L.Program("p", buffers, kernels)
+
+
+def _fused_parts(program: L.Program) -> tuple[int, int, int]:
+    """(kernels, producer nests, consumer nests) after the stage."""
+    from shapegrad.compiler.batchfuse import fuse_batch_producers
+
+    fuse_batch_producers(program, C_TARGET.replace(batch_fusion_min_operand=1))
+    s = next(s for k in program.kernels for s in k.body if isinstance(s, L.BatchFused))
+    return len(program.kernels), len(s.producer), len(s.consumer)
+
+
+def _twice(name: str, shift: int = 0) -> L.Expr:
+    return L.Binary(F32, "mul", _load(name, shift), L.Const(F32, 2.0))
+
+
+def test_neighbours_reading_and_writing_one_index_are_taken_in() -> None:
+    after = _nest("z", _twice("y"))  # z[b] = 2 y[b]: reads the product's output at b
+    before = _nest("x", L.Const(F32, 1.0))  # x[b] = 1: the patches read x at b
+    assert _fused_parts(_program(before, after)) == (1, 2, 1)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["reads-next-image", "writes-product-input", "accumulates", "writes-weight"],
+)
+def test_neighbours_touching_other_indices_stay_apart(case: str) -> None:
+    before = after = None
+    if case == "reads-next-image":  # y[b + 1] is not written yet when b runs
+        after = _nest("z", _twice("y", 4))
+    elif case == "writes-product-input":  # a later index of the patches would see it
+        after = _nest("x", _twice("y"))
+    elif case == "accumulates":
+        after = _nest("z", _twice("y"), index=L.var(R), acc="add")
+    else:  # the product reads all of w at every index
+        before = _nest("w", L.Const(F32, 1.0), index=L.var(B) * 2)
+    n_kernels = 1 + (before is not None) + (after is not None)
+    kernels, producers, consumers = _fused_parts(_program(before, after))
+    assert (kernels, producers, consumers) == (n_kernels, 1, 0)

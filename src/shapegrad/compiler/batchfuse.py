@@ -92,8 +92,11 @@ def _try_interleave_reader(program: L.Program, kernel: L.Kernel) -> bool:
         return False  # written for later indices only after the reader ran for this one
     if not _reads_by_slices(reader, c.c, c.batch, c.stride_c) or not _independent(kernel, reader):
         return False
+    if _stored_slices(reader, c.batch) is None:
+        return False  # each index writes its own slice: the indices stay independent
     nests = tuple(n for n in reader.body if isinstance(n, L.Loop))
     kernel.body = (replace(s, consumer=s.consumer + nests),)
+    kernel.work += reader.work
     kernel.inlined = [*kernel.inlined, f"{reader.root} (per batch index, after)"]
     program.kernels.remove(reader)
     return True
@@ -127,6 +130,7 @@ def _try_interleave_writer(program: L.Program, kernel: L.Kernel) -> bool:
         return False
     nests = tuple(n for n in writer.body if isinstance(n, L.Loop))
     kernel.body = (replace(s, producer=nests + s.producer),)
+    kernel.work += writer.work
     kernel.inlined = [*kernel.inlined, f"{writer.root} (per batch index, before)"]
     program.kernels.remove(writer)
     return True
@@ -140,6 +144,8 @@ def _stored_slices(kernel: L.Kernel, batch: int) -> dict[str, int] | None:
     for nest in kernel.body:
         if not isinstance(nest, L.Loop) or nest.kind != "parallel" or nest.var.extent != batch:
             return None
+        if nest.start != 0 or nest.stop not in (None, batch):
+            return None  # a part of the batch (split index sets)
         for st in L.walk(nest.body):
             if not isinstance(st, L.Store):
                 continue
@@ -208,6 +214,8 @@ def _nests_read_by_slices(nests: tuple[L.Stmt, ...], target: str, batch: int, sl
     """:func:`_reads_by_slices` over a tuple of statements."""
     for nest in nests:
         if not isinstance(nest, L.Loop) or nest.kind != "parallel" or nest.var.extent != batch:
+            return False
+        if nest.start != 0 or nest.stop not in (None, batch):
             return False
         for s in L.walk(nest.body):
             if isinstance(s, L.IndexLoad | L.CheckBounds) and s.buffer == target:
