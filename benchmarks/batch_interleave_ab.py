@@ -11,9 +11,12 @@ benchmarks/batch_interleave_ab.py [--threads 1|2] [--rounds 9] [--profile]``
 (``--threads 1``: CPU time per step; otherwise wall time). ``SHAPEGRAD_BENCH_CONV=auto``
 uses ``sg.conv2d`` instead of the im2col-written convolution, as in ``train_step.py``.
 
-Measured (AMD EPYC Zen 5, 2 cores shared with other jobs, im2col-written model), median
-step, off -> on: 1 thread CPU time 11.96 -> 11.96 ms (load 7.3); see the report of
-issue 27 for the 2-thread figures.
+Measured (AMD EPYC Zen 5, 2 cores shared with 4 other helpers' jobs, im2col-written
+model), median step, off -> on, 2026-11-26:
+  1 thread, CPU time: 11.96 -> 11.96 ms (9 rounds, load 7.3); 11.55 -> 11.75 (7 rounds,
+    load 7.6 -> 8.3): no difference beyond the noise;
+  2 threads, wall time: 22.0 -> 22.4 ms (11 rounds, load 5.1): the machine was too busy
+    for a 2-thread figure; to be re-measured quiet.
 """
 
 from __future__ import annotations
