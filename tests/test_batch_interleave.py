@@ -20,7 +20,7 @@ from shapegrad.compiler.target import C_TARGET, Target
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 
 # batch-fuse even these small tests' patches (the default keeps operands < 1 MB whole)
-SMALL = C_TARGET.replace(batch_fusion_min_operand=1, contract_min_macs=0)
+SMALL = C_TARGET.replace(batch_fusion_min_operand=1, contract_min_macs=0, batch_interleave=True)
 OFF = SMALL.replace(batch_interleave=False)
 
 # (batch, in channels, height, width, mid channels, out channels, stride, padding)
@@ -221,7 +221,9 @@ def _fused_parts(program: L.Program) -> tuple[int, int, int]:
     """(kernels, producer nests, consumer nests) after the stage."""
     from shapegrad.compiler.batchfuse import fuse_batch_producers
 
-    fuse_batch_producers(program, C_TARGET.replace(batch_fusion_min_operand=1))
+    fuse_batch_producers(
+        program, C_TARGET.replace(batch_fusion_min_operand=1, batch_interleave=True)
+    )
     s = next(s for k in program.kernels for s in k.body if isinstance(s, L.BatchFused))
     return len(program.kernels), len(s.producer), len(s.consumer)
 

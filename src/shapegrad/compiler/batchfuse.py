@@ -17,7 +17,12 @@ before it (e.g. the ReLU mask applied to the output gradient) runs for ``bi`` ri
 before it. Both buffers stay materialized for their other readers; what changes is only
 that the second access to a slice finds it in cache instead of memory (at batch 64 the
 benchmark CNN's output and gradient buffers are 6.4 MB each). Each index still computes
-exactly the same values, in the same order within the index.
+exactly the same values, in the same order within the index. ``Target.batch_interleave``
+turns it on; it is off on every target: on the benchmark CNN step it measured no faster
+(1 thread CPU time 11.20 -> 11.28 ms, 2 threads 11.18 -> 11.45 ms with one core busy;
+``benchmarks/batch_interleave_ab.py``), presumably because the GEMM's packed panels
+and the neighbours' slices then share the 1 MB L2, so what the neighbours gain the
+products lose.
 """
 
 from __future__ import annotations
