@@ -17,8 +17,8 @@ model), median step, off -> on, 2026-11-26:
     load 7.6 -> 8.3): no difference beyond the noise;
   2 threads, wall time: 22.0 -> 22.4 ms (11 rounds, load 5.1);
   load 2.1 (one core busy elsewhere): 1 thread CPU 11.20 -> 11.28 ms, 2 threads wall
-    11.18 -> 11.45 ms (11 rounds each). No gain, so the target default stays off; a quiet
-    two-thread run (load < 1) has not been possible today.
+    11.18 -> 11.45 ms (11 rounds each); load 1.2-1.4: 2 threads wall 7.08 -> 7.01 ms
+    (15 rounds). No gain beyond the noise, so the target default stays off.
 """
 
 from __future__ import annotations
