@@ -155,6 +155,11 @@ def workload(name: str, batch: int, k: int, seed: int = 0) -> dict[str, Any]:
 
 
 CPU_TIME = bool(os.environ.get("SG_BENCH_CPU_TIME"))  # set by --cpu-time for the cells
+# --warmup N: untimed calls before each cell's timing. The C step's adaptive team probes
+# team sizes over its first calls (runtime.h), and per_call's ~0.4 s window is only ~40
+# CNN steps: at 2 threads the CNN cell read 8.5-8.7 ms without warm-up and 5.7-5.9 ms
+# after 200 steps (5.9 at once with SHAPEGRAD_ADAPTIVE_THREADS=0); PyTorch 8.5 -> 8.0.
+WARMUP = int(os.environ.get("SG_BENCH_WARMUP", "0"))
 
 
 def clock() -> float:
@@ -169,6 +174,8 @@ def framework_threads() -> int:
 
 def per_call(fn: Callable[[], Any], budget: float = 0.4, repeats: int = 5) -> float:
     """Median seconds per call of ``fn`` (batched into loops of >= ~budget/repeats seconds)."""
+    for _ in range(WARMUP):
+        fn()
     fn()
     t0 = clock()
     fn()
@@ -507,6 +514,9 @@ def main() -> None:
     parser.add_argument("--background-load", type=int, default=0, metavar="N")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per row")
     parser.add_argument(
+        "--warmup", type=int, default=0, metavar="N", help="untimed calls before each cell"
+    )
+    parser.add_argument(
         "--cpu-time", action="store_true", help="one thread each, CPU time per step"
     )
     parser.add_argument("--cell", nargs=2, metavar=("COLUMN", "ROW"), help=argparse.SUPPRESS)
@@ -517,6 +527,8 @@ def main() -> None:
         return
     if args.cpu_time:
         os.environ["SG_BENCH_CPU_TIME"] = "1"
+    if args.warmup:
+        os.environ["SG_BENCH_WARMUP"] = str(args.warmup)
         os.environ["SHAPEGRAD_NUM_THREADS"] = "1"
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")

@@ -21,7 +21,8 @@ build_kernels             one kernel of loop IR per materialized value (``lower.
 schedule_outputs_early    kernels that only write outputs run right after what they read,
                           so the temps they read die early (``memory.py``)
 fuse_batch_producers      large batched products build their operand one batch slice at
-                          a time (``batchfuse.py``; optional: ``Target.batch_fusion``)
+                          a time, and take in adjacent per-batch-index kernels
+                          (``batchfuse.py``; optional: ``Target.batch_fusion``)
 hoist_bounds_checks       index checks of program inputs run before any kernel, so a
                           failing step changes nothing (optional)
 place_state_updates       updated state written in place where safe (``memory.py``)
