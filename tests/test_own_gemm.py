@@ -150,10 +150,10 @@ def _contract(m: int, n: int, k: int, ta: bool, tb: bool, dtype: DType = float32
     )  # fmt: skip
 
 
-def test_rule_takes_large_products_by_a_transposed_operand(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rule_takes_large_products_but_weight_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(gemm_kernel.ENV, raising=False)
     assert gemm_kernel.takes(_contract(128, 1024, 1024, False, True))
-    assert not gemm_kernel.takes(_contract(128, 1024, 1024, False, False))
+    assert gemm_kernel.takes(_contract(128, 1024, 784, False, False))
     assert not gemm_kernel.takes(_contract(1024, 1024, 128, True, False))
     assert not gemm_kernel.takes(_contract(128, 10, 1024, False, True))  # thin
     assert not gemm_kernel.takes(_contract(128, 1024, 1024, False, True, float64))

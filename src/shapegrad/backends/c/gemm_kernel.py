@@ -7,18 +7,19 @@ accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. So 
 made here changes only AVX-512 builds: AVX2 (``-march`` without AVX-512, or
 ``SHAPEGRAD_CFLAGS``) and other CPUs call OpenBLAS exactly as before.
 
-The choice is per product form, by measurement (one thread, CPU time, this repository's
-``benchmarks/gemm_rate.py``, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, GFLOP/s,
-OpenBLAS vs own):
+The choice is per product form, by measurement (``benchmarks/gemm_rate.py``, fastest
+call of interleaved rounds, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, load 3.7-5,
+GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend does):
 
-* ``c = a @ b^T`` (the backward products through a weight, ``dh = dz @ W^T``):
-  128x1024x1024 194-205 vs 211-230; 128x512x512 210-218 vs 223-228; 128x784x512 220 vs
-  228. OpenBLAS's SkylakeX kernels are slower on this form: taken.
-* ``c = a @ b`` (forward products): 128x1024x1024 201-231 vs 222-234, 128x512x784 222-233
-  vs 224-234: a tie, left to the library.
-* ``c = a^T @ b`` (weight gradients, m = 784 or 1024, k = 128): 243-255 vs 184-248: the
-  library.
-* small or thin products (any side below ``MIN_SIDE``): 37x53x71 153 vs 94: the library.
+* ``c = a @ b`` (forward products): 1 thread 128x1024x1024 202 vs 230, 128x784x1024 204
+  vs 230, 128x784x512 230 vs 236, 128x512x512 227 vs 240; 2 threads 374 vs 423, 382 vs
+  443, 427 vs 413, 428 vs 422. Taken.
+* ``c = a @ b^T`` (backward products through a weight, ``dh = dz @ W^T``): 1 thread
+  128x1024x1024 204 vs 218, 128x512x512 221 vs 227; 2 threads 410 vs 438, 400 vs 393.
+  Taken.
+* ``c = a^T @ b`` (weight gradients, m = 512 to 1024, k = 128): 1 thread 235-246 vs
+  227-241, 2 threads 416-449 vs 414-437: the library.
+* small or thin products (any side below ``MIN_SIDE``): the library (37x53x71: 153 vs 94).
 
 ``$SHAPEGRAD_GEMM`` overrides for tests and measurements: ``auto`` (the rule above, the
 default), ``blas`` (always the library), ``own`` (every float32 product this module can
@@ -61,7 +62,7 @@ def takes(s: L.Contract) -> bool:
     if mode != "auto":
         return mode == "own"
     large = min(s.m, s.n, s.k) >= MIN_SIDE
-    return large and s.trans_b and not s.trans_a
+    return large and not s.trans_a
 
 
 def function(s: L.Contract) -> str:
