@@ -183,6 +183,8 @@ def test_compiled_training_step_with_own_products(
     x = rng.standard_normal((67, 100)).astype(np.float32)
     y = rng.integers(0, 70, 67).astype(np.int32)
     grad = sg.compile(sg.grad(_mlp_step), backend="c", name=f"own_gemm_{mode}")
+    source = grad.lower([w1, w2], x, y).source
+    assert source is not None and "sg_sgemm(101, 111, 112," in source  # dh = dz @ w2^T
     g1, g2 = grad([w1, w2], x, y)
     # NumPy reference in float64
     z1 = x.astype(np.float64) @ w1
