@@ -154,8 +154,11 @@ def test_rule_takes_large_products_but_weight_gradients(monkeypatch: pytest.Monk
     monkeypatch.delenv(gemm_kernel.ENV, raising=False)
     assert gemm_kernel.takes(_contract(128, 1024, 1024, False, True))
     assert gemm_kernel.takes(_contract(128, 1024, 784, False, False))
-    assert not gemm_kernel.takes(_contract(1024, 1024, 128, True, False))
+    assert not gemm_kernel.takes(_contract(1024, 1024, 128, True, False))  # weight gradient
     assert not gemm_kernel.takes(_contract(128, 10, 1024, False, True))  # thin
+    assert not gemm_kernel.takes(_contract(2048, 1024, 512, False, False))  # many rows
+    assert not gemm_kernel.takes(_contract(128, 512, 512, False, False))  # few columns
+    assert not gemm_kernel.takes(_contract(128, 1024, 128, False, True))  # short sum
     assert not gemm_kernel.takes(_contract(128, 1024, 1024, False, True, float64))
     monkeypatch.setenv(gemm_kernel.ENV, "own")
     assert gemm_kernel.takes(_contract(3, 4, 5, True, False))
@@ -184,7 +187,8 @@ def test_compiled_training_step_with_own_products(
     y = rng.integers(0, 70, 67).astype(np.int32)
     grad = sg.compile(sg.grad(_mlp_step), backend="c", name=f"own_gemm_{mode}")
     source = grad.lower([w1, w2], x, y).source
-    assert source is not None and "sg_sgemm(101, 111, 112," in source  # dh = dz @ w2^T
+    assert source is not None
+    assert ("sg_sgemm(101, 111, 112," in source) == (mode == "own")  # dh = dz @ w2^T
     g1, g2 = grad([w1, w2], x, y)
     # NumPy reference in float64
     z1 = x.astype(np.float64) @ w1

@@ -12,18 +12,21 @@ call of interleaved rounds, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, lo
 GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend does):
 
 * ``c = a @ b`` (forward products): 1 thread 128x1024x1024 202 vs 230, 128x784x1024 204
-  vs 230, 128x784x512 230 vs 236, 128x512x512 227 vs 240; 2 threads 374 vs 423, 382 vs
-  443, 427 vs 413, 428 vs 422. Taken.
+  vs 230; 2 threads 374 vs 423, 382 vs 443. Taken.
 * ``c = a @ b^T`` (backward products through a weight, ``dh = dz @ W^T``): 1 thread
-  128x1024x1024 204 vs 218, 128x512x512 221 vs 227; 2 threads 410 vs 438, 400 vs 393.
-  Taken.
+  128x1024x1024 204 vs 218; 2 threads 410 vs 438. Taken.
 * ``c = a^T @ b`` (weight gradients, m = 512 to 1024, k = 128): 1 thread 235-246 vs
   227-241, 2 threads 416-449 vs 414-437: the library.
-* small or thin products (any side below ``MIN_SIDE``): the library (37x53x71: 153 vs 94).
+* the same forms with more rows than one row block of the kernel (``MAX_ROWS``: the
+  kernel packs ``op(b)`` again per block), fewer columns (``MIN_COLS``; at 2 threads each
+  call gets half) or a short sum (``MIN_DEPTH``), 1 thread: 2048x128x512 224 vs 191,
+  2048x128x384 b^T 217 vs 188, 2048x384x128 230 vs 232, 64x64x64 b^T 166 vs 132,
+  256x256x64 232 vs 216, 37x53x71 153 vs 94; and the MLP's products with 512 columns, 2
+  threads: 427-428 vs 413-422 (1 thread 227-230 vs 236-240): the library.
 
 ``$SHAPEGRAD_GEMM`` overrides for tests and measurements: ``auto`` (the rule above, the
-default), ``blas`` (always the library), ``own`` (every float32 product this module can
-take). The variable is read when a program is rendered, so it is part of the source and
+default), ``blas`` (always the library), ``own`` (every float32 product rendered as one
+call per block, whatever its form). The variable is read when a program is rendered, so it is part of the source and
 therefore of the cache key.
 """
 
@@ -40,9 +43,13 @@ SOURCE: Final = (
 )
 ENV: Final = "SHAPEGRAD_GEMM"
 MODES: Final = ("auto", "blas", "own")
-# The smallest side (m, n and k) the rule sends to the own product: below it packing a
-# panel costs more than the library's small-matrix paths (see the module docstring).
-MIN_SIDE: Final = 64
+# The products the rule sends to the own product (measured: the module docstring): rows
+# m in [MIN_ROWS, MAX_ROWS] (one row block of the kernel, ``SG_GEMM_MC``), at least MIN_COLS
+# columns and MIN_DEPTH summed terms.
+MIN_ROWS: Final = 64
+MAX_ROWS: Final = 128
+MIN_COLS: Final = 1024
+MIN_DEPTH: Final = 256
 
 
 def gemm_mode() -> str:
@@ -61,8 +68,8 @@ def takes(s: L.Contract) -> bool:
     mode = gemm_mode()
     if mode != "auto":
         return mode == "own"
-    large = min(s.m, s.n, s.k) >= MIN_SIDE
-    return large and not s.trans_a
+    fits = MIN_ROWS <= s.m <= MAX_ROWS and s.n >= MIN_COLS and s.k >= MIN_DEPTH
+    return fits and not s.trans_a
 
 
 def function(s: L.Contract) -> str:
@@ -72,4 +79,15 @@ def function(s: L.Contract) -> str:
     return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
 
 
-__all__ = ["ENV", "MIN_SIDE", "MODES", "SOURCE", "function", "gemm_mode", "takes"]
+__all__ = [
+    "ENV",
+    "MAX_ROWS",
+    "MIN_COLS",
+    "MIN_DEPTH",
+    "MIN_ROWS",
+    "MODES",
+    "SOURCE",
+    "function",
+    "gemm_mode",
+    "takes",
+]
