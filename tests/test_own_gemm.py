@@ -202,3 +202,25 @@ def test_compiled_training_step_with_own_products(
     want1 = x.T.astype(np.float64) @ ((dz @ w2.T) * (z1 > 0))
     np.testing.assert_allclose(np.asarray(g2), want2, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(np.asarray(g1), want1, rtol=1e-4, atol=1e-6)
+
+
+def test_products_split_across_two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Column blocks of one product run concurrently (each thread packs on its own stack)."""
+    monkeypatch.setenv(gemm_kernel.ENV, "auto")
+    monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", "2")
+    monkeypatch.setenv("SHAPEGRAD_ADAPTIVE_THREADS", "0")  # always the full team
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((300, 1100)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((128, 300)).astype(np.float32)
+
+    def loss(w: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        return (sg.relu(x @ w) ** 2).sum()
+
+    step = sg.compile(sg.value_and_grad(loss), backend="c", name="own_gemm_two_threads")
+    source = step.lower(w, x).source
+    assert source is not None and "sg_sgemm(101, 111, 111, 128, (int)(p1 - p0)" in source
+    value, g = step(w, x)
+    z = x.astype(np.float64) @ w
+    np.testing.assert_allclose(float(value), (np.maximum(z, 0.0) ** 2).sum(), rtol=1e-5)
+    want = x.T.astype(np.float64) @ (2.0 * np.maximum(z, 0.0))
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
