@@ -41,7 +41,7 @@ from shapegrad.compiler import loops as L
 SOURCE: Final = (
     resources.files("shapegrad.backends.c").joinpath("sgemm.h").read_text(encoding="utf-8")
 )
-ENV: Final = "SHAPEGRAD_GEMM"
+ENV = "SHAPEGRAD_GEMM"  # a plain assignment: tests/test_options.py finds the name
 MODES: Final = ("auto", "blas", "own")
 # The products the rule sends to the own product (measured: the module docstring): rows
 # m in [MIN_ROWS, MAX_ROWS] (one row block of the kernel, ``SG_GEMM_MC``), at least MIN_COLS
