@@ -18,7 +18,10 @@ library once per shape, so a burst of load from other processes hits them all al
 * ``mkl``: oneMKL's ``cblas_sgemm`` from the ``mkl`` wheel's ``libmkl_rt.so.3`` in
   ``--mkl-dir`` (``pip download mkl`` and unzip its ``.so`` files there);
 * ``blis``: ``blis.py.gemm`` of the ``blis`` wheel (cython-blis) when importable (one
-  thread only).
+  thread only);
+* ``sg own`` / ``own cols``: shapegrad's own product (``backends/c/sgemm.h``: AVX-512
+  where the C backend's flags target it, else OpenBLAS under that name), one call at one
+  thread, split by columns across the team at more (as the C backend calls it).
 
 OpenBLAS and MKL run their own thread pools at 2 threads; shapegrad instead splits a
 product into blocks of rows or columns, one single-threaded call per OpenMP thread
@@ -92,7 +95,7 @@ SHAPES = [
     Shape("cnn dW", 32, 784, 144, tb=True),
     Shape("cnn dcols", 144, 32, 784, ta=True),
 ]
-QUICK = ["mlp fwd 1", "mlp dW1", "w1024 fwd 2", "cnn fwd"]
+QUICK = ["mlp fwd 1", "mlp dW1", "w1024 fwd 2", "w1024 dx2", "cnn fwd"]
 
 
 # --- the machine ---------------------------------------------------------------------------
@@ -202,6 +205,12 @@ void scipy_openblas_set_num_threads(int);
 int scipy_openblas_get_num_threads(void);
 void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
                        const float *, int, float, float *, int);
+#ifdef SG_OWN
+#include SG_OWN /* shapegrad's own product (backends/c/sgemm.h) */
+#define GEMM sg_sgemm
+#else
+#define GEMM scipy_cblas_sgemm
+#endif
 /* c = op(a) @ op(b), row-major, cut into `threads` blocks of rows (cols = 0) or columns
    (cols = 1), one single-threaded OpenBLAS call per OpenMP thread: the C backend's split. */
 void split_sgemm(int threads, int cols, int ta, int tb, int m, int n, int k, const float *a,
@@ -215,12 +224,12 @@ void split_sgemm(int threads, int cols, int ta, int tb, int m, int n, int k, con
         if (cols) {
             int n0 = t * n / nt, n1 = (t + 1) * n / nt;
             const float *bb = tb ? b + (long)n0 * k : b + n0;
-            scipy_cblas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m, n1 - n0, k, 1.0f, a,
+            GEMM(101, ta ? 112 : 111, tb ? 112 : 111, m, n1 - n0, k, 1.0f, a,
                               lda, bb, ldb, 0.0f, c + n0, n);
         } else {
             int m0 = t * m / nt, m1 = (t + 1) * m / nt;
             const float *aa = ta ? a + m0 : a + (long)m0 * k;
-            scipy_cblas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m1 - m0, n, k, 1.0f, aa,
+            GEMM(101, ta ? 112 : 111, tb ? 112 : 111, m1 - m0, n, k, 1.0f, aa,
                               lda, b, ldb, 0.0f, c + (long)m0 * n, n);
         }
     }
@@ -229,19 +238,27 @@ void split_sgemm(int threads, int cols, int ta, int tb, int m, int n, int k, con
 """
 
 
-def openblas_split(threads: int, cols: bool, tmp: str) -> Runner:
+def openblas_split(threads: int, cols: bool, tmp: str, own: bool = False) -> Runner:
     """The shapegrad instance of OpenBLAS split as the C backend splits a product (see
     ``CTuning.column_split``): ``threads`` single-threaded calls on blocks of rows or
-    columns, in one OpenMP region (built here with the C backend's compiler)."""
-    from shapegrad.backends.c import toolchain
+    columns, in one OpenMP region (built here with the C backend's compiler). ``own``:
+    shapegrad's own product (``backends/c/sgemm.h``, the C backend's flags) instead of
+    OpenBLAS in each block."""
+    from shapegrad.backends.c import gemm_kernel, toolchain
 
     libdir, libname = toolchain.blas_paths()
-    path = os.path.join(tmp, "split.so")
+    path = os.path.join(tmp, "split_own.so" if own else "split.so")
     if not os.path.exists(path):
         source = os.path.join(tmp, "split.c")
         with open(source, "w", encoding="utf-8") as handle:
             handle.write(_SPLIT_C)
-        cmd = [toolchain.compiler(), "-O2", "-fopenmp", "-fPIC", "-shared", source, "-o", path]
+        flags = ["-O2", "-fopenmp"]
+        if own:
+            header = os.path.join(tmp, "sgemm.h")
+            with open(header, "w", encoding="utf-8") as handle:
+                handle.write(gemm_kernel.SOURCE)
+            flags = [*toolchain.cflags(), f'-DSG_OWN="{header}"']
+        cmd = [toolchain.compiler(), *flags, "-fPIC", "-shared", source, "-o", path]
         cmd += [f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}"]
         subprocess.run(cmd, check=True)
     split = ctypes.CDLL(path).split_sgemm
@@ -338,6 +355,8 @@ def libraries(threads: int, mkl_dir: str | None, tmp: str) -> tuple[dict[str, Ru
     if threads > 1:
         libs["OB sg rows"] = openblas_split(threads, False, tmp)
         libs["OB sg cols"] = openblas_split(threads, True, tmp)
+    # shapegrad's own product (one call, or the column split at several threads)
+    libs["sg own" if threads == 1 else "own cols"] = openblas_split(threads, True, tmp, own=True)
     notes.append(
         f"OB shapegrad runs the {got} kernels (OPENBLAS_CORETYPE="
         f"{os.environ.get('OPENBLAS_CORETYPE')!r}, SHAPEGRAD_BLAS_CORETYPE="

@@ -27,8 +27,8 @@ SG_HIDDEN extern unsigned sg_team_epoch;
    favours by more than SG_TEAM_MARGIN (else it stays). A median, not a mean: a call that
    stalled (a descheduled thread at a barrier, a page fault) is one outlier, never a
    decision. The first SG_TEAM_WINDOW pairs run back to back; after that a pair comes every
-   sg_team_period() calls, longer the more the options differ, so probing the slower option
-   costs about 1.5% of the time whatever the gap. A pair that disagrees with the choice
+   sg_team_period() calls, longer the more the options differ (or the latest probe cost),
+   so probing the slower option costs about 1.5% of the time whatever the gap. A pair that disagrees with the choice
    (the other option faster by more than the margin) is followed by another at once: a
    change of load is confirmed, or refuted, within a few calls instead of a few periods.
    Blocks and partial sums are cut by sg_threads, not by the team a call ran with, so
@@ -67,12 +67,17 @@ static inline double sg_team_median(const struct sg_team *s) {
     }
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-/* calls between pairs: 8 + 64 * (gap - 1), at most 128, where gap >= 1 is how many times
-   slower the other option is (median), so (gap - 1) / period stays about 1.5% */
-static inline unsigned sg_team_period(double median) {
-    double gap = median >= 1.0 ? median : 1.0 / median;
-    double calls = 8.0 + 64.0 * (gap - 1.0);
-    return calls < 128.0 ? (unsigned)calls : 128u;
+/* calls between pairs: 8 + 64 * (gap - 1), at most SG_TEAM_MAX_PERIOD, where gap >= 1 is
+   how many times slower the other option is, so (gap - 1) / period stays about 1.5%. The
+   gap is the larger of the window's median and the mean of what its probes cost: under
+   heavy load a full-team call can take 50 times a one-thread call (each barrier waits for
+   a descheduled thread) while its median is a few times, and probing it at the median's
+   period cost 40% of the time (tests/test_c_adaptive_team.py). The cap bounds how long a
+   change of load can go unseen: 1024 calls. */
+#define SG_TEAM_MAX_PERIOD 1024.0
+static inline unsigned sg_team_period(double gap) {
+    double calls = 8.0 + 64.0 * ((gap > 1.0 ? gap : 1.0) - 1.0);
+    return calls < SG_TEAM_MAX_PERIOD ? (unsigned)calls : (unsigned)SG_TEAM_MAX_PERIOD;
 }
 /* 1: run this call with the full team, 0: with one thread */
 static inline int sg_team_pick_in(struct sg_team *s, unsigned epoch) {
@@ -107,7 +112,12 @@ static inline void sg_team_record_in(struct sg_team *s, int pick, double seconds
     if (m < 1.0 - SG_TEAM_MARGIN) s->choice = 0;
     else if (m > 1.0 + SG_TEAM_MARGIN) s->choice = 1;
     int disagrees = s->choice ? r < 1.0 - SG_TEAM_MARGIN : r > 1.0 + SG_TEAM_MARGIN;
-    s->wait = s->pairs < SG_TEAM_WINDOW || disagrees ? 0u : sg_team_period(m) - 2u;
+    double gap = m >= 1.0 ? m : 1.0 / m, cost = 0.0; /* cost: mean of the window's probes */
+    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    for (unsigned i = 0; i < n; ++i) /* the other option's time / the choice's */
+        cost += (s->choice ? s->ratio[i] : 1.0 / s->ratio[i]) / n;
+    if (cost > gap) gap = cost;
+    s->wait = s->pairs < SG_TEAM_WINDOW || disagrees ? 0u : sg_team_period(gap) - 2u;
 }
 static struct sg_team sg_team_state __attribute__((unused)); /* this unit's timed function */
 /* fork mode: the team of this call's parallel statements (sg_threads or 1), set by the

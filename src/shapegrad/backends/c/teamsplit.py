@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
 
+from shapegrad.backends.c import gemm_kernel
 from shapegrad.backends.cstyle import CStyleRenderer
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.target import CTuning
@@ -100,7 +101,7 @@ class TeamRenderer(CStyleRenderer):
         if is_streamed_outer(s, self.ctuning):
             self.outer_product(s, depth)
             return
-        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+        fn = gemm_kernel.function(s)  # the library's, or shapegrad's own (AVX-512 builds)
         f = "f" if s.dtype.name == "float32" else ""
         one, alpha, beta = f"1.0{f}", _alpha(s), f"{s.beta!r}{f}"
         ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)

@@ -1,0 +1,93 @@
+"""shapegrad's own float32 matrix product, and which library products it takes.
+
+``sgemm.h`` (packaged C, inlined into every unit of a program that calls the library, like
+``runtime.h``) defines ``sg_sgemm`` with ``cblas_sgemm``'s signature: where the C compiler
+targets AVX-512F, a BLIS-style product (packed panels, an 8 x 48 block of zmm
+accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. So the choice
+made here changes only AVX-512 builds: AVX2 (``-march`` without AVX-512, or
+``SHAPEGRAD_CFLAGS``) and other CPUs call OpenBLAS exactly as before.
+
+The choice is per product form, by measurement (``benchmarks/gemm_rate.py``, fastest
+call of interleaved rounds, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, load 3.7-5,
+GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend does):
+
+* ``c = a @ b`` (forward products): 1 thread 128x1024x1024 202 vs 230, 128x784x1024 204
+  vs 230; 2 threads 374 vs 423, 382 vs 443. Taken.
+* ``c = a @ b^T`` (backward products through a weight, ``dh = dz @ W^T``): 1 thread
+  128x1024x1024 204 vs 218; 2 threads 410 vs 438. Taken.
+* ``c = a^T @ b`` (weight gradients, m = 512 to 1024, k = 128): 1 thread 235-246 vs
+  227-241, 2 threads 416-449 vs 414-437: the library.
+* the same forms with more rows than one row block of the kernel (``MAX_ROWS``: the
+  kernel packs ``op(b)`` again per block), fewer columns (``MIN_COLS``; at 2 threads each
+  call gets half) or a short sum (``MIN_DEPTH``), 1 thread: 2048x128x512 224 vs 191,
+  2048x128x384 b^T 217 vs 188, 2048x384x128 230 vs 232, 64x64x64 b^T 166 vs 132,
+  256x256x64 232 vs 216, 37x53x71 153 vs 94; and the MLP's products with 512 columns, 2
+  threads: 427-428 vs 413-422 (1 thread 227-230 vs 236-240): the library.
+
+``$SHAPEGRAD_GEMM`` overrides for tests and measurements: ``auto`` (the rule above, the
+default), ``blas`` (always the library), ``own`` (every float32 product rendered as one
+call per block, whatever its form). The variable is read when a program is rendered, so it is part of the source and
+therefore of the cache key.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from typing import Final
+
+from shapegrad.compiler import loops as L
+
+SOURCE: Final = (
+    resources.files("shapegrad.backends.c").joinpath("sgemm.h").read_text(encoding="utf-8")
+)
+ENV = "SHAPEGRAD_GEMM"  # a plain assignment: tests/test_options.py finds the name
+MODES: Final = ("auto", "blas", "own")
+# The products the rule sends to the own product (measured: the module docstring): rows
+# m in [MIN_ROWS, MAX_ROWS] (one row block of the kernel, ``SG_GEMM_MC``), at least MIN_COLS
+# columns and MIN_DEPTH summed terms.
+MIN_ROWS: Final = 64
+MAX_ROWS: Final = 128
+MIN_COLS: Final = 1024
+MIN_DEPTH: Final = 256
+
+
+def gemm_mode() -> str:
+    """``$SHAPEGRAD_GEMM`` (``auto`` when unset); an unknown value is an error naming the
+    valid ones."""
+    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"${ENV}={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def takes(s: L.Contract) -> bool:
+    """Whether the float32 product ``s`` is rendered as a call of ``sg_sgemm``."""
+    if s.dtype.name != "float32":
+        return False
+    mode = gemm_mode()
+    if mode != "auto":
+        return mode == "own"
+    fits = MIN_ROWS <= s.m <= MAX_ROWS and s.n >= MIN_COLS and s.k >= MIN_DEPTH
+    return fits and not s.trans_a
+
+
+def function(s: L.Contract) -> str:
+    """The C function computing ``s``: ``sg_sgemm`` or the library's."""
+    if takes(s):
+        return "sg_sgemm"
+    return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+
+
+__all__ = [
+    "ENV",
+    "MAX_ROWS",
+    "MIN_COLS",
+    "MIN_DEPTH",
+    "MIN_ROWS",
+    "MODES",
+    "SOURCE",
+    "function",
+    "gemm_mode",
+    "takes",
+]

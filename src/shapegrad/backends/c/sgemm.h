@@ -1,0 +1,186 @@
+/* shapegrad's own float32 matrix product (backends/c/sgemm.h, chosen per product by
+   gemm_kernel.py): sg_sgemm has cblas_sgemm's signature, row-major only (order 101, the
+   only order the generated code passes). Where the target has AVX-512F it is a BLIS-style
+   product: op(b) packed in panels of KC x 48 (a 16 x 16 register transpose when op(b) is
+   b^T), op(a) in panels of 8 x KC, an 8 x 48 register block of 24 zmm accumulators.
+   Elsewhere sg_sgemm is the library's cblas_sgemm, so AVX2 and other CPUs run what they
+   ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
+   and added to c (as OpenBLAS does), so results match the library to float32 GEMM
+   tolerance, not bit for bit. Packing buffers live on the calling thread's stack (~176
+   KiB): no allocation, no sharing between the team's threads. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define SG_GEMM_MR 8
+#define SG_GEMM_NV 3
+#define SG_GEMM_NR (16 * SG_GEMM_NV)
+#define SG_GEMM_KC 256
+#define SG_GEMM_MC 128
+#define SG_LO_PD(x, y) _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)))
+#define SG_HI_PD(x, y) _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)))
+/* r[i][j] -> r[j][i] for a 16 x 16 block held in 16 registers */
+static inline void sg_transpose16(__m512 r[16]) {
+    __m512 t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = SG_LO_PD(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = SG_HI_PD(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = SG_LO_PD(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = SG_HI_PD(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 16
+    for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 16
+        for (int i = 0; i < 4; ++i) {
+            t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0x88);
+            t[8 * h + 4 + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + 4 + i], 0xdd);
+        }
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+    }
+}
+/* dst[k * MR + r] = op(a)[i0 + r, k0 + k] for r < rows, 0 for rows <= r < MR */
+static void sg_gemm_pack_a(float *restrict dst, const float *restrict a, int ta, int64_t lda,
+                           int64_t i0, int rows, int64_t k0, int kc) {
+    const int mr = SG_GEMM_MR;
+    if (ta) { /* op(a)[i, k] = a[k * lda + i]: each k's rows are contiguous */
+        const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+        for (int k = 0; k < kc; ++k)
+            _mm256_store_ps(dst + k * mr, _mm512_castps512_ps256(
+                _mm512_maskz_loadu_ps(m, a + (k0 + k) * lda + i0)));
+        return;
+    }
+    int k = 0; /* op(a)[i, k] = a[i * lda + k]: 16 k of each row, transposed */
+    for (; k + 16 <= kc; k += 16) {
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q)
+            r[q] = q < rows ? _mm512_loadu_ps(a + (i0 + q) * lda + k0 + k) : _mm512_setzero_ps();
+        sg_transpose16(r);
+#pragma GCC unroll 16
+        for (int q = 0; q < 16; ++q) _mm256_store_ps(dst + (k + q) * mr, _mm512_castps512_ps256(r[q]));
+    }
+    for (; k < kc; ++k)
+        for (int q = 0; q < mr; ++q) dst[k * mr + q] = q < rows ? a[(i0 + q) * lda + k0 + k] : 0.0f;
+}
+/* dst[k * NR + c] = op(b)[k0 + k, j0 + c] for c < cols, 0 for cols <= c < NR */
+static void sg_gemm_pack_b(float *restrict dst, const float *restrict b, int tb, int64_t ldb,
+                           int64_t j0, int cols, int64_t k0, int kc) {
+    const int nr = SG_GEMM_NR;
+    if (!tb) { /* op(b)[k, j] = b[k * ldb + j]: rows of the panel are contiguous */
+        for (int k = 0; k < kc; ++k) {
+            const float *src = b + (k0 + k) * ldb + j0;
+#pragma GCC unroll 4
+            for (int v = 0; v < SG_GEMM_NV; ++v) {
+                const int left = cols - 16 * v;
+                const __mmask16 m = left >= 16 ? (__mmask16)0xffff
+                                  : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+                _mm512_store_ps(dst + k * nr + 16 * v, _mm512_maskz_loadu_ps(m, src + 16 * v));
+            }
+        }
+        return;
+    }
+    for (int c0 = 0; c0 < nr; c0 += 16) { /* op(b)[k, j] = b[j * ldb + k]: 16 x 16 transposes */
+        int k = 0;
+        for (; k + 16 <= kc; k += 16) {
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int q = 0; q < 16; ++q)
+                r[q] = c0 + q < cols ? _mm512_loadu_ps(b + (j0 + c0 + q) * ldb + k0 + k)
+                                     : _mm512_setzero_ps();
+            sg_transpose16(r);
+#pragma GCC unroll 16
+            for (int q = 0; q < 16; ++q) _mm512_store_ps(dst + (k + q) * nr + c0, r[q]);
+        }
+        for (; k < kc; ++k)
+            for (int q = 0; q < 16; ++q)
+                dst[k * nr + c0 + q] = c0 + q < cols ? b[(j0 + c0 + q) * ldb + k0 + k] : 0.0f;
+    }
+}
+/* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0) */
+static inline void sg_gemm_micro(const float *restrict ap, const float *restrict bp, int kc,
+                                 float *restrict c, int64_t ldc, int rows, int cols,
+                                 float alpha, float beta) {
+    __m512 acc[SG_GEMM_MR][SG_GEMM_NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < SG_GEMM_MR; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int k = 0; k < kc; ++k) {
+        __m512 bv[SG_GEMM_NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < SG_GEMM_NV; ++v) bv[v] = _mm512_load_ps(bp + k * SG_GEMM_NR + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < SG_GEMM_MR; ++r) {
+            const __m512 av = _mm512_set1_ps(ap[k * SG_GEMM_MR + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 8
+    for (int r = 0; r < SG_GEMM_MR; ++r) {
+        if (r >= rows) break;
+        float *cr = c + r * ldc;
+#pragma GCC unroll 4
+        for (int v = 0; v < SG_GEMM_NV; ++v) {
+            const int left = cols - 16 * v;
+            if (left <= 0) break;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+            __m512 x = _mm512_mul_ps(va, acc[r][v]);
+            if (beta != 0.0f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cr + 16 * v), x);
+            _mm512_mask_storeu_ps(cr + 16 * v, m, x);
+        }
+    }
+}
+static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b, int m, int n,
+                                             int k, float alpha, const float *a, int lda,
+                                             const float *b, int ldb, float beta, float *c,
+                                             int ldc) {
+    (void)order; /* 101: row-major */
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0 || alpha == 0.0f) { /* c = beta * c, as the library (beta 0: c not read) */
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
+    const int ta = trans_a == 112, tb = trans_b == 112;
+    float apack[SG_GEMM_MC * SG_GEMM_KC] __attribute__((aligned(64)));
+    float bpack[SG_GEMM_KC * SG_GEMM_NR] __attribute__((aligned(64)));
+    for (int i0 = 0; i0 < m; i0 += SG_GEMM_MC) {
+        const int mc = m - i0 < SG_GEMM_MC ? m - i0 : SG_GEMM_MC;
+        const int panels = (mc + SG_GEMM_MR - 1) / SG_GEMM_MR;
+        for (int k0 = 0; k0 < k; k0 += SG_GEMM_KC) {
+            const int kc = k - k0 < SG_GEMM_KC ? k - k0 : SG_GEMM_KC;
+            const float bk = k0 == 0 ? beta : 1.0f; /* later k-blocks add to c */
+            for (int p = 0; p < panels; ++p) {
+                const int rows = mc - p * SG_GEMM_MR < SG_GEMM_MR ? mc - p * SG_GEMM_MR : SG_GEMM_MR;
+                sg_gemm_pack_a(apack + p * SG_GEMM_MR * kc, a, ta, lda, i0 + p * SG_GEMM_MR, rows,
+                               k0, kc);
+            }
+            for (int j0 = 0; j0 < n; j0 += SG_GEMM_NR) {
+                const int cols = n - j0 < SG_GEMM_NR ? n - j0 : SG_GEMM_NR;
+                sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                for (int p = 0; p < panels; ++p) {
+                    const int r0 = p * SG_GEMM_MR;
+                    const int rows = mc - r0 < SG_GEMM_MR ? mc - r0 : SG_GEMM_MR;
+                    sg_gemm_micro(apack + r0 * kc, bpack, kc, c + (int64_t)(i0 + r0) * ldc + j0,
+                                  ldc, rows, cols, alpha, bk);
+                }
+            }
+        }
+    }
+}
+#define SG_OWN_GEMM 1
+#else
+#define sg_sgemm scipy_cblas_sgemm
+#define SG_OWN_GEMM 0
+#endif
