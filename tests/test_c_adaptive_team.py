@@ -196,3 +196,21 @@ def test_probes_that_stall_under_load_are_spaced_by_their_cost(team: Any) -> Non
     assert team.team_choice() == 0
     extra = spent / ((calls - start) * 2.0e-3) - 1.0  # beyond always running one thread
     assert extra <= 0.08, f"probing cost {extra:.1%} of the time (the median's period: 40%)"
+
+
+@pytest.mark.parametrize(("solo", "team_time"), [(2.0e-3, 1.0e-3), (1.0e-3, 1.6e-3)])
+def test_a_clear_gap_settles_within_a_few_pairs(team: Any, solo: float, team_time: float) -> None:
+    """When the first four pairs all favour one option by more than 25%, the window fills at
+    the probe period, not back to back: after a cold start the slower option runs a handful
+    of calls, not fifteen (a benchmark timing 40 steps saw 1.5x the settled step)."""
+    picks = simulate(team, 200, lambda _: (solo, team_time), seed=3)
+    faster = int(team_time < solo)
+    slower_calls = picks[:60].count(1 - faster)
+    assert slower_calls <= 6, f"the slower option ran {slower_calls} of the first 60 calls"
+    assert team.team_choice() == faster
+
+
+def test_a_small_gap_still_fills_the_window(team: Any) -> None:
+    """A 10% gap is not clear: the first fifteen pairs still run back to back."""
+    picks = simulate(team, 30, lambda _: (1.1e-3, 1.0e-3), noise=0.0)
+    assert picks.count(0) == 15

@@ -26,7 +26,8 @@ SG_HIDDEN extern unsigned sg_team_epoch;
    a window of the last SG_TEAM_WINDOW pairs; the choice is the option the window's median
    favours by more than SG_TEAM_MARGIN (else it stays). A median, not a mean: a call that
    stalled (a descheduled thread at a barrier, a page fault) is one outlier, never a
-   decision. The first SG_TEAM_WINDOW pairs run back to back; after that a pair comes every
+   decision. The first SG_TEAM_WINDOW pairs run back to back (fewer when the first pairs are
+   clear: sg_team_clear); after that a pair comes every
    sg_team_period() calls, longer the more the options differ (or the latest probe cost),
    so probing the slower option costs about 1.5% of the time whatever the gap. A pair that disagrees with the choice
    (the other option faster by more than the margin) is followed by another at once: a
@@ -79,6 +80,24 @@ static inline unsigned sg_team_period(double gap) {
     double calls = 8.0 + 64.0 * ((gap > 1.0 ? gap : 1.0) - 1.0);
     return calls < SG_TEAM_MAX_PERIOD ? (unsigned)calls : (unsigned)SG_TEAM_MAX_PERIOD;
 }
+/* The first pairs are clear when there are SG_TEAM_CLEAR_PAIRS of them and every one
+   favours the same option by more than SG_TEAM_CLEAR_GAP: the window then fills at the
+   probe period instead of back to back. At a 2x gap the back-to-back window ran 15 calls of
+   the slow option first (the CNN step: 40 timed steps after a cold start averaged 1.5x the
+   settled step); now it runs 4. A gap under SG_TEAM_CLEAR_GAP, or one stalled pair, still
+   waits for the whole window. */
+#define SG_TEAM_CLEAR_PAIRS 4u
+#define SG_TEAM_CLEAR_GAP 1.25
+static inline int sg_team_clear(const struct sg_team *s) {
+    if (s->pairs < SG_TEAM_CLEAR_PAIRS) return 0;
+    int above = 0, below = 0;
+    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    for (unsigned i = 0; i < n; ++i) {
+        above += s->ratio[i] > SG_TEAM_CLEAR_GAP;
+        below += s->ratio[i] < 1.0 / SG_TEAM_CLEAR_GAP;
+    }
+    return (unsigned)above == n || (unsigned)below == n;
+}
 /* 1: run this call with the full team, 0: with one thread */
 static inline int sg_team_pick_in(struct sg_team *s, unsigned epoch) {
     if (s->epoch != epoch + 1u) sg_team_reset(s, epoch); /* sg_set_threads ran */
@@ -117,7 +136,8 @@ static inline void sg_team_record_in(struct sg_team *s, int pick, double seconds
     for (unsigned i = 0; i < n; ++i) /* the other option's time / the choice's */
         cost += (s->choice ? s->ratio[i] : 1.0 / s->ratio[i]) / n;
     if (cost > gap) gap = cost;
-    s->wait = s->pairs < SG_TEAM_WINDOW || disagrees ? 0u : sg_team_period(gap) - 2u;
+    int filling = s->pairs < SG_TEAM_WINDOW && !sg_team_clear(s);
+    s->wait = filling || disagrees ? 0u : sg_team_period(gap) - 2u;
 }
 static struct sg_team sg_team_state __attribute__((unused)); /* this unit's timed function */
 /* fork mode: the team of this call's parallel statements (sg_threads or 1), set by the
