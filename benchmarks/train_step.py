@@ -527,13 +527,13 @@ def main() -> None:
         return
     if args.cpu_time:
         os.environ["SG_BENCH_CPU_TIME"] = "1"
-    if args.warmup:
-        os.environ["SG_BENCH_WARMUP"] = str(args.warmup)
         os.environ["SHAPEGRAD_NUM_THREADS"] = "1"
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "")
             + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         )
+    if args.warmup:
+        os.environ["SG_BENCH_WARMUP"] = str(args.warmup)
     busy = background_load(args.background_load)
     try:
         run_tables(args)
