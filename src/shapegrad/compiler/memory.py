@@ -44,13 +44,7 @@ def place_state_updates(program: L.Program) -> L.Program:
         if src == state:
             continue
         if src not in claimed and _can_write_in_place(program, access, src, state):
-            _rename(program, access, src, state)
-            for sets in access:
-                for names in sets:
-                    if src in names:
-                        names.discard(src)
-                        names.add(state)
-            del program.buffers[src]
+            _merge_buffer(program, access, src, state)
             program.outputs = [state if b == src else b for b in program.outputs]
             claimed.add(state)
             continue
@@ -123,6 +117,20 @@ def _rename(
         kernel.body = tuple(s for s in body if not _is_self_copy(s))
 
 
+def _merge_buffer(
+    program: L.Program, access: list[tuple[set[str], set[str]]], old: str, new: str
+) -> None:
+    """``old``'s kernels use ``new`` instead (``_rename``), ``access`` says so, and ``old``
+    is no longer a buffer of the program."""
+    _rename(program, access, old, new)
+    for sets in access:
+        for names in sets:
+            if old in names:
+                names.discard(old)
+                names.add(new)
+    del program.buffers[old]
+
+
 def _is_self_copy(s: L.Stmt) -> bool:
     """A loop nest whose only effect is ``x[i] = x[i]`` (left by an in-place update)."""
     while isinstance(s, L.Loop) and len(s.body) == 1:
@@ -165,13 +173,7 @@ def forward_output_copies(program: L.Program) -> L.Program:
         if any(dst in w for w in others):  # its readers come after the copy: they stay
             continue
         dropped.add(n)
-        _rename(program, access, src, dst)
-        for sets in access:
-            for names in sets:
-                if src in names:
-                    names.discard(src)
-                    names.add(dst)
-        del program.buffers[src]
+        _merge_buffer(program, access, src, dst)
     program.kernels = [k for m, k in enumerate(program.kernels) if m not in dropped]
     return program
 
