@@ -25,6 +25,7 @@ the store and the buffer, so they never reach memory.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
@@ -100,17 +101,11 @@ def _align(
     extents = [v.extent for v in space]
     if [v.extent for v in other] == extents:
         return _rebind(stores, {o: L.var(v) for o, v in zip(other, space, strict=True)})
-    if len(other) == 1 and other[0].extent == _product(extents):
+    if len(other) == 1 and other[0].extent == math.prod(extents):
         flat = L.flatten(tuple(L.var(v) for v in space), tuple(extents))
         return _rebind(stores, {other[0]: flat})
     return None
 
-
-def _product(extents: list[int]) -> int:
-    n = 1
-    for e in extents:
-        n *= e
-    return n
 
 
 def _single_index(stores: tuple[L.Store, ...]) -> bool:

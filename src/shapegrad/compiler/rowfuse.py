@@ -22,6 +22,8 @@ index. Kernels over the rows flattened into one loop (``t41[i]`` over ``b*t``) j
 
 from __future__ import annotations
 
+import math
+
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.loopfuse import rebind
 from shapegrad.compiler.target import Tuning
@@ -68,17 +70,11 @@ def _aligned(
     if [v.extent for v in vars_[: len(space)]] == extents:
         mapping = {o: L.var(v) for o, v in zip(vars_, space, strict=False)}
         return rebind(_rows(vars_, body, len(space)), mapping)
-    if len(vars_) == 1 and vars_[0].extent == _product(extents) and len(space) > 1:
+    if len(vars_) == 1 and vars_[0].extent == math.prod(extents) and len(space) > 1:
         flat = L.flatten(tuple(L.var(v) for v in space), tuple(extents))
         return rebind(body, {vars_[0]: flat})
     return None
 
-
-def _product(extents: list[int]) -> int:
-    n = 1
-    for e in extents:
-        n *= e
-    return n
 
 
 def _row_local(space: list[L.Var], body: tuple[L.Stmt, ...]) -> bool:
@@ -188,7 +184,7 @@ def _row_reductions(rows: tuple[L.Stmt, ...], min_row: int) -> bool:
         inside = L.walk(s.body) if isinstance(s, L.Loop) else ()
         if any(isinstance(x, L.Reduce) for x in inside):
             return False
-        if isinstance(s, L.Reduce) and _product([v.extent for v in s.vars]) < min_row:
+        if isinstance(s, L.Reduce) and math.prod([v.extent for v in s.vars]) < min_row:
             return False
     return True
 

@@ -72,11 +72,15 @@ def takes(s: L.Contract) -> bool:
     return fits and not s.trans_a
 
 
+def library_function(s: L.Contract) -> str:
+    """The library's C function for ``s``'s dtype (the products ``takes`` never gets: the
+    summed split and batch-fused forms, and float64)."""
+    return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+
+
 def function(s: L.Contract) -> str:
     """The C function computing ``s``: ``sg_sgemm`` or the library's."""
-    if takes(s):
-        return "sg_sgemm"
-    return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+    return "sg_sgemm" if takes(s) else library_function(s)
 
 
 __all__ = [
@@ -89,5 +93,6 @@ __all__ = [
     "SOURCE",
     "function",
     "gemm_mode",
+    "library_function",
     "takes",
 ]

@@ -172,7 +172,7 @@ class TeamRenderer(CStyleRenderer):
         """A sum of products (a convolution's weight gradient) split over the summed axis
         into one group per configured thread, each accumulated into a private partial and
         added into ``c`` in group order (``summed_groups``)."""
-        fn = "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+        fn = gemm_kernel.library_function(s)
         f = "f" if s.dtype.name == "float32" else ""
         e = self.emit
         e(depth, "{")
@@ -234,7 +234,7 @@ class TeamRenderer(CStyleRenderer):
         (or, for a sum of products, split them into groups whose partials are added in
         group order, ``summed_groups``)."""
         c, e = s.contract, self.emit
-        fn = "scipy_cblas_sgemm" if c.dtype.name == "float32" else "scipy_cblas_dgemm"
+        fn = gemm_kernel.library_function(c)
         t, f = self.type_name(c.dtype), ("f" if c.dtype.name == "float32" else "")
         summed = c.sum_batch > 1
         count = c.sum_batch if summed else c.batch
