@@ -72,6 +72,11 @@ def probe(
     c8: Wrong = sg.zeros((3, 4))
     # E: assignment to c9: value has shape [*batch, t], but the annotation says [0, 0, 0, 0, 0] (dimension -1: t != 0)
     c9: Wrong = seq.sum(axis=-1)
+    # E: assignment to e1: value has shape [b, 32, 3, 32], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    e1: Wrong = img.swapaxes(1, -2)
+    # E: assignment to e2: value has shape [*batch, d, t], but the annotation says [0, 0, 0, 0, 0] (dimension -1: t != 0)
+    e2: Wrong = seq.swapaxes(-1, -2)
+    e3: Wrong = seq.swapaxes(0, -1)  # variadic rank: axis 0 may be in *batch (no error)
     # dtype kinds: a comparison is Bool, an Int tensor times a Python float is unknown
     # E: assignment to d1: value is bool, but the annotation says int
     d1: Int[Tensor, "b 784"] = x > v

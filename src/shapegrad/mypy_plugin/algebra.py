@@ -267,6 +267,18 @@ def transpose(op: str, x: Operand, perm: list[int] | None) -> TShape | None:
     return x.shape.with_dims([dims[p] for p in positions if p is not None])
 
 
+def swapaxes(x: Operand, axis1: int, axis2: int) -> TShape | None:
+    """``x.swapaxes(a, b)``: two dims exchanged. Works under a variadic segment when both
+    axes fall in the known prefix or suffix (``[*batch, t, d].swapaxes(-1, -2)``)."""
+    first = resolve_axis("swapaxes", x, axis1)
+    second = resolve_axis("swapaxes", x, axis2)
+    if first is None or second is None:
+        return None
+    dims = list(x.shape.dims)
+    dims[first], dims[second] = dims[second], dims[first]
+    return x.shape.with_dims(dims)
+
+
 def reshape(x: Operand, target: list[Dim]) -> TShape | None:
     """Reshape to sizes (literal or symbolic); one ``-1`` is solved when the element count allows.
 

@@ -216,6 +216,15 @@ def _permute(call: Call) -> TShape | None:
     return A.transpose("permute", x, [p for p in perm if p is not None])
 
 
+def _swapaxes(call: Call) -> TShape | None:
+    x = call.self_operand
+    a = int_of(call.expr("axis1", 0))
+    b = int_of(call.expr("axis2", 1))
+    if x is None or x.scalar is not None or a is None or b is None:
+        return None
+    return A.swapaxes(x, a, b)
+
+
 def _join(name: str) -> Rule:
     def rule(call: Call) -> TShape | None:
         seq = call.expr("tensors", 0)
@@ -561,6 +570,7 @@ METHOD_RULES: dict[str, Rule] = {
     "flatten": _flatten,
     "transpose": _transpose,
     "permute": _permute,
+    "swapaxes": _swapaxes,
     "astype": _astype,
     "broadcast_to": _broadcast_to,
     "sort": CR.sort_like("sort"),
