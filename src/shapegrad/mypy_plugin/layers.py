@@ -5,7 +5,7 @@ from __future__ import annotations
 from . import sizes
 from .algebra import Mismatch, Operand, differ, resolve_axis
 from .literals import DYNAMIC, UNKNOWN
-from .spec import Item, TShape, Var, show, show_item
+from .spec import Expr, Item, TShape, Var, show, show_item
 
 Pair = tuple[int, int] | None  # None: not a literal
 
@@ -114,7 +114,7 @@ def _slice_length(size: Item, item: slice) -> Item:
     if isinstance(size, int) and all(b is None or isinstance(b, int) for b in (lo, hi, step)):
         start, stop, stride = slice(lo, hi, step).indices(size)
         return max(0, -(-(max(stop, start) - start) // stride))
-    if step not in (None, 1):
+    if step not in (None, 1) or any(_from_the_end(b) for b in (lo, hi)):
         return None
     if isinstance(lo, int) and lo < 0:
         lo = sizes.add(size, lo)
@@ -122,6 +122,14 @@ def _slice_length(size: Item, item: slice) -> Item:
         hi = sizes.add(size, hi)
     length = sizes.sub(size if hi is None else hi, 0 if lo is None else lo)
     return None if isinstance(length, int) and length < 0 else length
+
+
+def _from_the_end(bound: object) -> bool:
+    """A symbolic bound written negative (``x[-n:]``, ``x[: -(k + 1)]``): it counts from
+    the end only while ``n > 0`` (``x[-0:]`` is all of ``x``), so its length is unknown."""
+    return isinstance(bound, Expr) and all(
+        coef < 0 for mono, coef in bound.terms if mono
+    )
 
 
 def index(x: Operand, items: list[object]) -> TShape | None:
