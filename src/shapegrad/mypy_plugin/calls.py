@@ -137,7 +137,10 @@ def check_call(
                     binder.match(base + path, actual, shape, formal and formal + path)
         for i in sized:
             formal = callee.arg_names[i]
-            if args[i] and formal is not None:
+            # An int argument sizes only a dim no tensor binds: jaxtyping never compares
+            # ``k=2`` with the ``k`` of ``logits: [b, k]`` (a top-k count named like the
+            # class axis), so a disagreement there is no error.
+            if args[i] and formal is not None and formal not in binder.dims:
                 binder.bind_size(formal, env.size(args[i][0]), label(args[i][0]) or formal)
     except Mismatch as err:
         env.fail(str(err), context)
