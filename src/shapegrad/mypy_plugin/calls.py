@@ -110,10 +110,19 @@ def check_call(
         for n in names_in(shape)
         if isinstance(n, Sym)
     }
+    param_dims = {
+        n.name
+        for shapes in wants
+        for shape in shapes.values()
+        for n in names_in(shape)
+        if isinstance(n, Sym)
+    }
+    # An int parameter sizes a dim only when no tensor parameter declares it (see
+    # carrier.sizes_an_int): jaxtyping never compares ``k=2`` with ``logits: [b, k]``.
     sized = [
         i
         for i, formal in enumerate(callee.arg_names)
-        if formal in dim_names and _is_int(callee.arg_types[i])
+        if formal in dim_names and formal not in param_dims and _is_int(callee.arg_types[i])
     ]
     if not any(wants) and not ret_items:
         return _through_helper(env, context, callee, args, arg_types, default_return, receiver)
@@ -137,9 +146,6 @@ def check_call(
                     binder.match(base + path, actual, shape, formal and formal + path)
         for i in sized:
             formal = callee.arg_names[i]
-            # An int argument sizes only a dim no tensor binds: jaxtyping never compares
-            # ``k=2`` with the ``k`` of ``logits: [b, k]`` (a top-k count named like the
-            # class axis), so a disagreement there is no error.
             if args[i] and formal is not None and formal not in binder.dims:
                 binder.bind_size(formal, env.size(args[i][0]), label(args[i][0]) or formal)
     except Mismatch as err:

@@ -293,6 +293,24 @@ def rigid_names(func: FuncItem) -> dict[Sym | Var, frozenset[str]]:
     return names
 
 
+def sizes_an_int(func: FuncItem, name: str) -> bool:
+    """Whether ``func``'s ``int`` parameter ``name`` is the dim of that name: only when no
+    tensor parameter declares the dim (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``).
+
+    Beside ``x: [b, t]``, ``t: int`` is any int (a cut point: ``x[:, t:]``), since
+    jaxtyping never compares an int argument with a dim.
+    """
+    cached = _PARAM_DIMS_CACHE.get(id(func))
+    if cached is None or cached[0] is not func:
+        sig = func.type
+        types = list(sig.arg_types) if isinstance(sig, CallableType) else []
+        cached = _PARAM_DIMS_CACHE[id(func)] = (func, {n.name for n in signature_names(types)})
+    return name not in cached[1]
+
+
+_PARAM_DIMS_CACHE: dict[int, tuple[FuncItem, set[str | None]]] = {}
+
+
 def _is_int(typ: Type) -> bool:
     proper = get_proper_type(typ)
     return isinstance(proper, Instance) and proper.type.fullname == "builtins.int"

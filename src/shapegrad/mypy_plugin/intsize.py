@@ -4,8 +4,9 @@ mypy types such ints as plain ``int``, so the size an int expression stands for
 is read from the source: literals, ``Final`` constants, ``t.shape[k]`` of a
 shaped tensor, arithmetic (``+ - * //``), names assigned exactly once in the
 module (followed to their value, tuple unpacking included) and parameters:
-an ``int`` parameter named like a dim of its function's signature *is* that
-dim (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``); any other int
+an ``int`` parameter named like a dim of its function's return that no tensor
+parameter declares *is* that dim (``def causal_mask(t: int) -> Bool[Tensor, "t t"]``;
+beside ``x: [b, t]`` an int ``t`` may be a cut point, ``x[:, t:]``); any other int
 parameter or attribute (``cfg.n_embd``) is an opaque size, equal only to itself.
 Anything else (a name assigned twice, a loop variable, ``len(xs)``) is unknown.
 """
@@ -45,7 +46,7 @@ from mypy.nodes import (
 from mypy.types import Instance, Type, get_proper_type
 
 from . import sizes
-from .carrier import owner_key
+from .carrier import owner_key, sizes_an_int
 from .literals import int_of, label
 from .spec import Expr, Item, Rigid, Sym
 
@@ -195,6 +196,8 @@ def _name(env: Env, expr: NameExpr, var: Var, depth: int) -> Item:
         if sources or not _is_int(env, expr):
             return None  # a reassigned parameter: its value here is not the argument
         owner = owner_key(func)
+        if not sizes_an_int(func, var.name):  # beside a tensor's dim of that name: told apart
+            return Sym(f"int({var.name})", "~" + owner)
         canonical = env.rigid.get((var.name, owner, False))
         return canonical if isinstance(canonical, Sym) else Sym(var.name, "~" + owner)
     if len(sources) != 1 or sources[0] is None:
