@@ -11,7 +11,16 @@ is its element ``params[2]`` (the runtime's ``__getattr__``), with that element'
 
 from __future__ import annotations
 
-from mypy.nodes import AssignmentStmt, MemberExpr, NameExpr, Statement, StrExpr, TupleExpr
+from mypy.nodes import (
+    AssignmentStmt,
+    Expression,
+    MemberExpr,
+    NameExpr,
+    Statement,
+    StrExpr,
+    TupleExpr,
+    Var,
+)
 from mypy.plugin import AttributeContext
 from mypy.types import Instance, TupleType, Type, get_proper_type
 
@@ -19,7 +28,8 @@ from . import sizes
 from .carrier import attach, shape_of, tuple_items
 from .env import Env
 from .inline import dims_mapping
-from .spec import Expr, Sym
+from .scanned import sliced_params
+from .spec import Expr, Sym, TShape
 
 PARAMLIST_ATTRIBUTE = "shapegrad.typing.ParamList."
 
@@ -32,18 +42,34 @@ def module_field(ctx: AttributeContext) -> Type:
     if shape is None or not isinstance(context, MemberExpr):
         return default
     if not isinstance(context.expr, MemberExpr):
-        return default  # `self.w` / `m.w`: the class's own names, known where they are rigid
+        # `self.w` / `m.w`: the class's own names, known where they are rigid
+        stepped = _one_step(Env(ctx.api), context, shape)
+        return default if stepped is shape else attach(default, stepped, Env(ctx.api).str_type())
     env = Env(ctx.api)
     mapping = dims_mapping(env, context.expr)
     if mapping is None:
         return default
-    renamed = shape.with_dims(
+    renamed = _one_step(env, context, shape).with_dims(
         [
             sizes.substitute(d, lambda s: mapping.get(s.name)) if isinstance(d, Sym | Expr) else d
             for d in shape.dims
         ]
     )
     return attach(default, renamed, env.str_type())
+
+
+def _one_step(env: Env, member: MemberExpr, shape: TShape) -> TShape:
+    """``shape`` without its leading dim when read through a parameter that gets one
+    step's slice of ``sg.scan``'s ``xs`` (``p.w`` in ``def layer(h, p: Layers)``)."""
+    root: Expression = member.expr
+    while isinstance(root, MemberExpr):
+        root = root.expr
+    tree = getattr(env.api, "tree", None)
+    if not isinstance(root, NameExpr) or not isinstance(root.node, Var) or tree is None:
+        return shape
+    if root.node not in sliced_params(tree) or not shape.fixed or not shape.dims:
+        return shape
+    return shape.with_dims(shape.dims[1:])
 
 
 def paramlist_name(ctx: AttributeContext) -> Type:

@@ -15,7 +15,7 @@ _BY_MODULE: dict[str, tuple[str, ...]] = {
         "stop_gradient", "sum", "mean", "max", "min", "var", "logsumexp", "softmax",
         "log_softmax", "argmax", "maximum", "minimum", "pow", "where", "matmul", "reshape",
         "transpose", "concat", "stack", "cross_entropy", "mse", "hinge", "one_hot", "embedding",
-        "squeeze", "expand_dims", "unsqueeze", "erf",
+        "squeeze", "expand_dims", "unsqueeze", "erf", "clip", "take", "gather",
     ),
     "shapegrad._composites": (
         "silu", "softplus", "elu", "leaky_relu", "argmin", "all", "any", "norm", "tril", "triu",

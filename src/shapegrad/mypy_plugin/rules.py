@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mypy.nodes import Expression, ListExpr, MemberExpr, NameExpr, TupleExpr
+from mypy.nodes import (
+    Expression,
+    IndexExpr,
+    ListExpr,
+    MemberExpr,
+    NameExpr,
+    OpExpr,
+    SliceExpr,
+    StarExpr,
+    TupleExpr,
+)
 from mypy.types import Instance, get_proper_type
 
 from . import algebra as A
@@ -144,24 +154,56 @@ def _argmax(call: Call) -> TShape | None:
 
 
 def sizes_of(call: Call, exprs: list[Expression]) -> list[Dim] | None:
-    """Sizes from ``f(2, b)``, ``f((2, t - 1))`` or ``f(y.shape)`` arguments (see :mod:`intsize`)."""
-    env = call.env
-    if len(exprs) == 1:
-        only = exprs[0]
-        if isinstance(only, TupleExpr | ListExpr):
-            exprs = list(only.items)
-        elif isinstance(only, MemberExpr) and only.name == "shape":
-            dims = env.dims_of(only.expr)
-            if dims is None or not all(isinstance(d, int | Sym | Expr) for d in dims):
-                return None
-            return [d for d in dims if isinstance(d, int | Sym | Expr)]
-        elif not _is_int(call, only):
-            return None  # a tuple held in a variable: not followed
+    """Sizes from ``f(2, b)``, ``f((2, t - 1))``, ``f(y.shape)``, ``f(*y.shape[:-1], h, -1)``
+    or ``f(y.shape[:-1] + (k,))`` arguments (see :mod:`intsize`); None if not understood."""
+    if len(exprs) == 1 and not _is_int(call, exprs[0]):
+        return size_sequence(call, exprs[0])
     out: list[Dim] = []
     for e in exprs:
-        size = env.size(e)
+        if not _is_int(call, e):  # `*y.shape[:-1]`: mypy passes the unstarred tuple
+            run = size_sequence(call, e)
+            if run is None:
+                return None
+            out.extend(run)
+            continue
+        size = call.env.size(e)
         out.append(size if not isinstance(size, Var) else None)
     return out
+
+
+def size_sequence(call: Call, expr: Expression) -> list[Dim] | None:
+    """The sizes a tuple expression holds: ``(2, t)``, ``[b, *y.shape[1:]]``, ``y.shape``,
+    ``y.shape[:-1]`` (literal slice bounds), ``a + b``; None when not understood (a tuple
+    held in a variable is not followed)."""
+    env = call.env
+    if isinstance(expr, TupleExpr | ListExpr):
+        out: list[Dim] = []
+        for e in expr.items:
+            if isinstance(e, StarExpr):
+                run = size_sequence(call, e.expr)
+                if run is None:
+                    return None
+                out.extend(run)
+                continue
+            size = env.size(e)
+            out.append(size if not isinstance(size, Var) else None)
+        return out
+    if isinstance(expr, OpExpr) and expr.op == "+":
+        left, right = size_sequence(call, expr.left), size_sequence(call, expr.right)
+        return None if left is None or right is None else left + right
+    window = slice(None)
+    if isinstance(expr, IndexExpr) and isinstance(expr.index, SliceExpr):
+        bounds = [expr.index.begin_index, expr.index.end_index, expr.index.stride]
+        ints = [None if b is None else int_of(b) for b in bounds]
+        if any(i is None and b is not None for i, b in zip(ints, bounds, strict=True)):
+            return None
+        window, expr = slice(*ints), expr.base
+    if isinstance(expr, MemberExpr) and expr.name == "shape":
+        dims = env.dims_of(expr.expr)
+        if dims is None or not all(isinstance(d, int | Sym | Expr) for d in dims):
+            return None
+        return [d for d in dims[window] if isinstance(d, int | Sym | Expr)]
+    return None
 
 
 def _is_int(call: Call, expr: Expression) -> bool:
@@ -183,10 +225,60 @@ def _reshape(call: Call) -> TShape | None:
 
 
 def _flatten(call: Call) -> TShape | None:
+    """``x.flatten()`` (NumPy) or PyTorch's ``x.flatten(start_dim, end_dim)`` (literal axes)."""
     x = _x(call)
-    if x is None or any(call.args):  # PyTorch's flatten(start_dim, end_dim): not modelled
+    start_expr, end_expr = call.expr("start_dim", 0), call.expr("end_dim", 1)
+    if x is None or x.scalar is not None:
         return None
-    return A.reshape(x, [-1])
+    if start_expr is None and end_expr is None:
+        return A.reshape(x, [-1])
+    start = 0 if start_expr is None else int_of(start_expr)
+    end = -1 if end_expr is None else int_of(end_expr)
+    if start is None or end is None or not x.shape.fixed or not x.shape.dims:
+        return None
+    a, b = A.resolve_axis("flatten", x, start), A.resolve_axis("flatten", x, end)
+    if a is None or b is None or a > b:
+        return None  # start after end: the library's own error at run time
+    dims = x.shape.dims
+    return x.shape.with_dims([*dims[:a], sizes.product(dims[a : b + 1]), *dims[b + 1 :]])
+
+
+def _expand(call: Call) -> TShape | None:
+    """PyTorch's ``x.expand(*sizes)``: ``broadcast_to`` where ``-1`` keeps ``x``'s size."""
+    x = _x(call)
+    target = sizes_of(call, call.all_exprs("sizes", 0))
+    if x is None or target is None or x.scalar is not None or not x.shape.fixed:
+        return None
+    lead = len(target) - len(x.shape.dims)
+    if lead < 0 or any(s == -1 for s in target[:lead]):
+        return None  # the library's own error at run time
+    out = [x.shape.dims[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(target)]
+    A.broadcast("expand", [x, Operand("", TShape(tuple(out)))])
+    return TShape(tuple(out), x.shape.dtype)
+
+
+def _take(call: Call) -> TShape | None:
+    """``take(x, indices, axis)`` / ``gather``: ``x.shape[:axis] + indices.shape +
+    x.shape[axis + 1:]`` for a literal axis and shaped int indices (flattened ``x``: the
+    indices' shape)."""
+    x = _x(call)
+    base = 0 if call.self_operand is not None else 1
+    idx = call.operand("indices", base) or call.operand("idx", base)
+    axis_expr = call.expr("axis", base + 1)
+    if x is None or idx is None or idx.scalar is not None or x.scalar is not None:
+        return None
+    if idx.shape.dtype not in ("int", None):
+        return None
+    if is_none(axis_expr):
+        return TShape(idx.shape.dims, x.shape.dtype)
+    axis = int_of(axis_expr) if axis_expr is not None else None
+    if axis is None or not x.shape.fixed:
+        return None
+    pos = A.resolve_axis("take", x, axis)
+    if pos is None:
+        return None
+    dims = x.shape.dims
+    return L.prepend(TShape(dims[:pos]), (*idx.shape.dims, *dims[pos + 1 :]), x.shape.dtype)
 
 
 def _transpose(call: Call) -> TShape | None:
@@ -210,7 +302,10 @@ def _transpose(call: Call) -> TShape | None:
 
 def _permute(call: Call) -> TShape | None:
     x = _x(call)
-    perm = [int_of(e) for e in call.all_exprs("axes", 0)]
+    exprs = call.all_exprs("axes", 0)
+    if len(exprs) == 1 and isinstance(exprs[0], TupleExpr | ListExpr):
+        exprs = list(exprs[0].items)  # x.permute((0, 2, 1)), as x.permute(0, 2, 1)
+    perm = [int_of(e) for e in exprs]
     if x is None or any(p is None for p in perm):
         return None
     return A.transpose("permute", x, [p for p in perm if p is not None])
@@ -534,6 +629,9 @@ FUNCTION_RULES: dict[str, Rule] = {
     **dict.fromkeys(("zeros", "ones", "rand", "randn", "full"), _creation),
     "eye": _eye,
     "arange": _arange,
+    "clip": _unary,
+    "take": _take,
+    "gather": _take,
     # issue 25's composites
     **dict.fromkeys(("silu", "softplus", "elu", "leaky_relu", "erf", "flip", "roll"), _unary),
     "argmin": CR.argmin,
@@ -568,6 +666,11 @@ METHOD_RULES: dict[str, Rule] = {
     "__getitem__": _index,
     "reshape": _reshape,
     "flatten": _flatten,
+    "view": _reshape,
+    "expand": _expand,
+    "clamp": _unary,
+    "clip": _unary,
+    "take": _take,
     "transpose": _transpose,
     "permute": _permute,
     "swapaxes": _swapaxes,
