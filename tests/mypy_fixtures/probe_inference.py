@@ -77,6 +77,26 @@ def probe(
     # E: assignment to e2: value has shape [*batch, d, t], but the annotation says [0, 0, 0, 0, 0] (dimension -1: t != 0)
     e2: Wrong = seq.swapaxes(-1, -2)
     e3: Wrong = seq.swapaxes(0, -1)  # variadic rank: axis 0 may be in *batch (no error)
+    # PyTorch reshaping spellings and sizes unpacked from a shape
+    # E: assignment to f1: value has shape [b, 3, 1024], but the annotation says [0, 0, 0, 0, 0] (rank 3 != 5)
+    f1: Wrong = img.view(*img.shape[:2], -1)
+    # E: assignment to f2: value has shape [b, 3, 32, 5], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    f2: Wrong = sg.zeros(img.shape[:-1] + (5,))
+    # E: assignment to f3: value has shape [b, 3, 32, 32], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    f3: Wrong = img[:, :1].expand(-1, 3, -1, -1)
+    # E: assignment to f4: value has shape [b, 3072], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
+    f4: Wrong = img.flatten(1)
+    # E: assignment to f5: value has shape [3 * b, 32, 32], but the annotation says [0, 0, 0, 0, 0] (rank 3 != 5)
+    f5: Wrong = img.flatten(0, 1)
+    # E: assignment to f6: value has shape [b, 32, 32, 3], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    f6: Wrong = img.permute((0, 2, 3, 1))
+    # E: assignment to f7: value has shape [b, 784], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
+    f7: Wrong = x.clamp(min=0.0)
+    # E: assignment to f8: value has shape [b, b, 32, 32], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    f8: Wrong = sg.take(img, labels, axis=1)
+    # counted from the end by a symbolic size (x[-0:] is all of x): its length is unknown
+    # E: assignment to f9: value has shape [b, ?], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
+    f9: Wrong = x[:, -x.shape[0] :]
     # dtype kinds: a comparison is Bool, an Int tensor times a Python float is unknown
     # E: assignment to d1: value is bool, but the annotation says int
     d1: Int[Tensor, "b 784"] = x > v

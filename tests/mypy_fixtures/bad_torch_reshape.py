@@ -1,0 +1,22 @@
+"""Bugs in PyTorch-style reshaping: heads split with ``view(*x.shape[:-1], 2, -1)`` but
+never moved before the time axis, and ``expand`` of an axis that is not of size 1."""
+
+import shapegrad as sg
+from shapegrad import Float, Tensor
+
+
+@sg.typechecked
+def split_heads(x: Float[Tensor, "b t d"], w: Float[Tensor, "d d"]) -> Float[Tensor, "b 2 t e"]:
+    # E: return value has shape [b, t, 2, d // 2], but the annotation says [b, 2, t, e] (dimension 1: t != 2)
+    return (x @ w).view(*x.shape[:-1], 2, -1)
+
+
+@sg.typechecked
+def tile_query(q: Float[Tensor, "b 2 d"], t: int) -> Float[Tensor, "b t d"]:
+    # E: expand: cannot broadcast q [b, 2, d] and [b, t, d]: dimension -2 is 2 vs t
+    return q.expand(-1, t, -1)
+
+
+def run() -> None:
+    split_heads(sg.randn((2, 5, 4)), sg.randn((4, 4)))
+    tile_query(sg.randn((2, 2, 4)), 3)
