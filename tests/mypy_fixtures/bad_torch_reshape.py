@@ -1,5 +1,6 @@
 """Bugs in PyTorch-style reshaping: heads split with ``view(*x.shape[:-1], 2, -1)`` but
-never moved before the time axis, and ``expand`` of an axis that is not of size 1."""
+never moved before the time axis, ``expand`` of an axis that is not of size 1, and a
+classifier weight whose input width is a name of its own rather than ``c*h*w``."""
 
 import shapegrad as sg
 from shapegrad import Float, Tensor
@@ -15,6 +16,12 @@ def split_heads(x: Float[Tensor, "b t d"], w: Float[Tensor, "d d"]) -> Float[Ten
 def tile_query(q: Float[Tensor, "b 2 d"], t: int) -> Float[Tensor, "b t d"]:
     # E: expand: cannot broadcast q [b, 2, d] and [b, t, d]: dimension -2 is 2 vs t
     return q.expand(-1, t, -1)
+
+
+@sg.typechecked
+def head(img: Float[Tensor, "b c h w"], w: Float[Tensor, "k f"]) -> Float[Tensor, "b k"]:
+    # E: matmul: inner dimensions disagree: img.flatten(...) is [b, c * h * w], w.T is [f, k] (c * h * w != f)
+    return img.flatten(1) @ w.T
 
 
 def run() -> None:

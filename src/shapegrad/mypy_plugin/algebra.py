@@ -22,7 +22,11 @@ class Mismatch(Exception):
     """A shape bug that will certainly fail at run time; ``str()`` is the message."""
 
 
-_TWO_NAMES = re.compile(r"(?<![\w.])([A-Za-z_]\w*) (?:!=|vs) ([A-Za-z_]\w*)(?![\w.(\[])")
+# Two bare names compared; not a name that ends or starts an expression (``c * h * w != f``
+# blames no single name).
+_TWO_NAMES = re.compile(
+    r"(?<![\w.])(?<![*+/-] )([A-Za-z_]\w*) (?:!=|vs) ([A-Za-z_]\w*)(?![\w.(\[])(?! [*+/-])"
+)
 
 
 def with_hint(message: str) -> str:
