@@ -1,4 +1,5 @@
-"""Parameters that receive one step's slice of ``sg.scan``'s ``xs``.
+"""Parameters that receive one step's slice of ``sg.scan``'s ``xs`` (or one member of
+an argument that ``sg.vmap`` maps over axis 0).
 
 ``sg.scan(step, x, stack)`` over a Module whose fields all carry a leading layer dim
 (``w: Float[Tensor, "layers d d"]``) calls ``step`` with one layer's slice: an object of
@@ -47,8 +48,10 @@ from mypy.nodes import (
 from mypy.types import Instance, get_proper_type
 
 from .intsize import module_index
+from .literals import int_of
 
 SCAN = "shapegrad.control.scan"
+VMAP = "shapegrad._batching.vmap"
 
 _CACHE: dict[str, tuple[MypyFile, frozenset[Var]]] = {}
 Located = tuple[CallExpr, TypeInfo | None]
@@ -61,6 +64,7 @@ def sliced_params(tree: MypyFile) -> frozenset[Var]:
         found: set[Var] = set()
         for call, owner in _calls(tree.defs):
             _scan_call(tree, call, owner, found)
+            _vmapped_call(call, owner, found)
         cached = _CACHE[tree.fullname] = (tree, frozenset(found))
     return cached[1]
 
@@ -86,6 +90,34 @@ def _scan_call(tree: MypyFile, call: CallExpr, owner: TypeInfo | None, found: se
                     _add(found, _positional_param(inner.callee, i, owner), stacked)
     else:
         _add(found, _positional_param(body, 1, owner), stacked)
+
+
+def _vmapped_call(call: CallExpr, owner: TypeInfo | None, found: set[Var]) -> None:
+    """``sg.vmap(f, in_axes=(0, None))(stack, x)``: ``f``'s parameters mapped over axis 0
+    get one member's slice (an ensemble of Modules)."""
+    inner = call.callee
+    if not (
+        isinstance(inner, CallExpr)
+        and isinstance(inner.callee, RefExpr)
+        and inner.callee.fullname == VMAP
+    ):
+        return
+    fn, in_axes = _argument(inner, "fn", 0), _argument(inner, "in_axes", 1)
+    if fn is None:
+        return
+    for i, (arg, name) in enumerate(zip(call.args, call.arg_names, strict=True)):
+        stacked = _declared_class(arg, owner)
+        if name is None and stacked is not None and _axis(in_axes, i) == 0:
+            _add(found, _positional_param(fn, i, owner), stacked)
+
+
+def _axis(in_axes: Expression | None, i: int) -> int | None:
+    """Argument ``i``'s literal mapped axis (None: not mapped, or not a literal)."""
+    if in_axes is None:
+        return 0
+    if isinstance(in_axes, TupleExpr | ListExpr):
+        return int_of(in_axes.items[i]) if i < len(in_axes.items) else None
+    return int_of(in_axes)
 
 
 def _add(found: set[Var], param: Var | None, stacked: str) -> None:
