@@ -94,6 +94,13 @@ def probe(
     f7: Wrong = x.clamp(min=0.0)
     # E: assignment to f8: value has shape [b, b, 32, 32], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
     f8: Wrong = sg.take(img, labels, axis=1)
+    # one integer index tensor: its dims replace the axis; a mask's result is data-dependent
+    # E: assignment to g1: value has shape [b, 10], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
+    g1: Wrong = w[labels]
+    # E: assignment to g2: value has shape [b, 3, b, 32], but the annotation says [0, 0, 0, 0, 0] (rank 4 != 5)
+    g2: Wrong = img[:, :, labels]
+    g3: Wrong = x[mask]  # no error: unknown
+    g4: Wrong = img[0, :, labels]  # no error: an int beside it moves the result axes (NumPy)
     # counted from the end by a symbolic size (x[-0:] is all of x): its length is unknown
     # E: assignment to f9: value has shape [b, ?], but the annotation says [0, 0, 0, 0, 0] (rank 2 != 5)
     f9: Wrong = x[:, -x.shape[0] :]

@@ -29,6 +29,7 @@ from . import sizes
 from .algebra import Operand
 from .call import Call
 from .literals import (
+    DYNAMIC,
     bool_of,
     index_items,
     int_of,
@@ -379,12 +380,42 @@ def _elementwise2(name: str) -> Rule:
 
 
 def _index(call: Call) -> TShape | None:
+    """Basic indexing, and one integer tensor among the indices (``table[ids]``,
+    ``x[:, steps]``): its dims replace the axis it indexes, as in NumPy. Two or more
+    index tensors (broadcast together, maybe moved to the front) and masks: unknown."""
     x = call.self_operand
     expr = call.expr("index", 0)
-    items = (
-        index_items(expr, call.env.size, lambda e: _is_int(call, e)) if expr is not None else None
-    )
-    return None if x is None or items is None else L.index(x, items)
+    if x is None or expr is None:
+        return None
+    parts = list(expr.items) if isinstance(expr, TupleExpr) else [expr]
+    picked = [(k, o) for k, p in enumerate(parts) if (o := _int_tensor(call, p)) is not None]
+    if len(picked) > 1:
+        return None
+    gather = picked[0][1] if picked else None
+    at = picked[0][0] if picked else len(parts)
+    index = parts[at] if picked else None
+    items = index_items(expr, call.env.size, lambda e: _is_int(call, e) or e is index)
+    shape = None if items is None else L.index(x, items)
+    if shape is None or gather is None or items is None:
+        return shape
+    if any(isinstance(i, int) or i is DYNAMIC for k, i in enumerate(items) if k != at):
+        return None  # an int beside an index tensor is one more advanced index (NumPy)
+    before = items[:at]
+    real = [i for i in items if i is not None and i is not Ellipsis]
+    pos = sum(1 for i in before if i is None or isinstance(i, slice))
+    if Ellipsis in before:
+        pos += len(x.shape.dims) - len(real)
+    return shape.with_dims([*shape.dims[:pos], *gather.shape.dims, *shape.dims[pos:]])
+
+
+def _int_tensor(call: Call, expr: Expression) -> Operand | None:
+    """An index that is an integer tensor of known rank (a bool mask is not one)."""
+    if isinstance(expr, SliceExpr) or is_none(expr):
+        return None
+    o = call.env.operand(expr, call.env.type_of(expr))
+    if o is None or o.scalar is not None or not o.shape.fixed or o.shape.dtype != "int":
+        return None
+    return o
 
 
 def _conv2d(call: Call) -> TShape | None:
