@@ -11,7 +11,7 @@ defined in ``_tensor_methods.py``, which installs them when the package is impor
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -207,8 +207,6 @@ class Tensor(_CastMethods):
 
         # --- indexing ------------------------------------------------------------
         def __getitem__(self, index: Any) -> Tensor: ...
-        # `for row in x`: Python's __getitem__ protocol at run time (rows of the first axis)
-        def __iter__(self) -> Iterator[Tensor]: ...
 
         # --- methods mirroring the functional ops ---------------------------------------------
         @property

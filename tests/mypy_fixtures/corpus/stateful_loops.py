@@ -1,9 +1,7 @@
-"""Stateful loops: an Optional hidden state filled on the first step, a dict of named
-outputs, a generator yielding mini-batches, tuple returns with an Optional member, and an
-annotated local re-declared per branch."""
+"""Stateful loops: an optional hidden state filled on the first step, a dict of named
+outputs, a generator yielding mini-batches, and a tuple return with an optional member."""
 
 from collections.abc import Iterator
-from typing import Optional
 
 import shapegrad as sg
 from shapegrad import Float, Tensor
@@ -16,8 +14,9 @@ def batches(x: Float[Tensor, "n d"], size: int) -> Iterator[Float[Tensor, "m d"]
 
 @sg.typechecked
 def running_state(xs: Float[Tensor, "t b d"], w: Float[Tensor, "d d"]) -> Float[Tensor, "b d"]:
-    h: Optional[Float[Tensor, "b d"]] = None
-    for x in xs:
+    h: Float[Tensor, "b d"] | None = None
+    for t in range(xs.shape[0]):
+        x = xs[t]
         h = sg.tanh(x @ w) if h is None else sg.tanh(x @ w + h)
     assert h is not None
     return h
@@ -30,7 +29,7 @@ def heads(x: Float[Tensor, "b d"], w: Float[Tensor, "d k"]) -> dict[str, Tensor]
 
 
 @sg.typechecked
-def maybe_aux(x: Float[Tensor, "b d"], with_aux: bool) -> tuple[Float[Tensor, "b d"], Optional[Float[Tensor, " b"]]]:
+def maybe_aux(x: Float[Tensor, "b d"], with_aux: bool) -> tuple[Float[Tensor, "b d"], Float[Tensor, " b"] | None]:
     y = sg.relu(x)
     if not with_aux:
         return y, None
