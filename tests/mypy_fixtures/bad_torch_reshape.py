@@ -1,6 +1,8 @@
 """Bugs in PyTorch-style reshaping: heads split with ``view(*x.shape[:-1], 2, -1)`` but
-never moved before the time axis, ``expand`` of an axis that is not of size 1, and a
-classifier weight whose input width is a name of its own rather than ``c*h*w``."""
+never moved before the time axis, ``expand`` of an axis that is not of size 1, and a head
+whose weight is as wide as the channels, not the flattened image. (A weight ``[k, f]``
+applied to ``img.flatten(1)`` is not reported: ``f`` may be ``c*h*w``; see
+corpus/flatten_head.py.)"""
 
 import shapegrad as sg
 from shapegrad import Float, Tensor
@@ -19,8 +21,8 @@ def tile_query(q: Float[Tensor, "b 2 d"], t: int) -> Float[Tensor, "b t d"]:
 
 
 @sg.typechecked
-def head(img: Float[Tensor, "b c h w"], w: Float[Tensor, "k f"]) -> Float[Tensor, "b k"]:
-    # E: matmul: inner dimensions disagree: img.flatten(...) is [b, c * h * w], w.T is [f, k] (c * h * w != f)
+def head(img: Float[Tensor, "b c h w"], w: Float[Tensor, "k c"]) -> Float[Tensor, "b k"]:
+    # E: matmul: inner dimensions disagree: img.flatten(...) is [b, c * h * w], w.T is [c, k] (c * h * w != c)
     return img.flatten(1) @ w.T
 
 

@@ -182,8 +182,21 @@ def _unrelated(a: Item, b: Item, diff: Poly, syms: set[Sym]) -> bool:
     powers = [p for _, p in ratio]
     if all(p > 0 for p in powers) or all(p < 0 for p in powers):
         return True
+    if _flattened_pair((ma, ca), (mb, cb)):
+        return False
     divided = any(c.denominator != 1 or any(p < 0 for _, p in m) for m, c in ((ma, ca), (mb, cb)))
     return not divided  # `i` vs `3 * h` differ; `z` vs `z2 // 2` is a relation the code made
+
+
+def _flattened_pair(a: tuple[tuple[Atom, ...], Fraction], b: tuple[tuple[Atom, ...], Fraction]) -> bool:
+    """One side a lone name (``f``), the other a product of other names (``c * h * w``):
+    the name may be the flattened size (a weight ``[f, k]`` applied to ``x.flatten(1)``,
+    which jaxtyping accepts whenever the sizes agree), so it is not a proven mismatch."""
+    for (lone, lone_coef), (prod, _) in ((a, b), (b, a)):
+        lone_name = lone_coef == 1 and len(lone) == 1 and lone[0][1] == 1
+        if lone_name and sum(p for _, p in prod if p > 0) >= 2:
+            return True
+    return False
 
 
 def substitute(item: Item, value: Callable[[Sym], Item]) -> Item:
