@@ -144,3 +144,15 @@ def test_numpy_and_pytorch_names_together_are_an_error() -> None:
         x.expand(3, 4)
     with pytest.raises(sg.ShapeError, match=r"flatten: start_dim 2 comes after end_dim 1"):
         x.flatten(2, 1)
+
+
+def test_iterating_a_tensor_gives_its_rows_as_pytorch_does() -> None:
+    x, t = _pair()
+    rows = list(x)
+    assert len(rows) == len(list(t)) == 2
+    for ours, theirs in zip(rows, t, strict=True):
+        _same(ours, theirs)
+    first, second = x  # unpacking iterates too
+    _same(second, t[1])
+    with pytest.raises(TypeError, match="0-d"):
+        iter(sg.tensor(1.0))

@@ -11,7 +11,7 @@ defined in ``_tensor_methods.py``, which installs them when the package is impor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -104,6 +104,14 @@ class Tensor(_CastMethods):
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        """The slices along the first axis, as ``for row in x`` in NumPy and PyTorch (and
+        declared, so type checkers accept it: Python's fallback through ``__getitem__``
+        works at run time but is invisible to them)."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
 
     @property
     def is_traced(self) -> bool:

@@ -1,0 +1,26 @@
+"""Per-example work written as a Python loop over a batch's rows (``for row in x``, and
+unpacking a two-row tensor), as PyTorch users write it."""
+
+import shapegrad as sg
+from shapegrad import Float, Tensor
+
+
+@sg.typechecked
+def row_norms(x: Float[Tensor, "b d"]) -> list[Float[Tensor, ""]]:
+    return [sg.sqrt((row * row).sum()) for row in x]
+
+
+@sg.typechecked
+def pair_distance(pair: Float[Tensor, "2 d"]) -> Float[Tensor, ""]:
+    first, second = pair
+    return ((first - second) ** 2).sum()
+
+
+def run() -> None:
+    x = sg.randn((3, 4))
+    assert len(row_norms(x)) == 3
+    pair_distance(x[:2])
+
+
+if __name__ == "__main__":
+    run()
