@@ -4,7 +4,7 @@
 The C function is built into a small harness library twice: with the backend's flags (the
 AVX-512 kernel where the CPU has it) and with ``-march=x86-64-v3`` (no AVX-512: one
 ``cblas_sgemm`` per product, as before). Both are checked against a float64 NumPy product
-on odd shapes crossing every block edge of the kernel (8- and 12-row tiles and their 4, 2,
+on odd shapes crossing every block edge of the kernel (8- and 6-row tiles and their 4, 2,
 1-row tails, 16-column vectors, 64-column blocks, 256-term k-blocks), all four transposes,
 two-level batches laid out back to back and as interleaved head views (heads of a ``[b, t,
 h*d]`` buffer, rows of ``c`` wider than ``n``), alpha and beta (beta 0 must not read ``c``:
@@ -100,7 +100,7 @@ class Operand:
         return start + np.arange(self.rows)[:, None] * self.ld + np.arange(self.cols)[None, :]
 
 
-SHAPES = [  # m, n, k: tiles of 12/8/6 rows, tails, 1-4 vectors, 64-column blocks, k-blocks
+SHAPES = [  # m, n, k: tiles of 8/6 rows, tails, 1-4 vectors, 64-column blocks, k-blocks
     (1, 1, 1),
     (3, 17, 5),
     (13, 33, 31),

@@ -6,40 +6,34 @@
    orphaned work-sharing loop, dynamic, 1, nowait: the caller places barriers, as for the
    other team-split products); each product is computed whole by one thread, so the result
    does not depend on the team. Where the target has AVX-512F each product is computed by
-   register blocks of MR rows x 16 * NV columns of c (NV <= 4 zmm; MR 12, 8, or 6 when NV is
-   4; tails of 8, 4, 2 and 1 rows; masked tail columns) that broadcast op(a) where it lies
+   register blocks of MR rows x 16 * NV columns of c (NV <= 4 zmm; MR 8, or 6 when NV is 4;
+   tails of 4, 2 and 1 rows; masked tail columns) that broadcast op(a) where it lies
    (no packing) and read op(b) from a KC x 64 panel on the stack, gathered per 64 columns
    (transposed by 16 x 16 register transposes when op(b) = b^T: sg_transpose16 of sgemm.h,
-   which is included before this header). Every term of k is summed in order into one accumulator (no k-blocks), then alpha and
-   beta are applied (beta 0: c is not read). Elsewhere each product is one call of the
-   library's cblas_sgemm, as before. */
+   which is included before this header). Each k-block of up to KC = 256 terms is summed in
+   order into one accumulator and added to c (beta 0: c is not read; later blocks add), so
+   results match the library to float32 GEMM tolerance, not bit for bit. Elsewhere each
+   product is one call of the library's cblas_sgemm, as before. */
 #if defined(__AVX512F__)
-#ifndef SG_MR1
-#define SG_MR1 8
-#endif
-#ifndef SG_MR2
-#define SG_MR2 12
-#endif
 #define SG_BATCH_KC 256 /* op(b)^T panel depth; a deeper sum is done in KC-term blocks */
 
 /* c[:mr, :16*nv] (last zmm masked by `last`) = alpha * sum_p op(a)[r, p] op(b)[p, :] + beta c;
-   op(a)[r, p] = a[r * lda + p] (ta 0) or a[p * lda + r] (ta 1); op(b)[p, :] = b + p * ldb */
+   op(a)[r, p] = a[r * lda + p] (ta 0) or a[p * lda + r] (ta 1); op(b)[p, :] at b + p * 64
+   (the panel, zero past the last column) */
 static inline __attribute__((always_inline)) void sg_batch_tile(
     const int mr, const int nv, const int ta, int kk, const float *restrict a, int64_t lda,
-    const float *restrict b, int64_t ldb, __mmask16 last, float *restrict c, int64_t ldc,
-    float alpha, float beta) {
-    __m512 acc[12][4];
-#pragma GCC unroll 12
+    const float *restrict b, __mmask16 last, float *restrict c, int64_t ldc, float alpha,
+    float beta) {
+    __m512 acc[8][4];
+#pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int p = 0; p < kk; ++p) {
         __m512 bv[4];
-        const float *bp = b + p * ldb;
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; ++v)
-            bv[v] = v == nv - 1 ? _mm512_maskz_loadu_ps(last, bp + 16 * v) : _mm512_loadu_ps(bp + 16 * v);
-#pragma GCC unroll 12
+        for (int v = 0; v < nv; ++v) bv[v] = _mm512_load_ps(b + p * 64 + 16 * v);
+#pragma GCC unroll 8
         for (int r = 0; r < mr; ++r) {
             const __m512 av = _mm512_set1_ps(ta ? a[p * lda + r] : a[r * lda + p]);
 #pragma GCC unroll 4
@@ -47,64 +41,60 @@ static inline __attribute__((always_inline)) void sg_batch_tile(
         }
     }
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 12
+#pragma GCC unroll 8
     for (int r = 0; r < mr; ++r)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; ++v) {
             const __mmask16 m = v == nv - 1 ? last : (__mmask16)0xffff;
             float *cr = c + r * ldc + 16 * v;
-            __m512 x = _mm512_mul_ps(va, acc[r][v]);
+            __m512 x = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(va, acc[r][v]);
             if (beta != 0.0f) x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, cr), x);
             _mm512_mask_storeu_ps(cr, m, x);
         }
 }
 
-/* rows [0, m) of one 16 * nv column block: MR-row tiles, then tails of 4, 2, 1 rows (MR
-   is at most 8, so they cover any rest) */
+/* rows [0, m) of one 16 * nv column block: MR-row tiles,
+   then tails of 4, 2, 1 rows (MR is at most 8, so they cover any rest) */
 #define SG_BATCH_ROWS(NV, MR, TA)                                                             \
     do {                                                                                      \
         int i = 0;                                                                            \
-        for (; i + (MR) <= m; i += (MR))                                                      \
-            sg_batch_tile(MR, NV, TA, kk, a + i * a_row, lda, b, ldb, last, c + i * ldc, ldc, \
+        for (; i + (MR) <= m; i += (MR)) {                                                    \
+            sg_batch_tile(MR, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc, \
                           alpha, beta);                                                       \
-        if ((MR) > 8 && i + 8 <= m) {                                                         \
-            sg_batch_tile(8, NV, TA, kk, a + i * a_row, lda, b, ldb, last, c + i * ldc, ldc,  \
-                          alpha, beta);                                                       \
-            i += 8;                                                                           \
         }                                                                                     \
         if (i + 4 <= m) {                                                                     \
-            sg_batch_tile(4, NV, TA, kk, a + i * a_row, lda, b, ldb, last, c + i * ldc, ldc,  \
+            sg_batch_tile(4, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
                           alpha, beta);                                                       \
             i += 4;                                                                           \
         }                                                                                     \
         if (i + 2 <= m) {                                                                     \
-            sg_batch_tile(2, NV, TA, kk, a + i * a_row, lda, b, ldb, last, c + i * ldc, ldc,  \
+            sg_batch_tile(2, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
                           alpha, beta);                                                       \
             i += 2;                                                                           \
         }                                                                                     \
         if (i < m)                                                                            \
-            sg_batch_tile(1, NV, TA, kk, a + i * a_row, lda, b, ldb, last, c + i * ldc, ldc,  \
+            sg_batch_tile(1, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
                           alpha, beta);                                                       \
     } while (0)
 
-/* c[:m, :cols] (+)= alpha * op(a)[:m, :kk] @ op(b)[:kk, :cols], cols <= 64, op(b) rows at b */
+/* c[:m, :cols] (+)= alpha * op(a)[:m, :kk] @ op(b)[:kk, :cols], cols <= 64, op(b)
+   in the panel b (rows 64 apart) */
 static void sg_batch_block(int ta, int m, int cols, int kk, float alpha, const float *a,
-                           int64_t lda, const float *b, int64_t ldb, float beta, float *c,
-                           int64_t ldc) {
+                           int64_t lda, const float *b, float beta, float *c, int64_t ldc) {
     const int nv = (cols + 15) / 16;
     const __mmask16 last = (__mmask16)(0xffffu >> (16 * nv - cols));
     const int64_t a_row = ta ? 1 : lda; /* op(a)[i + 1, 0] - op(a)[i, 0] */
     if (ta) {
         switch (nv) {
-        case 1: SG_BATCH_ROWS(1, SG_MR1, 1); break;
-        case 2: SG_BATCH_ROWS(2, SG_MR2, 1); break;
+        case 1: SG_BATCH_ROWS(1, 8, 1); break;
+        case 2: SG_BATCH_ROWS(2, 8, 1); break;
         case 3: SG_BATCH_ROWS(3, 8, 1); break;
         default: SG_BATCH_ROWS(4, 6, 1); break;
         }
     } else {
         switch (nv) {
-        case 1: SG_BATCH_ROWS(1, SG_MR1, 0); break;
-        case 2: SG_BATCH_ROWS(2, SG_MR2, 0); break;
+        case 1: SG_BATCH_ROWS(1, 8, 0); break;
+        case 2: SG_BATCH_ROWS(2, 8, 0); break;
         case 3: SG_BATCH_ROWS(3, 8, 0); break;
         default: SG_BATCH_ROWS(4, 6, 0); break;
         }
@@ -157,7 +147,7 @@ static void sg_batch_one(int ta, int tb, int m, int n, int k, float alpha, const
                 sg_batch_pack_bt(panel, b, ldb, j0, cols, k0, kc);
             else
                 sg_batch_pack_b(panel, b, ldb, j0, cols, k0, kc);
-            sg_batch_block(ta, m, cols, kc, alpha, ak, lda, panel, 64, bk, c + j0, ldc);
+            sg_batch_block(ta, m, cols, kc, alpha, ak, lda, panel, bk, c + j0, ldc);
         }
     }
 }
