@@ -131,6 +131,23 @@ PRODUCTS = [
 ]  # fmt: skip
 
 
+def packed(m: int, n: int, k: int, ta: bool, tb: bool, batch: int) -> Product:
+    """A batch of products stored back to back (``--sizes``: where the rule's limits lie)."""
+    lda, ldb = (m if ta else k), (k if tb else n)
+    form = ("a^T" if ta else "a") + (" b^T" if tb else " b")
+    return Product(form, m, n, k, ta, tb, lda, ldb, n, m * k, k * n, m * n, 0, 0, 0, batch, 1)
+
+
+SIZES = [
+    packed(128, 128, 64, False, True, 32),
+    packed(128, 128, 128, False, False, 32),
+    packed(256, 256, 64, False, True, 8),
+    packed(256, 256, 256, False, False, 4),
+    packed(256, 256, 256, True, False, 4),
+    packed(64, 64, 512, False, True, 32),
+]
+
+
 def harness() -> ctypes.CDLL:
     """The benchmark's C functions, built with the C backend's flags and library."""
     libdir, libname = blas_paths()
@@ -254,11 +271,15 @@ def main() -> None:
         "a 4 MiB buffer is written before each call, as in a step where kernels in between "
         "move other data through the caches)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sizes", action="store_true", help="larger products stored back to back instead "
+        "(where the rule's limits, batch_gemm.MAX_*, lie)",
+    )  # fmt: skip
     args = parser.parse_args()
     junk = np.zeros(1 << 20, np.float32)
     lib = harness()
     rng = np.random.default_rng(0)
-    cases = [Case(p, rng) for p in PRODUCTS]
+    cases = [Case(p, rng) for p in (SIZES if args.sizes else PRODUCTS)]
     print(cpu_description())
     kernel = "AVX-512 register blocks" if lib.own_kernel() else "cblas_sgemm per product"
     print(f"own = sg_sgemm_batch ({kernel}); load average {os.getloadavg()[0]:.2f}")
@@ -266,26 +287,25 @@ def main() -> None:
         err = check(lib, case)
         assert err < 1e-5, f"{case.p.label}: own differs from float64 NumPy by {err:.2e}"
     for nt in (int(t) for t in args.threads.split(",")):
-        best: dict[tuple[str, str], float] = {}
+        best: dict[tuple[int, str], float] = {}
         for _ in range(args.rounds):
-            for case in cases:
+            for index, case in enumerate(cases):
                 for column, fn in timers(lib, case, nt).items():
                     time.sleep(0.002)
                     for _ in range(args.reps):
                         if not args.warm:
                             lib.evict(_ptr(junk), junk.size)
                         t = fn()
-                        key = (case.p.label, column)
+                        key = (index, column)
                         best[key] = min(best.get(key, float("inf")), t)
         columns = list(dict.fromkeys(c for _, c in best))
         caches = "warm" if args.warm else "cold (L2 evicted)"
         print(f"\n{nt} thread(s), GFLOP/s (fastest call of {args.rounds} x {args.reps}, {caches})")
-        print(f"{'product':24}" + "".join(f"{c:>12}" for c in columns))
-        for case in cases:
-            cells = "".join(
-                f"{case.p.flops / best[(case.p.label, c)] / 1e9:12.1f}" for c in columns
-            )
-            print(f"{case.p.label + f' {case.p.m}x{case.p.n}x{case.p.k}':24}{cells}")
+        print("batch: " + ", ".join(f"{c.p.label} {c.p.batch}" for c in cases))
+        print(f"{'product':26}" + "".join(f"{c:>12}" for c in columns))
+        for index, case in enumerate(cases):
+            cells = "".join(f"{case.p.flops / best[(index, c)] / 1e9:12.1f}" for c in columns)
+            print(f"{case.p.label + f' {case.p.m}x{case.p.n}x{case.p.k}':26}{cells}")
     print(f"\nload average after {os.getloadavg()[0]:.2f}")
 
 
