@@ -224,17 +224,31 @@ def _attention_np(x: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
     return float((out * out).sum()), grads
 
 
-@pytest.mark.parametrize("mode", ["auto", "own", "blas"])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "mode, threads, avx2",
+    [
+        ("auto", 1, False),
+        ("auto", 2, False),
+        ("own", 1, False),
+        ("own", 2, False),
+        ("blas", 2, False),
+        pytest.param("auto", 2, True, marks=pytest.mark.skipif(not X86, reason="x86-64 -march")),
+    ],
+)
 def test_compiled_attention_and_gradients_match_numpy(
-    mode: str, threads: int, monkeypatch: pytest.MonkeyPatch
+    mode: str, threads: int, avx2: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``avx2``: built without AVX-512 (``$SHAPEGRAD_CFLAGS``), the one call runs one
+    library product per product, as before."""
     monkeypatch.setenv(batch_gemm.ENV, mode)
     monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", str(threads))
+    if avx2:
+        monkeypatch.setenv("SHAPEGRAD_CFLAGS", " ".join(_no_avx512_flags()))
     rng = np.random.default_rng(5)
     x = rng.standard_normal((B, T, 3 * H * D)).astype(np.float32)
     w = (rng.standard_normal((H * D, 20)) * 0.2).astype(np.float32)
-    fn = sg.compile(sg.value_and_grad(_attention), backend="c", name=f"batch_gemm_{mode}")
+    name = f"batch_gemm_{mode}{'_avx2' if avx2 else ''}"
+    fn = sg.compile(sg.value_and_grad(_attention), backend="c", name=name)
     source = fn.lower(x, w).source
     assert source is not None
     calls = source.count("sg_sgemm_batch(")
