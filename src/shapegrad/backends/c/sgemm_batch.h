@@ -136,6 +136,12 @@ static void sg_batch_pack_bt(float *restrict dst, const float *restrict b, int64
 static void sg_batch_one(int ta, int tb, int m, int n, int k, float alpha, const float *a,
                          int64_t lda, const float *b, int64_t ldb, float beta, float *c,
                          int64_t ldc) {
+    if (k <= 0 || alpha == 0.0f) { /* as the library: c = beta * c (beta 0: c not read) */
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+                c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        return;
+    }
     float panel[SG_BATCH_KC * 64] __attribute__((aligned(64)));
     for (int j0 = 0; j0 < n; j0 += 64) {
         const int cols = n - j0 < 64 ? n - j0 : 64;
@@ -167,15 +173,6 @@ static void __attribute__((unused)) sg_sgemm_batch(
     const float *b, int64_t ldb, float beta, float *c, int64_t ldc, int64_t batch,
     int64_t inner, int64_t sa, int64_t sb, int64_t sc, int64_t isa, int64_t isb, int64_t isc) {
     if (m <= 0 || n <= 0) return;
-    if (SG_OWN_BATCH_GEMM && (k <= 0 || alpha == 0.0f)) { /* as the library: c = beta * c */
-        for (int64_t bi = 0; bi < batch; ++bi) {
-            float *cb = c + (bi / inner) * sc + (bi % inner) * isc;
-            for (int64_t i = 0; i < m; ++i)
-                for (int64_t j = 0; j < n; ++j)
-                    cb[i * ldc + j] = beta == 0.0f ? 0.0f : beta * cb[i * ldc + j];
-        }
-        return;
-    }
 #define SG_BATCH_PRODUCT(bi)                                                                  \
     sg_batch_one(ta, tb, m, n, k, alpha, a + ((bi) / inner) * sa + ((bi) % inner) * isa, lda, \
                  b + ((bi) / inner) * sb + ((bi) % inner) * isb, ldb, beta,                   \
