@@ -15,7 +15,7 @@
    results match the library to float32 GEMM tolerance, not bit for bit. Elsewhere each
    product is one call of the library's cblas_sgemm, as before. */
 #if defined(__AVX512F__)
-#define SG_BATCH_KC 256 /* op(b)^T panel depth; a deeper sum is done in KC-term blocks */
+#define SG_BATCH_KC 256 /* the op(b) panel's depth; a longer sum is done in KC-term blocks */
 
 /* c[:mr, :16*nv] (last zmm masked by `last`) = alpha * sum_p op(a)[r, p] op(b)[p, :] + beta c;
    op(a)[r, p] = a[r * lda + p] (ta 0) or a[p * lda + r] (ta 1); op(b)[p, :] at b + p * 64
@@ -53,28 +53,28 @@ static inline __attribute__((always_inline)) void sg_batch_tile(
         }
 }
 
-/* rows [0, m) of one 16 * nv column block: MR-row tiles,
-   then tails of 4, 2, 1 rows (MR is at most 8, so they cover any rest) */
-#define SG_BATCH_ROWS(NV, MR, TA)                                                             \
-    do {                                                                                      \
-        int i = 0;                                                                            \
-        for (; i + (MR) <= m; i += (MR)) {                                                    \
-            sg_batch_tile(MR, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc, \
-                          alpha, beta);                                                       \
-        }                                                                                     \
-        if (i + 4 <= m) {                                                                     \
-            sg_batch_tile(4, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
-                          alpha, beta);                                                       \
-            i += 4;                                                                           \
-        }                                                                                     \
-        if (i + 2 <= m) {                                                                     \
-            sg_batch_tile(2, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
-                          alpha, beta);                                                       \
-            i += 2;                                                                           \
-        }                                                                                     \
-        if (i < m)                                                                            \
-            sg_batch_tile(1, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,  \
-                          alpha, beta);                                                       \
+/* rows [0, m) of one 16 * nv column block: MR-row tiles, then tails of 4, 2, 1 rows
+   (MR is at most 8, so they cover any rest) */
+#define SG_BATCH_ROWS(NV, MR, TA)                                                              \
+    do {                                                                                       \
+        int i = 0;                                                                             \
+        for (; i + (MR) <= m; i += (MR)) {                                                     \
+            sg_batch_tile(MR, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,       \
+                          alpha, beta);                                                        \
+        }                                                                                      \
+        if (i + 4 <= m) {                                                                      \
+            sg_batch_tile(4, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,        \
+                          alpha, beta);                                                        \
+            i += 4;                                                                            \
+        }                                                                                      \
+        if (i + 2 <= m) {                                                                      \
+            sg_batch_tile(2, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,        \
+                          alpha, beta);                                                        \
+            i += 2;                                                                            \
+        }                                                                                      \
+        if (i < m)                                                                             \
+            sg_batch_tile(1, NV, TA, kk, a + i * a_row, lda, b, last, c + i * ldc, ldc,        \
+                          alpha, beta);                                                        \
     } while (0)
 
 /* c[:m, :cols] (+)= alpha * op(a)[:m, :kk] @ op(b)[:kk, :cols], cols <= 64, op(b)
