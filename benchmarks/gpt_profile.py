@@ -6,8 +6,10 @@ Builds ``depth.py``'s charlm step (unrolled blocks, AdamW; ``--loop``: one layer
 through ``ScalarTrainer`` with ``profile=True`` forced on the C backend (no manifest
 is read or written, so the profiled library is built and never cached as a plain one),
 runs ``--steps`` steps and prints the step time (wall and CPU), the time in large
-library products, in small ones (attention) and in the rest, then the kernels ranked by
-time (ms per step) with their root op. ``--no-profile`` times the step only;
+library products, in small ones (attention) and in the rest, the time in the kernels with
+a batched product (attention's: ``sg_sgemm_batch`` or one library call per product,
+``$SHAPEGRAD_BATCH_GEMM``), then the kernels ranked by time (ms per step) with their root
+op. ``--no-profile`` times the step only;
 ``--target row_fusion=False,strided_batches=False`` changes ``C_TARGET`` fields, for an
 A/B of a stage within one tree. Profiled times are wall clock: on a busy machine compare
 the CPU time of the step.
@@ -134,6 +136,10 @@ def main() -> None:
         f"library products: large {big * 1e3:.1f} ms, small (< 2^26 ops, attention) "
         f"{small * 1e3:.1f} ms; the rest {(total - big - small) * 1e3:.1f} ms"
     )
+    batched = {k.name for k in exe.program.kernels if _has_contract(k, batched=True)}
+    shown = ", ".join(f"{name} {s * 1e3:.3f}" for name, _, s in prof if name in batched)
+    in_batched = sum(s for name, _, s in prof if name in batched)
+    print(f"batched products (attention; ms/step): {in_batched * 1e3:.2f} in all: {shown}")
     for name, root, s in sorted(prof, key=lambda p: -p[2])[: args.top]:
         rate = work[name] / s / 1e9 if s > 0 else 0.0  # work: scalar ops (2 per multiply-add)
         print(
@@ -141,13 +147,16 @@ def main() -> None:
         )
 
 
-def _has_contract(kernel: Any) -> bool:
-    """Whether a kernel's body holds a library product (a Contract, fed or not)."""
+def _has_contract(kernel: Any, batched: bool = False) -> bool:
+    """Whether a kernel's body holds a library product (a Contract, fed or not); with
+    ``batched``, a Contract of several products (``batch > 1``: attention's)."""
     from shapegrad.compiler import loops as L
 
     def walk(stmts: Any) -> bool:
         for s in stmts:
-            if isinstance(s, (L.Contract, L.BatchFused)):
+            if batched and isinstance(s, L.Contract) and s.batch > 1:
+                return True
+            if not batched and isinstance(s, (L.Contract, L.BatchFused)):
                 return True
             if walk(getattr(s, "body", ())):
                 return True

@@ -232,14 +232,21 @@ def test_large_products_split_across_threads_match_numpy(spec: str) -> None:
         np.testing.assert_allclose(exe([a, b])[0], np.einsum(spec, a, b), rtol=2e-5, atol=2e-5)
 
 
-def test_many_large_products_run_in_parallel_over_the_batch() -> None:
+@pytest.mark.parametrize("batch_gemm", ["blas", "auto"])
+def test_many_large_products_run_in_parallel_over_the_batch(
+    batch_gemm: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole products per thread: a loop of library calls, or (``$SHAPEGRAD_BATCH_GEMM``,
+    ``backends/c/batch_gemm.py``) one ``sg_sgemm_batch`` call that shares them out."""
+    monkeypatch.setenv("SHAPEGRAD_BATCH_GEMM", batch_gemm)
     a, b = _f(10, 64, 48), _f(10, 48, 70, seed=1)
-    fn = sg.compile(lambda x, y: x @ y, backend="c")
+    fn = sg.compile(lambda x, y: x @ y, backend="c", name=f"batch_{batch_gemm}")
     exe = fn.lower(a, b).executable
     from shapegrad.backends.c.render import render_c
 
     source = render_c(exe.program)
-    assert "for (int64_t bi = 0; bi < 10; ++bi)" in source and "part * " not in source
+    split = "for (int64_t bi = 0; bi < 10; ++bi)" if batch_gemm == "blas" else "sg_sgemm_batch(1,"
+    assert split in source and "part * " not in source
     for threads in (2, 1):
         exe.lib.sg_set_threads(threads, 0)
         np.testing.assert_allclose(exe([a, b])[0], a @ b, rtol=2e-5, atol=2e-5)

@@ -13,10 +13,12 @@ wider than ``n`` (:func:`_two_level`): attention's ``bhqd`` head views of a ``[b
 h, d]`` buffer (strides ``t*3*h*d`` and ``d``) are then read where they lie, and a
 product whose output letters put a batch letter between its rows and columns (heads
 merged back, ``bhqk,bhkd->bqhd``) writes that layout directly: no operand copies.
-Each product of the batch stays one library call: on the AMD EPYC (AVX-512) box, one
-thread, 128 products of 64x64x32 took 0.35 ms as 128 ``cblas_sgemm`` calls on copied
-heads, 0.35 ms on the strided head views and 0.34 ms as one OpenBLAS 0.3.34
-``cblas_sgemm_batch_strided`` call (which takes one stride per operand, so no head views).
+OpenBLAS's one-call batch does not help: on the AMD EPYC (AVX-512) box, one thread, 128
+products of 64x64x32 took 0.35 ms as 128 ``cblas_sgemm`` calls on copied heads, 0.35 ms
+on the strided head views and 0.34 ms as one OpenBLAS 0.3.34 ``cblas_sgemm_batch_strided``
+call (which takes one stride per operand, so no head views). The C renderer runs small
+float32 batches as one call of shapegrad's own ``sg_sgemm_batch`` instead, which reads
+both levels of the batch in place (``backends/c/batch_gemm.py``).
 """
 
 from __future__ import annotations

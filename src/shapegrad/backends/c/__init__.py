@@ -45,7 +45,7 @@ from shapegrad.backends.base import (
     Generated,
     register_backend,
 )
-from shapegrad.backends.c import collectives, manifest, render, units
+from shapegrad.backends.c import batch_gemm, collectives, gemm_kernel, manifest, render, units
 from shapegrad.backends.c.executable import (
     BoundStep,
     CExecutable,
@@ -226,6 +226,8 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
         cpu_identity(),
         str(_vector_math(opts)),
         blas,
+        # the product kernels' switches, read when a program is rendered
+        f"gemm={gemm_kernel.gemm_mode()},batch_gemm={batch_gemm.batch_gemm_mode()}",
     )  # the unit sizes are part of the target's tuning, keyed above
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Final
 
-from shapegrad.backends.c import gemm_kernel
+from shapegrad.backends.c import batch_gemm, gemm_kernel
 from shapegrad.backends.c.collectives import mpi_prelude, render_collective
 from shapegrad.backends.c.schedule import Region, Unit, chunk_size, fork_parallel, plan_region
 from shapegrad.backends.c.teamsplit import TeamRenderer, split_parts
@@ -383,6 +383,16 @@ def uses_own_gemm(program: L.Program) -> bool:
     )
 
 
+def uses_batch_gemm(program: L.Program) -> bool:
+    """Whether any batched product is rendered as ``sg_sgemm_batch`` (``batch_gemm``)."""
+    return any(
+        isinstance(s, L.Contract) and batch_gemm.takes(s)
+        for p in L.nested_programs(program)
+        for k in p.kernels
+        for s in L.walk(k.body)
+    )
+
+
 _PROFILE = r"""
 #include <time.h>
 static double sg_now(void) {
@@ -438,8 +448,11 @@ def _header(
         lines.append(_VECTOR_MATH)
     if uses_blas(program):
         lines.append(_BLAS_DECL)
-        if uses_own_gemm(program):
-            lines.append(gemm_kernel.SOURCE)
+        batched = uses_batch_gemm(program)
+        if batched or uses_own_gemm(program):
+            lines.append(gemm_kernel.SOURCE)  # sgemm_batch.h uses its register transpose
+        if batched:
+            lines.append(batch_gemm.SOURCE)
     lines.append(f"#define SG_NSLOTS {max(program.n_slots, 1)}")
     if program.communicators:
         lines.append(mpi_prelude(program))

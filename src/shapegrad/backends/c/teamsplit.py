@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
 
-from shapegrad.backends.c import gemm_kernel
+from shapegrad.backends.c import batch_gemm, gemm_kernel
 from shapegrad.backends.cstyle import CStyleRenderer
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.target import CTuning
@@ -109,6 +109,9 @@ class TeamRenderer(CStyleRenderer):
         if kind == "sum":
             self.contract_sum_split(s, depth)
             return
+        if kind in ("batch", None) and batch_gemm.takes(s):
+            self.contract_batch(s, depth, kind == "batch")
+            return
         a_row = 1 if s.trans_a else s.lda  # elements between rows of op(a)
         b_col = s.ldb if s.trans_b else 1  # elements between columns of op(b)
         rows, cols, a_off, b_off, c_off = str(s.m), str(s.n), "", "", ""
@@ -142,6 +145,18 @@ class TeamRenderer(CStyleRenderer):
             self.emit(depth, "}")
         if kind is not None:
             self.end_work_sharing(depth)
+
+    def contract_batch(self, s: L.Contract, depth: int, split: bool) -> None:
+        """A batch of small float32 products as one call of ``sg_sgemm_batch``
+        (``batch_gemm.py``); ``split``: its products are shared across the team inside the
+        call (whole products per thread, taken dynamically, as the library loop was)."""
+        call = batch_gemm.call(s, split, _alpha(s))
+        if not split:
+            self.emit(depth, call)
+            return
+        self.team_block(depth, FORK_TEAM)
+        self.emit(depth + 1, call)
+        self.end_team_block(depth)
 
     def outer_product(self, s: L.Contract, depth: int) -> None:
         """A large product with ``k = 1`` (a batch of outer products: the per-example
