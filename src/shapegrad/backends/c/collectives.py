@@ -122,12 +122,22 @@ def requests(program: L.Program) -> int:
     )
 
 
-def render_collective(s: L.Collective, type_name: str, emit: Any, depth: int) -> None:
-    """The C of one ``Collective`` statement (``emit(depth, line)``)."""
+def reader_sums(program: L.Program) -> list[shm.ReaderSum]:
+    """The exchanges of ``program`` reduced at their readers (``shm.reader_sums``)."""
+    if not program.communicators:
+        return []
+    return shm.reader_sums(program, requests(program))
+
+
+def render_collective(
+    s: L.Collective, type_name: str, emit: Any, depth: int, fused: shm.ReaderSum | None = None
+) -> None:
+    """The C of one ``Collective`` statement (``emit(depth, line)``); ``fused``: its
+    ``ReaderSum`` where it reduces at its readers."""
     comm = f"sg_mpi_comm[{s.comm}]"
     fail = f"return {s.code};"
     if shm.shareable(s):  # the shared-memory exchange where the library has it, bound
-        shm.render_shared(s, fail, emit, depth)
+        shm.render_shared(s, fail, emit, depth, fused)
     if s.phase != "blocking":
         _render_nonblocking(s, comm, fail, emit, depth)
         return
@@ -228,6 +238,12 @@ def check_program(program: L.Program) -> None:
             comm,
             f"compiled program {program.name!r}: the all-reduce transport (SHAPEGRAD_ALLREDUCE)",
             shm.transport(comm),
+        )
+        check_same(  # SHAPEGRAD_SHM_READER must agree too: the protocols differ
+            comm,
+            f"compiled program {program.name!r}: the all-reduces reduced at their readers "
+            "(SHAPEGRAD_SHM_READER)",
+            [(r.region, r.count) for r in reader_sums(program) if r.comm == k],
         )
 
 
