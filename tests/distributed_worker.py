@@ -360,7 +360,7 @@ def _train_reader(
 ) -> tuple[list[np.ndarray], int]:
     """Data-parallel training of ``_mse`` on odd sizes (26, 13, 13 and 1 parameters), with
     ``opt``; (params, how many exchanges the compiled step reduced at their readers)."""
-    from shapegrad.backends.c import shm
+    from shapegrad.backends.c import shmplan
 
     optimizer: sg.optim.Optimizer = {
         "sgd": sg.optim.SGD(lr=0.05, momentum=0.9),
@@ -376,16 +376,16 @@ def _train_reader(
     x, y = _data(dtype)
     batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
     counted: list[int] = []
-    original = shm.reader_sums
+    original = shmplan.reader_sums
 
-    def spy(program: Any, nrequests: int) -> list[shm.ReaderSum]:
+    def spy(program: Any, nrequests: int) -> list[shmplan.ReaderSum]:
         found = original(program, nrequests)
         counted.append(len(found))
         return found
 
     saved = os.environ.get("SHAPEGRAD_SHM_READER")
     os.environ["SHAPEGRAD_SHM_READER"] = "1" if reader else "0"
-    shm.reader_sums = spy  # type: ignore[assignment]
+    shmplan.reader_sums = spy  # type: ignore[assignment]
     try:
         done = 0
         while done < steps:
@@ -395,7 +395,7 @@ def _train_reader(
                 if done == steps:
                     break
     finally:
-        shm.reader_sums = original  # type: ignore[assignment]
+        shmplan.reader_sums = original  # type: ignore[assignment]
         if saved is None:
             del os.environ["SHAPEGRAD_SHM_READER"]
         else:
@@ -404,7 +404,7 @@ def _train_reader(
 
 
 def check_reader_sums(comm: D.Communicator, steps: int = 12) -> None:
-    """Gradients summed where the optimizer's update loads them (``shm.ReaderSum``): SGD
+    """Gradients summed where the optimizer's update loads them (``shmplan.ReaderSum``): SGD
     with momentum, Adam with L2 weight decay, AdamW; float32 and float64; odd sizes; each
     gradient alone, several buckets, one bucket. Ranks bit-equal; equal to the chunked
     shared-memory path (SHAPEGRAD_SHM_READER=0) to the last bit; equal to MPI's

@@ -280,7 +280,7 @@ def test_shared_memory_all_reduce(n: int, nodes: str | None, tmp_path: Path) -> 
 
 @pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
 def test_gradients_summed_at_the_reader(n: int, nodes: str | None, tmp_path: Path) -> None:
-    """Gradients summed where the update loads them (``shm.ReaderSum``): SGD, Adam, AdamW,
+    """Gradients summed where the update loads them (``shmplan.ReaderSum``): SGD, Adam, AdamW,
     float32/float64, odd sizes, several buckets; ranks bit-equal, equal to the chunked
     path to the last bit, to MPI's all-reduce and to one process; under
     SHAPEGRAD_FAKE_NODES (no segment) the same programs fall back to MPI."""

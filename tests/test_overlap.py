@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
-from shapegrad.backends.c import collectives, shm
+from shapegrad.backends.c import collectives, shm, shmplan
 from shapegrad.backends.c.render import render_c
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.overlap import overlap_collectives
@@ -253,7 +253,7 @@ class _TwoOnOneNode(_TwoProcesses):
 def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(shm, "READER_SUMS", False)  # the chunked path (reader sums below)
+    monkeypatch.setattr(shmplan, "READER_SUMS", False)  # the chunked path (reader sums below)
     plan_comm = _TwoOnOneNode()
     program = _step_program(1 << 12)
     program.communicators = [plan_comm]  # same program, the transport of the stand-in
@@ -310,7 +310,7 @@ def test_allreduce_transport_is_checked(monkeypatch: pytest.MonkeyPatch) -> None
         allreduce_transport("fast")
 
 
-# --- reduce at the reader (backends/c/shm.py, ReaderSum) --------------------------------------
+# --- reduce at the reader (backends/c/shmplan.py, ReaderSum) --------------------------------------
 
 
 def _body(source: str) -> str:
