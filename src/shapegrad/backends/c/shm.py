@@ -39,6 +39,23 @@ largest chunk (the result area): 1.5x the exchanged bytes per rank. The segments
 to one library and communicator: a library bound again (the same source) reuses them
 (``MPICommunicator.shared_segments``).
 
+**Reduce at the reader** (``shmplan.ReaderSum``, the exchanges whose result only
+elementwise stores load, e.g. a gradient read by the optimizer's update): no copy and
+no result at all. Such an exchange has a region of its own with two operand slots per
+rank, used by alternate exchanges (the parity of ``s``). Its producer writes this
+rank's operand straight into slot ``(s + 1) & 1`` of its own segment
+(``sg_shm_operand`` gives the kernel that pointer), ``start`` only publishes
+``arrived = s`` (``sg_shm_post``), ``wait`` waits until every rank has, and every load
+of the result in the update's loop is ``slot_0[i] + slot_1[i] + ...`` in rank order
+(``sg_shm_summand``, ``reader_load``), each partial sum behind ``SG_SUM_FENCE`` so that
+``-fassociative-math`` cannot move a term into the surrounding expression: every rank
+computes the same bits, the chunked path's. A slot written for exchange ``s + 2`` is
+free: its writer has seen every rank publish ``s + 1``, which each does after its last
+load of ``s`` (the program's loads of an exchange all precede its next start), so no
+consumed flag is needed. Without segments (MPI), ``sg_shm_operand`` is the arena
+buffer MPI reads, summand 0 is MPI's result and the others point at ``-0.0``
+(``x + -0.0`` is ``x``, bitwise).
+
 The C text is ``shm_prelude``'s, rendered after ``collectives.mpi_prelude``'s; each
 all-reduce statement becomes ``if (sg_shm_n[c]) { shared memory } else { MPI }``
 (``render_shared``); ``bind_shared`` runs after ``sg_mpi_bind``.
