@@ -7,19 +7,23 @@ batch 256. Configurations (both use the machine's 2 cores):
 * 2 ranks x 1 thread: ``mpiexec -n 2``, 128 rows per rank, gradients averaged inside the
   compiled step (one native call per step): all-reduced in buckets (``train/step.py``
   ``BUCKET_BYTES``), each exchange started as soon as its last gradient is written and
-  waited for just before the update reads it (``compiler/overlap.py``). Two rows: "AR
-  shm", the default, exchanges through memory shared by the ranks of the node
-  (``backends/c/shm.py``; ``AR mpi`` if ``SHAPEGRAD_ALLREDUCE=mpi`` is set), and "AR
-  mpi", the same step over a duplicate of the world communicator with
-  ``allreduce="mpi"`` (``MPI_Iallreduce``/``MPI_Test``/``MPI_Wait``), interleaved in the
-  same launch.
+  waited for just before the update reads it (``compiler/overlap.py``). Three rows:
+  "AR shm", the default, exchanges through memory shared by the ranks of the node, each
+  gradient summed over the ranks where the update loads it (``backends/c/shmplan.py``
+  ``ReaderSum``; ``AR mpi`` if ``SHAPEGRAD_ALLREDUCE=mpi`` is set); "AR shm chunked",
+  the same step compiled with ``SHAPEGRAD_SHM_READER=0`` (the chunked shared-memory
+  exchange: copy in, reduce a chunk, copy out, then the update); and "AR mpi", the same
+  step over a duplicate of the world communicator with ``allreduce="mpi"``
+  (``MPI_Iallreduce``/``MPI_Test``/``MPI_Wait``), all interleaved in the same launch.
 
 One interleaved run: ``--rounds`` rounds, each launching every configuration once
 (shapegrad 1 rank, shapegrad 2 ranks, PyTorch 1 rank, PyTorch DDP 2 ranks), so a change
 of load hits all of them alike. Within a 2-rank launch, steps of the data-parallel
 trainer alternate with steps of the same model on the same 128-row shard *without* any
 exchange (both ranks busy, as in the real step): the **all-reduce share** is
-``(step - step without all-reduce) / step``, from medians of the alternating steps. The
+``(step - step without all-reduce) / step``, from medians of the alternating steps
+(and, last column, from their 25th percentiles: on a shared machine the median also
+counts the time slices a rank waits for its peer). The
 same for PyTorch (DDP vs the bare model). The run prints the CPU model, its vector
 width, the core count and the load average before and after, and whether shapegrad's
 2 ranks beat PyTorch DDP's in every round. For shapegrad 2 ranks, **in-step timers** too:
@@ -31,8 +35,9 @@ several bucket sizes, with blocking exchanges (the ``overlap_collectives`` stage
 without the ``MPI_Test`` calls between kernels: the measurement behind ``BUCKET_BYTES``
 and ``PROGRESS_MIN_WORK``.
 
-Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]`` (needs
-``pip install -e '.[mpi]'``).
+Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]
+[--background-load N]`` (needs ``pip install -e '.[mpi]'``); ``--background-load N``
+keeps N busy processes running during the rounds (the step under a loaded machine).
 
 The plan for more machines: the alpha-beta cost model
 ------------------------------------------------------
