@@ -486,7 +486,7 @@ def _rounds(args: argparse.Namespace, roles: list[str], header: str, wins: list[
                 if "transport" in r:  # shapegrad 2 ranks: shared memory, then MPI's all-reduce
                     print(_row(f"{label} {ranks}x{threads} AR {r['transport']}", r), flush=True)
                     if r["transport"] == "shm":
-                        print(_row(f"{label} {ranks}x{threads} AR shm chunked", r["chunked"]))
+                        print(_row(f"{label} {ranks}x{threads} AR chunked", r["chunked"]))
                     print(_row(f"{label} {ranks}x{threads} AR mpi", r["over_mpi"]), flush=True)
                     continue
                 print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)
