@@ -409,7 +409,8 @@ def check_reader_sums(comm: D.Communicator, steps: int = 12) -> None:
     gradient alone, several buckets, one bucket. Ranks bit-equal; equal to the chunked
     shared-memory path (SHAPEGRAD_SHM_READER=0) to the last bit; equal to MPI's
     all-reduce (exactly with 2 ranks) and to one process on the global batch. Under
-    SHAPEGRAD_FAKE_NODES no segment is bound: MPI's result plus -0.0, the same bits."""
+    SHAPEGRAD_FAKE_NODES no segment is bound: MPI's result plus -0.0, the same bits.
+    Ranks disagreeing on SHAPEGRAD_SHM_READER are refused when they compile."""
     from mpi4py import MPI
 
     from shapegrad.train import step
@@ -443,6 +444,22 @@ def check_reader_sums(comm: D.Communicator, steps: int = 12) -> None:
                 print(f"reader sums {case}: {fused} exchanges, max |diff| vs one process {err:.2e}")
     finally:
         step.BUCKET_BYTES = saved
+    # ranks disagreeing on SHAPEGRAD_SHM_READER are refused at compile time, not left to hang
+    saved_env = os.environ.get("SHAPEGRAD_SHM_READER")
+    os.environ["SHAPEGRAD_SHM_READER"] = "1" if comm.rank == 0 else "0"
+    try:
+        sg.compile(lambda a: D.all_reduce(a + 1.0, "sum", comm) * 2.0, backend="c")(
+            np.ones(100, np.float32)
+        )
+    except D.RankMismatchError as exc:
+        assert "reduced at their readers (SHAPEGRAD_SHM_READER)" in str(exc), str(exc)
+    else:
+        raise AssertionError("ranks with and without reader sums compiled the same all-reduce")
+    finally:
+        if saved_env is None:
+            del os.environ["SHAPEGRAD_SHM_READER"]
+        else:
+            os.environ["SHAPEGRAD_SHM_READER"] = saved_env
 
 
 def shared_timeout(comm: D.Communicator, reader: bool = False) -> None:
