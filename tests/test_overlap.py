@@ -381,3 +381,6 @@ def test_an_exchange_read_otherwise_keeps_the_chunked_path(
     assert "sg_shm_post(0, " in _body(render_c(scaled))
     monkeypatch.setenv("SHAPEGRAD_SHM_READER", "0")
     assert collectives.reader_sums(scaled) == []
+    monkeypatch.setenv("SHAPEGRAD_SHM_READER", "off")
+    with pytest.raises(ValueError, match=r"SHAPEGRAD_SHM_READER must be '1'.* or '0'.*'off'"):
+        collectives.reader_sums(scaled)

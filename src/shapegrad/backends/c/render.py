@@ -152,7 +152,7 @@ class CRenderer(TeamRenderer):
         # functions of layer-loop bodies, shared by the renderers of one translation unit
         self.functions: list[str] = []
         self.fail_to: Final = fail_to
-        # the all-reduces summed where they are loaded (backends/c/shm.py, ReaderSum), by
+        # the all-reduces summed where they are loaded (backends/c/shmplan.py, ReaderSum), by
         # the names of their source and destination; none in layer bodies
         self.sums = {n: r for r in reader_sums(program) for n in (r.src, r.dst)}
 
@@ -277,7 +277,8 @@ class CRenderer(TeamRenderer):
         return [f"{const}{t} *restrict {name} = ({const}{t} *){src};"]
 
     def expr(self, e: L.Expr) -> str:
-        if isinstance(e, L.Load) and e.buffer in self.sums:
+        """A load of an all-reduce's result summed at its readers is the ranks' sum."""
+        if isinstance(e, L.Load) and e.buffer in self.sums and self.sums[e.buffer].dst == e.buffer:
             return reader_load(self.sums[e.buffer], self.affine(e.index))
         return super().expr(e)
 

@@ -56,7 +56,13 @@ class ReaderSum:
 
 def reader_sums_enabled() -> bool:
     """``READER_SUMS``, unless ``SHAPEGRAD_SHM_READER=0`` (the chunked path, for A/B)."""
-    return READER_SUMS and os.environ.get("SHAPEGRAD_SHM_READER", "1") != "0"
+    value = os.environ.get("SHAPEGRAD_SHM_READER") or "1"
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"SHAPEGRAD_SHM_READER must be '1' (sum a shared-memory all-reduce where the "
+            f"update loads it, the default) or '0' (the chunked exchange), got {value!r}"
+        )
+    return READER_SUMS and value == "1"
 
 
 def reader_sums(program: L.Program, nrequests: int) -> list[ReaderSum]:
