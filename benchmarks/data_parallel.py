@@ -7,19 +7,23 @@ batch 256. Configurations (both use the machine's 2 cores):
 * 2 ranks x 1 thread: ``mpiexec -n 2``, 128 rows per rank, gradients averaged inside the
   compiled step (one native call per step): all-reduced in buckets (``train/step.py``
   ``BUCKET_BYTES``), each exchange started as soon as its last gradient is written and
-  waited for just before the update reads it (``compiler/overlap.py``). Two rows: "AR
-  shm", the default, exchanges through memory shared by the ranks of the node
-  (``backends/c/shm.py``; ``AR mpi`` if ``SHAPEGRAD_ALLREDUCE=mpi`` is set), and "AR
-  mpi", the same step over a duplicate of the world communicator with
-  ``allreduce="mpi"`` (``MPI_Iallreduce``/``MPI_Test``/``MPI_Wait``), interleaved in the
-  same launch.
+  waited for just before the update reads it (``compiler/overlap.py``). Three rows:
+  "AR shm", the default, exchanges through memory shared by the ranks of the node, each
+  gradient summed over the ranks where the update loads it (``backends/c/shmplan.py``
+  ``ReaderSum``; ``AR mpi`` if ``SHAPEGRAD_ALLREDUCE=mpi`` is set); "AR shm chunked",
+  the same step compiled with ``SHAPEGRAD_SHM_READER=0`` (the chunked shared-memory
+  exchange: copy in, reduce a chunk, copy out, then the update); and "AR mpi", the same
+  step over a duplicate of the world communicator with ``allreduce="mpi"``
+  (``MPI_Iallreduce``/``MPI_Test``/``MPI_Wait``), all interleaved in the same launch.
 
 One interleaved run: ``--rounds`` rounds, each launching every configuration once
 (shapegrad 1 rank, shapegrad 2 ranks, PyTorch 1 rank, PyTorch DDP 2 ranks), so a change
 of load hits all of them alike. Within a 2-rank launch, steps of the data-parallel
 trainer alternate with steps of the same model on the same 128-row shard *without* any
 exchange (both ranks busy, as in the real step): the **all-reduce share** is
-``(step - step without all-reduce) / step``, from medians of the alternating steps. The
+``(step - step without all-reduce) / step``, from medians of the alternating steps
+(and, last column, from their 25th percentiles: on a shared machine the median also
+counts the time slices a rank waits for its peer). The
 same for PyTorch (DDP vs the bare model). The run prints the CPU model, its vector
 width, the core count and the load average before and after, and whether shapegrad's
 2 ranks beat PyTorch DDP's in every round. For shapegrad 2 ranks, **in-step timers** too:
@@ -31,8 +35,9 @@ several bucket sizes, with blocking exchanges (the ``overlap_collectives`` stage
 without the ``MPI_Test`` calls between kernels: the measurement behind ``BUCKET_BYTES``
 and ``PROGRESS_MIN_WORK``.
 
-Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]`` (needs
-``pip install -e '.[mpi]'``).
+Run: ``python benchmarks/data_parallel.py [--steps 40] [--rounds 3]
+[--background-load N]`` (needs ``pip install -e '.[mpi]'``); ``--background-load N``
+keeps N busy processes running during the rounds (the step under a loaded machine).
 
 The plan for more machines: the alpha-beta cost model
 ------------------------------------------------------
@@ -110,6 +115,19 @@ def _data(rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 def _interleaved(steps: dict[str, Any], count: int, barrier: Any = None) -> dict[str, float]:
     """Median seconds of each step function, run alternately (``count`` rounds after 5
     warm-up rounds), every step after a barrier so the ranks start together."""
+    return {
+        name: statistics.median(ts) if ts else 0.0
+        for name, ts in _times(steps, count, barrier).items()
+    }
+
+
+def _p25(times: list[float]) -> float:
+    """The 25th percentile: the step's time when the other jobs of the machine leave it be."""
+    return sorted(times)[len(times) // 4] if times else 0.0
+
+
+def _times(steps: dict[str, Any], count: int, barrier: Any = None) -> dict[str, list[float]]:
+    """Seconds of each step of each function (see ``_interleaved``)."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     for n in range(count + 5):
         for name, step in steps.items():
@@ -119,7 +137,7 @@ def _interleaved(steps: dict[str, Any], count: int, barrier: Any = None) -> dict
             step()
             if n >= 5:
                 times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) if ts else 0.0 for name, ts in times.items()}
+    return times
 
 
 def _mlp(params: list[Any], x: Any, y: Any) -> Any:
@@ -158,16 +176,34 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     over_mpi = D.MPICommunicator(comm.comm.Dup(), key="world-mpi", allreduce="mpi")
     dp_mpi = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=over_mpi)
     alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
-    med = _interleaved(
+    # main's chunked shared-memory exchange (SHAPEGRAD_SHM_READER=0 while it compiles)
+    chunked = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=True)
+    saved = os.environ.get("SHAPEGRAD_SHM_READER")
+    os.environ["SHAPEGRAD_SHM_READER"] = "0"
+    chunked.step(x, y)
+    if saved is None:
+        del os.environ["SHAPEGRAD_SHM_READER"]
+    else:
+        os.environ["SHAPEGRAD_SHM_READER"] = saved
+    times = _times(
         {
             "dp": lambda: dp.step(x, y),
+            "chunked": lambda: chunked.step(x, y),
             "mpi": lambda: dp_mpi.step(x, y),
             "alone": lambda: alone.step(x, y),
         },
         steps,
         barrier,
     )
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    low = {name: _p25(ts) for name, ts in times.items()}
     result["step_ms"], result["step_without_allreduce_ms"] = 1e3 * med["dp"], 1e3 * med["alone"]
+    result["p25_ms"] = (1e3 * low["dp"], 1e3 * low["alone"])
+    result["chunked"] = {
+        "step_ms": 1e3 * med["chunked"],
+        "step_without_allreduce_ms": 1e3 * med["alone"],
+        "p25_ms": (1e3 * low["chunked"], 1e3 * low["alone"]),
+    }
     grads = [np.ones(s, np.float32) for s in SHAPES]
     reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
     reduce_mpi = sg.compile(lambda gs: [D.all_reduce(g, "mean", over_mpi) for g in gs], backend="c")
@@ -179,6 +215,7 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     result["over_mpi"] = {
         "step_ms": 1e3 * med["mpi"],
         "step_without_allreduce_ms": 1e3 * med["alone"],
+        "p25_ms": (1e3 * low["mpi"], 1e3 * low["alone"]),
         "allreduce_ms": 1e3 * ar["m"],
         "exposed_ms": exposed,
         "kernels_ms": kernels,
@@ -345,14 +382,17 @@ def _row(name: str, r: dict[str, Any]) -> str:
     def ms(key: str) -> str:
         return f"{r[key]:.3f}" if key in r else "-"
 
-    share = exposed = "-"
+    share = exposed = low = "-"
     if "step_without_allreduce_ms" in r:
         share = f"{100 * (r['step_ms'] - r['step_without_allreduce_ms']) / r['step_ms']:.1f}%"
+    if "p25_ms" in r:
+        step, alone = r["p25_ms"]
+        low = f"{step:.3f}/{alone:.3f} {100 * (step - alone) / step:.1f}%"
     if "exposed_ms" in r:
         exposed = f"{r['exposed_ms']:.3f} ({100 * r['exposed_ms'] / r['kernels_ms']:.0f}%)"
     return (
         f"{name:26}{ms('step_ms'):>10}{ms('step_without_allreduce_ms'):>16}{share:>10}"
-        f"{ms('allreduce_ms'):>13}{exposed:>18}"
+        f"{ms('allreduce_ms'):>13}{exposed:>18}{low:>24}"
     )
 
 
@@ -362,6 +402,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-sweep", action="store_true")
     parser.add_argument("--role", choices=("shapegrad", "torch"))
+    parser.add_argument(
+        "--background-load", type=int, default=0, metavar="N",
+        help="run N busy processes (one spinning loop each) during the rounds",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.role is not None:
         if args.role == "shapegrad":
@@ -400,26 +444,21 @@ def main() -> None:
     )
     header = (
         f"{'':26}{'step ms':>10}{'w/o all-red ms':>16}{'AR share':>10}{'AR alone ms':>13}"
-        f"{'in-step wait ms':>18}"
+        f"{'in-step wait ms':>18}{'p25 step/w/o, share':>24}"
     )
     wins = []
-    for n in range(args.rounds):
-        print(f"round {n + 1}:\n{header}")
-        results: dict[tuple[str, int], dict[str, Any]] = {}
-        for role in roles:
-            for ranks, threads in ((1, 2), (2, 1)):
-                r = _launch(role, ranks, threads, args.steps)
-                results[role, ranks] = r
-                label = "PyTorch DDP" if role == "torch" and ranks > 1 else role
-                if "transport" in r:  # shapegrad 2 ranks: shared memory, then MPI's all-reduce
-                    print(_row(f"{label} {ranks}x{threads} AR {r['transport']}", r), flush=True)
-                    print(_row(f"{label} {ranks}x{threads} AR mpi", r["over_mpi"]), flush=True)
-                    continue
-                print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)
-        if "torch" in roles:
-            ours, theirs = results["shapegrad", 2]["step_ms"], results["torch", 2]["step_ms"]
-            wins.append(ours < theirs)
-            print(f"  shapegrad 2 ranks / PyTorch DDP 2 ranks: {ours / theirs:.2f}x the time")
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(args.background_load)
+    ]
+    if busy:
+        print(f"background load: {len(busy)} busy processes during the rounds")
+    try:
+        _rounds(args, roles, header, wins)
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
     if wins:
         verdict = "in every round" if all(wins) else f"in {sum(wins)} of {len(wins)} rounds"
         print(f"shapegrad 2 ranks faster than PyTorch DDP (gloo) 2 ranks {verdict}")
@@ -432,6 +471,29 @@ def main() -> None:
             f"  N={n:<4} ring {1e3 * p['ring']:.2f} ms (latency {1e3 * p['latency_ring']:.2f}, "
             f"bandwidth {1e3 * p['bandwidth']:.3f}); halving/doubling {1e3 * p['halving_doubling']:.2f} ms"
         )
+
+
+def _rounds(args: argparse.Namespace, roles: list[str], header: str, wins: list[bool]) -> None:
+    """The interleaved rounds: every configuration launched once per round."""
+    for n in range(args.rounds):
+        print(f"round {n + 1}:\n{header}")
+        results: dict[tuple[str, int], dict[str, Any]] = {}
+        for role in roles:
+            for ranks, threads in ((1, 2), (2, 1)):
+                r = _launch(role, ranks, threads, args.steps)
+                results[role, ranks] = r
+                label = "PyTorch DDP" if role == "torch" and ranks > 1 else role
+                if "transport" in r:  # shapegrad 2 ranks: shared memory, then MPI's all-reduce
+                    print(_row(f"{label} {ranks}x{threads} AR {r['transport']}", r), flush=True)
+                    if r["transport"] == "shm":
+                        print(_row(f"{label} {ranks}x{threads} AR chunked", r["chunked"]))
+                    print(_row(f"{label} {ranks}x{threads} AR mpi", r["over_mpi"]), flush=True)
+                    continue
+                print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)
+        if "torch" in roles:
+            ours, theirs = results["shapegrad", 2]["step_ms"], results["torch", 2]["step_ms"]
+            wins.append(ours < theirs)
+            print(f"  shapegrad 2 ranks / PyTorch DDP 2 ranks: {ours / theirs:.2f}x the time")
 
 
 if __name__ == "__main__":

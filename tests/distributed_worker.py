@@ -355,10 +355,121 @@ def check_shared_allreduce(comm: D.Communicator, steps: int = 20) -> None:
         print(f"shm all-reduce (bound: {expect_shared}): max |diff| vs one process {err:.2e}")
 
 
-def shared_timeout(comm: D.Communicator) -> None:
+def _train_reader(
+    comm: Any, opt: str, dtype: str, steps: int, reader: bool = True
+) -> tuple[list[np.ndarray], int]:
+    """Data-parallel training of ``_mse`` on odd sizes (26, 13, 13 and 1 parameters), with
+    ``opt``; (params, how many exchanges the compiled step reduced at their readers)."""
+    from shapegrad.backends.c import shmplan
+
+    optimizer: sg.optim.Optimizer = {
+        "sgd": sg.optim.SGD(lr=0.05, momentum=0.9),
+        "adam": sg.optim.Adam(lr=0.01, weight_decay=0.01),  # g + wd * x: a sum read in a sum
+        "adamw": sg.optim.AdamW(lr=0.01, weight_decay=0.01),
+    }[opt]
+    rng = np.random.default_rng(5)
+    params = [sg.tensor(rng.normal(size=s) * 0.5, dtype) for s in [(2, 13), (13,), (13, 1), (1,)]]
+    trainer = sg.ScalarTrainer(
+        _mse, params, mode="compiled", backend="c", optimizer=optimizer,
+        data_parallel=comm if comm is not None else False,
+    )  # fmt: skip
+    x, y = _data(dtype)
+    batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
+    counted: list[int] = []
+    original = shmplan.reader_sums
+
+    def spy(program: Any, nrequests: int) -> list[shmplan.ReaderSum]:
+        found = original(program, nrequests)
+        counted.append(len(found))
+        return found
+
+    saved = os.environ.get("SHAPEGRAD_SHM_READER")
+    os.environ["SHAPEGRAD_SHM_READER"] = "1" if reader else "0"
+    shmplan.reader_sums = spy  # type: ignore[assignment]
+    try:
+        done = 0
+        while done < steps:
+            for bx, by in batches:
+                trainer.step(bx, by)
+                done += 1
+                if done == steps:
+                    break
+    finally:
+        shmplan.reader_sums = original  # type: ignore[assignment]
+        if saved is None:
+            del os.environ["SHAPEGRAD_SHM_READER"]
+        else:
+            os.environ["SHAPEGRAD_SHM_READER"] = saved
+    return [np.asarray(p.numpy()) for p in trainer.get_params()], max(counted, default=0)
+
+
+def check_reader_sums(comm: D.Communicator, steps: int = 12) -> None:
+    """Gradients summed where the optimizer's update loads them (``shmplan.ReaderSum``): SGD
+    with momentum, Adam with L2 weight decay, AdamW; float32 and float64; odd sizes; each
+    gradient alone, several buckets, one bucket. Ranks bit-equal; equal to the chunked
+    shared-memory path (SHAPEGRAD_SHM_READER=0) to the last bit; equal to MPI's
+    all-reduce (exactly with 2 ranks) and to one process on the global batch. Under
+    SHAPEGRAD_FAKE_NODES no segment is bound: MPI's result plus -0.0, the same bits.
+    Ranks disagreeing on SHAPEGRAD_SHM_READER are refused when they compile."""
+    from mpi4py import MPI
+
+    from shapegrad.train import step
+
+    assert isinstance(comm, D.MPICommunicator) and comm.allreduce == "shm"
+    over_mpi = D.MPICommunicator(MPI.COMM_WORLD.Dup(), key="world-mpi", allreduce="mpi")
+    cases = [("sgd", "float64", b) for b in (1, 60, 1 << 40)]
+    cases += [(opt, dtype, 1 << 40) for opt in ("sgd", "adam", "adamw") for dtype in ("float32",)]
+    cases += [(opt, "float64", 60) for opt in ("adam", "adamw")]
+    saved = step.BUCKET_BYTES
+    try:
+        for opt, dtype, bucket_bytes in cases:
+            step.BUCKET_BYTES = bucket_bytes
+            mine, fused = _train_reader(comm, opt, dtype, steps)
+            chunked, none = _train_reader(comm, opt, dtype, steps, reader=False)
+            via_mpi, _ = _train_reader(over_mpi, opt, dtype, steps)
+            assert fused >= 1 and none == 0, (fused, none)
+            for r, theirs in enumerate(comm.gather_objects(mine)):
+                for a, b in zip(mine, theirs, strict=True):
+                    assert np.array_equal(a, b), f"{opt} {dtype}: rank {comm.rank} vs {r}"
+            case = (opt, dtype, bucket_bytes)
+            for a, b in zip(mine, chunked, strict=True):
+                assert np.array_equal(a, b), (case, float(np.abs(a - b).max()))
+            err = max(float(np.abs(a - b).max()) for a, b in zip(mine, via_mpi, strict=True))
+            tol = 1e-13 if dtype == "float64" else 1e-6  # MPI may add 3 ranks in another order
+            assert err <= (0.0 if comm.size == 2 else tol), (case, err)
+            if comm.rank == 0:
+                single, _ = _train_reader(None, opt, dtype, steps)
+                err = max(float(np.abs(a - b).max()) for a, b in zip(mine, single, strict=True))
+                assert err <= (1e-10 if dtype == "float64" else 1e-5), (case, err)
+                print(f"reader sums {case}: {fused} exchanges, max |diff| vs one process {err:.2e}")
+    finally:
+        step.BUCKET_BYTES = saved
+    # ranks disagreeing on SHAPEGRAD_SHM_READER are refused at compile time, not left to hang
+    saved_env = os.environ.get("SHAPEGRAD_SHM_READER")
+    os.environ["SHAPEGRAD_SHM_READER"] = "1" if comm.rank == 0 else "0"
+    try:
+        sg.compile(lambda a: D.all_reduce(a + 1.0, "sum", comm) * 2.0, backend="c")(
+            np.ones(100, np.float32)
+        )
+    except D.RankMismatchError as exc:
+        assert "reduced at their readers (SHAPEGRAD_SHM_READER)" in str(exc), str(exc)
+    else:
+        raise AssertionError("ranks with and without reader sums compiled the same all-reduce")
+    finally:
+        if saved_env is None:
+            del os.environ["SHAPEGRAD_SHM_READER"]
+        else:
+            os.environ["SHAPEGRAD_SHM_READER"] = saved_env
+
+
+def shared_timeout(comm: D.Communicator, reader: bool = False) -> None:
     """Rank 1 compiles the same all-reduce but never runs it: rank 0's shared-memory
-    wait gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT (+ margin) and the job ends."""
-    f = sg.compile(lambda a: D.all_reduce(a, "sum", comm), backend="c")
+    wait gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT (+ margin) and the job ends. With
+    ``reader``, the sum is read by a multiplication: it reduces at that reader."""
+    if reader:
+        f = sg.compile(lambda a: D.all_reduce(a + 1.0, "sum", comm) * 2.0, backend="c")
+    else:
+        f = sg.compile(lambda a: D.all_reduce(a, "sum", comm), backend="c")
     x = np.ones(1000, np.float32)
     f(x)  # once together
     comm.barrier()
@@ -522,8 +633,10 @@ def main() -> None:
         check_training_cuda(comm)
     elif task == "shm":
         check_shared_allreduce(comm)
-    elif task == "shm-timeout":
-        shared_timeout(comm)
+    elif task == "shm-reader":
+        check_reader_sums(comm)
+    elif task in ("shm-timeout", "shm-reader-timeout"):
+        shared_timeout(comm, reader=task == "shm-reader-timeout")
     elif task in ("raise", "kill", "hang"):
         fault(comm, out, task)
     else:

@@ -278,13 +278,31 @@ def test_shared_memory_all_reduce(n: int, nodes: str | None, tmp_path: Path) -> 
     assert run.returncode == 0 and (tmp_path / "ok-shm.txt").exists(), run.stdout + run.stderr
 
 
-def test_shared_memory_wait_times_out_with_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
+def test_gradients_summed_at_the_reader(n: int, nodes: str | None, tmp_path: Path) -> None:
+    """Gradients summed where the update loads them (``shmplan.ReaderSum``): SGD, Adam, AdamW,
+    float32/float64, odd sizes, several buckets; ranks bit-equal, equal to the chunked
+    path to the last bit, to MPI's all-reduce and to one process; under
+    SHAPEGRAD_FAKE_NODES (no segment) the same programs fall back to MPI."""
+    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
+    if nodes is not None:
+        extra["SHAPEGRAD_FAKE_NODES"] = nodes
+    run = launch(n, "shm-reader", tmp_path, **extra)
+    assert run.returncode == 0 and (tmp_path / "ok-shm-reader.txt").exists(), (
+        run.stdout + run.stderr
+    )
+    assert run.stdout.count("reader sums (") == 8, run.stdout
+
+
+@pytest.mark.parametrize("task", ["shm-timeout", "shm-reader-timeout"])
+def test_shared_memory_wait_times_out_with_a_clear_error(task: str, tmp_path: Path) -> None:
     """A rank that never arrives: the other's shared-memory wait (in a compiled call that
     no watchdog watches) gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT plus the margin,
-    names the missing rank, and the job ends instead of hanging."""
+    names the missing rank, and the job ends instead of hanging (the chunked exchange,
+    and one reduced at its reader)."""
     start = time.perf_counter()
     run = launch(
-        2, "shm-timeout", tmp_path, timeout=90, SHAPEGRAD_ALLREDUCE="shm",
+        2, task, tmp_path, timeout=90, SHAPEGRAD_ALLREDUCE="shm",
         SHAPEGRAD_COLLECTIVE_TIMEOUT="2",
     )  # fmt: skip
     elapsed = time.perf_counter() - start

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shapegrad as sg
-from shapegrad.backends.c import collectives, shm
+from shapegrad.backends.c import collectives, shm, shmplan
 from shapegrad.backends.c.render import render_c
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.overlap import overlap_collectives
@@ -250,7 +250,10 @@ class _TwoOnOneNode(_TwoProcesses):
         raise AssertionError("a lowering-only test tried to bind shared memory")
 
 
-def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request() -> None:
+def test_shared_memory_exchange_rendered_beside_mpi_and_laid_out_per_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shmplan, "READER_SUMS", False)  # the chunked path (reader sums below)
     plan_comm = _TwoOnOneNode()
     program = _step_program(1 << 12)
     program.communicators = [plan_comm]  # same program, the transport of the stand-in
@@ -305,3 +308,79 @@ def test_allreduce_transport_is_checked(monkeypatch: pytest.MonkeyPatch) -> None
         allreduce_transport(None)
     with pytest.raises(ValueError, match="allreduce must be one of"):
         allreduce_transport("fast")
+
+
+# --- reduce at the reader (backends/c/shmplan.py, ReaderSum) --------------------------------------
+
+
+def _body(source: str) -> str:
+    start = source.find("static int sg_fork_body")
+    return source[start if start >= 0 else source.index("static int sg_body") :]
+
+
+def test_gradients_are_summed_where_the_update_loads_them() -> None:
+    """Every exchange of the MLP step (gradients read only by the update's elementwise
+    loop, the loss by a division) reduces at its readers: the producer writes this
+    rank's slot, the start only publishes, each load is the ranks' sum in rank order;
+    MPI's calls stay as the else branch (no segment bound). Regions: one per exchange
+    after the chunked ones, two 64-byte-aligned slots each."""
+    program = _step_program(1 << 12)
+    program.communicators = [_TwoOnOneNode()]
+    starts, waits = _exchanges(program, "start"), _exchanges(program, "wait")
+    blocking = [
+        s for k in program.kernels for s in k.body
+        if isinstance(s, L.Collective) and s.phase == "blocking"
+    ]  # fmt: skip
+    sums = collectives.reader_sums(program)
+    assert len(sums) == len(starts) + len(blocking) >= 2
+    source = render_c(program)
+    body = _body(source)
+    assert body.count("sg_shm_post(0, ") == len(sums)
+    # the blocking chunked exchanges keep a region of their own, before the summed ones
+    assert f"#define SG_SHM_BLOCKING {collectives.requests(program)} " in source
+    assert "sg_shm_start(" not in body and "sg_shm_progress(" not in body
+    assert body.count("sg_shm_wait(0, ") == len(waits) + len(blocking)
+    assert body.count("sg_mpi_iallreduce(") == len(starts)
+    nrequests = collectives.requests(program)
+    offsets, _, nbytes = shm.shared_layout(program, nrequests)
+    ends = [*offsets[1:], nbytes]
+    for n, rs in enumerate(sums):
+        assert rs.region == nrequests + 1 + n and rs.ranks == 2
+        assert f"{rs.src} = (float *)sg_shm_operand(0, {rs.region}, " in body
+        assert f"{rs.dst}[" not in body  # never loaded as one buffer: always the sum
+        assert f"SG_SUM_FENCE({rs.dst}_sum0[" in body and f" + {rs.dst}_sum1[" in body
+        assert ends[rs.region] - offsets[rs.region] >= 2 * 4 * rs.count
+    assert all(o % 64 == 0 for o in [*offsets, nbytes])
+
+
+def _lowered(fn: Any, *args: np.ndarray) -> L.Program:
+    graph = sg.compile(fn, backend="numpy").graph(*args)
+    program, _ = lower_program(graph, C_TARGET, name="p")
+    return program
+
+
+def test_an_exchange_read_otherwise_keeps_the_chunked_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sum that a library product or a reduction reads, or that the program returns, is
+    materialized (the chunked exchange); a max is never summed at a reader; SHAPEGRAD_SHM_READER=0
+    turns the reader sums off."""
+    from shapegrad import distributed as D
+
+    comm = _TwoOnOneNode()
+    a = np.ones((64, 64), np.float32)
+    product = _lowered(lambda x, y: D.all_reduce(x, "sum", comm) @ y, a, a)
+    returned = _lowered(lambda x: D.all_reduce(x, "sum", comm), a)
+    maximum = _lowered(lambda x: D.all_reduce(x, "max", comm) * 2.0, a)
+    norm = _lowered(lambda x: (D.all_reduce(x * 3.0, "sum", comm) ** 2).sum(), a)
+    scaled = _lowered(lambda x: D.all_reduce(x * 3.0, "sum", comm) * 2.0, a)
+    for program in (product, returned, maximum, norm):
+        assert collectives.reader_sums(program) == []
+        assert "sg_shm_start(0, " in _body(render_c(program))
+    assert [rs.count for rs in collectives.reader_sums(scaled)] == [64 * 64]
+    assert "sg_shm_post(0, " in _body(render_c(scaled))
+    monkeypatch.setenv("SHAPEGRAD_SHM_READER", "0")
+    assert collectives.reader_sums(scaled) == []
+    monkeypatch.setenv("SHAPEGRAD_SHM_READER", "off")
+    with pytest.raises(ValueError, match=r"SHAPEGRAD_SHM_READER must be '1'.* or '0'.*'off'"):
+        collectives.reader_sums(scaled)

@@ -13,7 +13,10 @@ nonblocking one:
   bucket's last gradient is written; the other kernels keep their order; a ``wait`` runs
   only when nothing else can, i.e. just before the first kernel that reads the result
   (the optimizer's update of that bucket's parameters, which reads the reduced gradient
-  in one elementwise pass);
+  in one elementwise pass), and of several ready waits the one started earliest (the
+  most likely finished): the last bucket (the first layer's gradient, started after the
+  backward's last product) is waited for last, after the other buckets' updates, so it
+  stays nonblocking and those updates run while the slower rank catches up;
 * while exchanges are in flight, a ``test`` after each kernel of at least
   ``PROGRESS_MIN_WORK`` scalar operations lets the MPI library advance them (MPICH moves
   a nonblocking collective only inside MPI calls; without these the whole exchange would
@@ -34,7 +37,10 @@ in, ``test`` advances without waiting (reduces this rank's chunk once every rank
 arrived, copies the result out once every rank has reduced), ``wait`` finishes. Its work
 runs on this rank's core either way, so overlapping hides the wait for the slower rank,
 not the work, and the early buckets are done in tests between backward kernels instead
-of all at the end.
+of all at the end. An exchange reduced at its readers (``backends/c/shmplan.py``) has
+no work of its own: ``start`` publishes the operand its producer wrote in place,
+``test`` does nothing, ``wait`` waits for every rank's operand, and the update sums them
+as it loads them.
 
 An exchange that nothing runs alongside (one bucket: its start is right before its wait)
 stays blocking. Only top-level all-reduces without ``root`` are overlapped (the
@@ -218,19 +224,21 @@ def _schedule(kernels: list[L.Kernel]) -> list[L.Kernel]:
     ready = {n for n, w in enumerate(waiting) if w == 0}
     done: set[int] = set()
     in_flight: dict[int, L.Collective] = {}  # request -> its start statement
+    started: dict[int, int] = {}  # request in flight -> how many exchanges started before
     order: list[L.Kernel] = []
     pending = 0  # starts[pending]: the next exchange
     while ready:
         while pending < len(starts) and starts[pending] in done:
             pending += 1
         target = ancestors[starts[pending]] if pending < len(starts) else set()
-        n = _pick(ready, phases, fails, target, bool(in_flight))
+        n = _pick(ready, phases, fails, target, started)
         ready.discard(n)
         done.add(n)
         kernel = kernels[n]
         phase, request = phases[n]
         if phase == "wait":
             in_flight.pop(request)
+            started.pop(request)
         if phase != "start" and in_flight and kernel.work >= PROGRESS_MIN_WORK:
             tests = tuple(replace(s, phase="test") for _, s in sorted(in_flight.items()))
             kernel = replace(kernel, body=(*kernel.body, *tests))
@@ -238,6 +246,7 @@ def _schedule(kernels: list[L.Kernel]) -> list[L.Kernel]:
             start = kernel.body[-1]
             assert isinstance(start, L.Collective)
             in_flight[request] = start
+            started[request] = len(order)
         order.append(kernel)
         for u in users[n]:
             waiting[u] -= 1
@@ -252,12 +261,14 @@ def _pick(
     phases: list[tuple[str, int]],
     fails: list[bool],
     target: set[int],
-    in_flight: bool,
+    started: dict[int, int],
 ) -> int:
     """The next kernel: first what the next exchange still needs (``target``: its start
     and every kernel it depends on), then any other kernel in program order; a kernel that
-    can fail only with nothing in flight; a wait only when nothing else is ready."""
-    plain = [n for n in ready if phases[n][0] != "wait" and not (in_flight and fails[n])]
+    can fail only with nothing in flight (``started``: the requests in flight, by when
+    they started); a wait only when nothing else is ready, the earliest started first
+    (the most likely done: the updates of the later ones then run while they finish)."""
+    plain = [n for n in ready if phases[n][0] != "wait" and not (started and fails[n])]
     preferred = [n for n in plain if n in target]
     if preferred:
         return min(preferred)
@@ -265,7 +276,7 @@ def _pick(
         return min(plain)
     waits = [n for n in ready if phases[n][0] == "wait"]
     if waits:
-        return min(waits)
+        return min(waits, key=lambda n: (started.get(phases[n][1], len(phases)), n))
     return min(ready)
 
 

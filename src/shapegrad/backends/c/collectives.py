@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapegrad.backends.c import shm
+from shapegrad.backends.c import shm, shmplan
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError, NativeMPI, check_same
 
@@ -94,7 +94,7 @@ def mpi_prelude(program: L.Program, shared: bool = True) -> str:
     handle = native_of(program.communicators[0]).handle_type
     names = "\n".join(
         f"/* communicator {k}: {_safe(getattr(c, 'key', '?'))}, {c.size} processes, "
-        f"all-reduce {shm.transport(c) if shared else 'mpi'} */"
+        f"all-reduce {shmplan.transport(c) if shared else 'mpi'} */"
         for k, c in enumerate(program.communicators)
     )
     text = _TYPES.format(
@@ -122,12 +122,22 @@ def requests(program: L.Program) -> int:
     )
 
 
-def render_collective(s: L.Collective, type_name: str, emit: Any, depth: int) -> None:
-    """The C of one ``Collective`` statement (``emit(depth, line)``)."""
+def reader_sums(program: L.Program) -> list[shmplan.ReaderSum]:
+    """The exchanges of ``program`` reduced at their readers (``shmplan.reader_sums``)."""
+    if not program.communicators:
+        return []
+    return shmplan.reader_sums(program, requests(program))
+
+
+def render_collective(
+    s: L.Collective, type_name: str, emit: Any, depth: int, fused: shmplan.ReaderSum | None = None
+) -> None:
+    """The C of one ``Collective`` statement (``emit(depth, line)``); ``fused``: its
+    ``ReaderSum`` where it reduces at its readers."""
     comm = f"sg_mpi_comm[{s.comm}]"
     fail = f"return {s.code};"
-    if shm.shareable(s):  # the shared-memory exchange where the library has it, bound
-        shm.render_shared(s, fail, emit, depth)
+    if shmplan.shareable(s):  # the shared-memory exchange where the library has it, bound
+        shm.render_shared(s, fail, emit, depth, fused)
     if s.phase != "blocking":
         _render_nonblocking(s, comm, fail, emit, depth)
         return
@@ -227,7 +237,13 @@ def check_program(program: L.Program) -> None:
         check_same(  # SHAPEGRAD_ALLREDUCE must agree: one rank in MPI, another in shm, hangs
             comm,
             f"compiled program {program.name!r}: the all-reduce transport (SHAPEGRAD_ALLREDUCE)",
-            shm.transport(comm),
+            shmplan.transport(comm),
+        )
+        check_same(  # SHAPEGRAD_SHM_READER must agree too: the protocols differ
+            comm,
+            f"compiled program {program.name!r}: the all-reduces reduced at their readers "
+            "(SHAPEGRAD_SHM_READER)",
+            [(r.region, r.count) for r in reader_sums(program) if r.comm == k],
         )
 
 

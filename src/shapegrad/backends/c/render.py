@@ -46,8 +46,9 @@ from importlib import resources
 from typing import Final
 
 from shapegrad.backends.c import batch_gemm, gemm_kernel
-from shapegrad.backends.c.collectives import mpi_prelude, render_collective
+from shapegrad.backends.c.collectives import mpi_prelude, reader_sums, render_collective
 from shapegrad.backends.c.schedule import Region, Unit, chunk_size, fork_parallel, plan_region
+from shapegrad.backends.c.shm import reader_load, reader_pointers
 from shapegrad.backends.c.teamsplit import TeamRenderer, split_parts
 from shapegrad.backends.cstyle import HELPERS
 from shapegrad.compiler import loops as L
@@ -151,11 +152,15 @@ class CRenderer(TeamRenderer):
         # functions of layer-loop bodies, shared by the renderers of one translation unit
         self.functions: list[str] = []
         self.fail_to: Final = fail_to
+        # the all-reduces summed where they are loaded (backends/c/shmplan.py, ReaderSum), by
+        # the names of their source and destination; none in layer bodies
+        self.sums = {n: r for r in reader_sums(program) for n in (r.src, r.dst)}
 
     def _part(self, mode: str, fail_to: tuple[int, str] | None = None) -> CRenderer:
         """A renderer for one unit of the region, writing into this one's output."""
         part = CRenderer(self.program, self.ctuning, self.flush_denormals, mode, fail_to)
         part.lines = self.lines
+        part.sums = self.sums
         part.functions = self.functions
         return part
 
@@ -225,8 +230,10 @@ class CRenderer(TeamRenderer):
         self.emit(depth + 1, KERNEL_FENCE)
         if profile:
             self.emit(depth + 1, "double sg_t0 = sg_now();")
+        loaded = {ld.buffer for ld in L.loads_in(u.body)}
         for name in sorted(u.reads | u.writes):
-            self.emit(depth + 1, self._pointer(name))
+            for line in self._pointers(name, name in loaded):
+                self.emit(depth + 1, line)
         for s in u.body:
             self.stmt(s, depth + 1, parallel_ok=u.shared)
         if profile:
@@ -248,20 +255,32 @@ class CRenderer(TeamRenderer):
         self.emit(2, KERNEL_FENCE)
         if profile:
             self.emit(2, "double sg_t0 = sg_now();")
+        loaded = {ld.buffer for ld in L.loads_in(k.body)}
         for name in sorted(L.reads(k.body) | L.writes(k.body)):
-            self.emit(2, self._pointer(name))
+            for line in self._pointers(name, name in loaded):
+                self.emit(2, line)
         for s, ok in zip(k.body, parallel, strict=True):
             self.stmt(s, 2, parallel_ok=ok)
         if profile:
             self.emit(2, f"sg_profile[{number}] += sg_now() - sg_t0;")
         self.emit(1, "}")
 
-    def _pointer(self, name: str) -> str:
+    def _pointers(self, name: str, loaded: bool) -> list[str]:
+        """The declarations of buffer ``name`` in a kernel (``loaded``: the kernel loads it;
+        an all-reduce summed at its readers declares a pointer per rank there)."""
         spec = self.program.buffers[name]
         t = self.storage_name(spec.dtype)
         const = "const " if spec.kind in ("input", "const") else ""
         src = f"(arena + {spec.offset})" if spec.kind == "temp" else f"io[{spec.slot}]"
-        return f"{const}{t} *restrict {name} = ({const}{t} *){src};"
+        if name in self.sums:
+            return reader_pointers(self.sums[name], name, src, loaded)
+        return [f"{const}{t} *restrict {name} = ({const}{t} *){src};"]
+
+    def expr(self, e: L.Expr) -> str:
+        """A load of an all-reduce's result summed at its readers is the ranks' sum."""
+        if isinstance(e, L.Load) and e.buffer in self.sums and self.sums[e.buffer].dst == e.buffer:
+            return reader_load(self.sums[e.buffer], self.affine(e.index))
+        return super().expr(e)
 
     def loop(self, s: L.Loop, depth: int, parallel_ok: bool) -> None:
         """A large parallel loop is split across the team; a large reduction over rows
@@ -320,6 +339,7 @@ class CRenderer(TeamRenderer):
         self.functions.append("")  # reserve the number; nested bodies come first
         sub = CRenderer(s.body, self.ctuning, self.flush_denormals)
         sub.functions = self.functions
+        sub.sums = {}
         sub.lines.append(f"/* layer body {_comment_safe(s.body.name)} */")
         sub.lines.append(f"static int {fn}(void **restrict io, char *restrict arena) {{")
         sub.emit(1, "(void)io; (void)arena;")
@@ -347,7 +367,8 @@ class CRenderer(TeamRenderer):
 
     def collective(self, s: L.Collective, depth: int) -> None:
         """MPI through the pointers bound by ``sg_mpi_bind`` (``backends/c/collectives.py``)."""
-        render_collective(s, self.type_name(s.dtype), self.emit, depth)
+        fused = self.sums.get(s.dst)
+        render_collective(s, self.type_name(s.dtype), self.emit, depth, fused)
 
 
 @dataclass(frozen=True)

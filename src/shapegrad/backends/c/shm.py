@@ -39,6 +39,23 @@ largest chunk (the result area): 1.5x the exchanged bytes per rank. The segments
 to one library and communicator: a library bound again (the same source) reuses them
 (``MPICommunicator.shared_segments``).
 
+**Reduce at the reader** (``shmplan.ReaderSum``, the exchanges whose result only
+elementwise stores load, e.g. a gradient read by the optimizer's update): no copy and
+no result at all. Such an exchange has a region of its own with two operand slots per
+rank, used by alternate exchanges (the parity of ``s``). Its producer writes this
+rank's operand straight into slot ``(s + 1) & 1`` of its own segment
+(``sg_shm_operand`` gives the kernel that pointer), ``start`` only publishes
+``arrived = s`` (``sg_shm_post``), ``wait`` waits until every rank has, and every load
+of the result in the update's loop is ``slot_0[i] + slot_1[i] + ...`` in rank order
+(``sg_shm_summand``, ``reader_load``), each partial sum behind ``SG_SUM_FENCE`` so that
+``-fassociative-math`` cannot move a term into the surrounding expression: every rank
+computes the same bits, the chunked path's. A slot written for exchange ``s + 2`` is
+free: its writer has seen every rank publish ``s + 1``, which each does after its last
+load of ``s`` (the program's loads of an exchange all precede its next start), so no
+consumed flag is needed. Without segments (MPI), ``sg_shm_operand`` is the arena
+buffer MPI reads, summand 0 is MPI's result and the others point at ``-0.0``
+(``x + -0.0`` is ``x``, bitwise).
+
 The C text is ``shm_prelude``'s, rendered after ``collectives.mpi_prelude``'s; each
 all-reduce statement becomes ``if (sg_shm_n[c]) { shared memory } else { MPI }``
 (``render_shared``); ``bind_shared`` runs after ``sg_mpi_bind``.
@@ -53,6 +70,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from shapegrad.backends.c import shmplan
+from shapegrad.backends.c.shmplan import ReaderSum, shareable, transport
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError
 from shapegrad.distributed._shm import MAX_NODE_RANKS
@@ -92,6 +111,7 @@ _SHM = r"""
 #endif
 #define SG_SHM_MAXRANKS {maxranks}
 #define SG_SHM_NREG {nreg}
+#define SG_SHM_BLOCKING {blocking} /* the region of the blocking chunked exchanges */
 #define SG_SHM_NCOMM {ncomms}
 static const int64_t sg_shm_off[SG_SHM_NREG] = {{{offsets}}};  /* operand chunks */
 static const int64_t sg_shm_res[SG_SHM_NREG] = {{{results}}};  /* this rank's result chunk */
@@ -183,6 +203,12 @@ static void sg_shm_start(int c, int reg, const void *src, void *dst, int64_t cou
 static int sg_shm_progress(int c, int reg) {{
     sg_shm_req_t *q = &sg_shm_req[c][reg];
     int n = sg_shm_n[c], me = sg_shm_me[c], es = sg_shm_size(q->kind);
+    if (q->stage == 3) {{ /* posted for the readers (sg_shm_post): complete once all are */
+        for (int r = 0; r < n; ++r)
+            if (__atomic_load_n(sg_shm_flag(c, r, reg, 0), __ATOMIC_ACQUIRE) < q->seq) return 0;
+        q->stage = 0;
+        return 1;
+    }}
     if (q->stage == 1) {{
         const char *p[SG_SHM_MAXRANKS];
         int64_t lo, hi;
@@ -233,7 +259,7 @@ static inline void sg_shm_relax(void) {{
 static void sg_shm_doze(int c, int reg) {{
 #if SG_SHM_SLEEP
     sg_shm_req_t *q = &sg_shm_req[c][reg];
-    int which = q->stage == 1 ? 0 : 1;
+    int which = q->stage == 2 ? 1 : 0;
     for (int r = 0; r < sg_shm_n[c]; ++r) {{
         uint64_t *flag = sg_shm_flag(c, r, reg, which);
         uint32_t *sleepers = (uint32_t *)(flag + 1);
@@ -267,7 +293,7 @@ static int sg_shm_wait(int c, int reg) {{
         sg_shm_doze(c, reg);
         if (sg_shm_limit > 0 && waited > sg_shm_limit) {{
             sg_shm_req_t *q = &sg_shm_req[c][reg];
-            int which = q->stage == 1 ? 0 : 1;
+            int which = q->stage == 2 ? 1 : 0;
             fprintf(stderr, "[rank %d/%d] shapegrad: a shared-memory all-reduce (%lld elements) "
                     "waited %.1f s (SHAPEGRAD_COLLECTIVE_TIMEOUT + %g s) for rank(s)",
                     sg_shm_me[c], sg_shm_n[c], (long long)q->count, waited, {margin});
@@ -285,15 +311,72 @@ static int sg_shm_wait(int c, int reg) {{
 """
 
 
+_READER = r"""
+/* reduce at the reader (shm.py, ReaderSum): the producer writes this rank's operand into
+   its own segment (sg_shm_operand: the slot of the next exchange's parity), sg_shm_post
+   publishes it, and every load of the result sums the ranks' slots in rank order
+   (sg_shm_summand). Without segments (MPI), summand 0 is MPI's result and the others
+   read -0.0, which adds exactly (x + -0.0 == x, bitwise, for every x).
+   SG_SUM_FENCE keeps -fassociative-math from moving a rank's term into the expression
+   that reads the sum (ranks compiling different programs, e.g. a rank-dependent key,
+   would then round differently): gcc 12's __builtin_assoc_barrier (the loop still
+   vectorizes), clang's __arithmetic_fence, else a register round trip the compiler
+   cannot see through. */
+#if defined(__clang__) && defined(__has_builtin)
+#if __has_builtin(__arithmetic_fence)
+#define SG_SUM_FENCE(x) __arithmetic_fence(x)
+#endif
+#elif defined(__GNUC__) && __GNUC__ >= 12
+#define SG_SUM_FENCE(x) __builtin_assoc_barrier(x)
+#endif
+#ifndef SG_SUM_FENCE
+#define SG_SUM_FENCE(x) ({{ __typeof__(x) sg_v = (x); __asm__("" : "+m"(sg_v)); sg_v; }})
+#endif
+static const int64_t sg_shm_slot[SG_SHM_NREG] = {{{slots}}};  /* bytes between parities */
+static float sg_shm_nz_f[{nzf}];
+static double sg_shm_nz_d[{nzd}];
+__attribute__((constructor)) static void sg_shm_fill_nz(void) {{
+    for (int64_t i = 0; i < {nzf}; ++i) sg_shm_nz_f[i] = -0.0f;
+    for (int64_t i = 0; i < {nzd}; ++i) sg_shm_nz_d[i] = -0.0;
+}}
+
+static inline char *sg_shm_operand(int c, int reg, char *own) {{
+    if (!sg_shm_n[c]) return own;
+    int me = sg_shm_me[c];
+    uint64_t next = __atomic_load_n(sg_shm_flag(c, me, reg, 0), __ATOMIC_RELAXED) + 1;
+    return sg_shm_seg[c][me] + sg_shm_off[reg] + (int64_t)(next & 1) * sg_shm_slot[reg];
+}}
+
+static inline const char *sg_shm_summand(int c, int reg, int r, const char *sum,
+                                         const char *nz) {{
+    if (!sg_shm_n[c]) return r == 0 ? sum : nz;
+    uint64_t seq = __atomic_load_n(sg_shm_flag(c, sg_shm_me[c], reg, 0), __ATOMIC_RELAXED);
+    return sg_shm_seg[c][r] + sg_shm_off[reg] + (int64_t)(seq & 1) * sg_shm_slot[reg];
+}}
+
+/* The operand is in this rank's slot: publish it (sg_shm_wait then waits for every rank's). */
+static void sg_shm_post(int c, int reg, int64_t count) {{
+    sg_shm_req_t *q = &sg_shm_req[c][reg];
+    uint64_t *flag = sg_shm_flag(c, sg_shm_me[c], reg, 0);
+    q->count = count;
+    q->kind = 0;
+    q->seq = __atomic_load_n(flag, __ATOMIC_RELAXED) + 1;
+    q->stage = 3;
+    sg_shm_publish(flag, q->seq);
+}}
+"""
+
+
 def shm_prelude(program: L.Program, nrequests: int) -> str:
     """The C of the shared-memory all-reduce for ``program`` ("" when none of its
     communicators has ``allreduce == "shm"``); ``nrequests``: its nonblocking requests."""
     if not any(transport(c) == "shm" for c in program.communicators):
         return ""
-    offsets, results, _ = shared_layout(program, nrequests)
-    return _SHM.format(
+    offsets, results, slots, _ = _layout(program, nrequests)
+    text = _SHM.format(
         maxranks=MAX_NODE_RANKS,
         nreg=len(offsets),
+        blocking=nrequests,
         ncomms=len(program.communicators),
         offsets=", ".join(map(str, offsets)),
         results=", ".join(map(str, results)),
@@ -302,57 +385,83 @@ def shm_prelude(program: L.Program, nrequests: int) -> str:
         sleep=int(SHM_SLEEP),
         margin=SHM_TIMEOUT_MARGIN,
     )
-
-
-def transport(comm: Any) -> str:
-    """How compiled all-reduces over ``comm`` exchange: ``"shm"`` or ``"mpi"``."""
-    return (
-        "shm" if getattr(type(comm), "shared_segments", None) and comm.allreduce == "shm" else "mpi"
+    sums = shmplan.reader_sums(program, nrequests)
+    if not sums:
+        return text
+    counts = {name: max((s.count for s in sums if s.dtype == name), default=1)
+              for name in ("float32", "float64")}  # fmt: skip
+    return text + _READER.format(
+        slots=", ".join(map(str, slots)), nzf=counts["float32"], nzd=counts["float64"]
     )
 
 
-def shareable(s: L.Collective) -> bool:
-    """Whether the shared-memory path can run exchange ``s`` (when its communicator has it)."""
-    return s.kind == "all_reduce" and s.root is None and s.op in ("sum", "max")
-
-
 def shared_layout(program: L.Program, nrequests: int) -> tuple[list[int], list[int], int]:
+    """(offsets, results, segment bytes) of ``_layout``."""
+    offsets, results, _, nbytes = _layout(program, nrequests)
+    return offsets, results, nbytes
+
+
+def _layout(program: L.Program, nrequests: int) -> tuple[list[int], list[int], list[int], int]:
     """(offset of each region's operand area in a rank's segment, of its result area,
-    segment bytes). Region ``r`` serves request ``r``, the last one the blocking
-    exchanges; the flags of all regions come first (``_FLAG_BYTES`` each), every area
+    segment bytes). Region ``r`` serves request ``r``, the next one (number
+    ``nrequests``, ``SG_SHM_BLOCKING``) the blocking exchanges; the flags of all regions come first (``_FLAG_BYTES`` each), every area
     starts on a cache line. Operands and results have separate areas: two exchanges of
     one region may differ in size, so chunk ``r`` of one overlaps chunk ``q`` of the next,
     and a rank writing its next operand must not overwrite a result still being read.
     The result area holds the rank's own chunk only: at most half the elements (rounded
-    up, plus the 16 of the chunk rounding) with 2 or more ranks."""
+    up, plus the 16 of the chunk rounding) with 2 or more ranks.
+
+    The exchanges reduced at their readers (``reader_sums``) follow, one region each: two
+    operand slots (parities), no result area; ``slots``: the bytes from one slot to the
+    next (0 for the chunked regions)."""
+    sums = shmplan.reader_sums(program, nrequests)
+    fused = {(s.comm, s.dst) for s in sums}
     nreg = nrequests + 1
     sizes, chunks = [0] * nreg, [0] * nreg
     for p in L.nested_programs(program):
         for k in p.kernels:
             for s in L.walk(k.body):
                 if isinstance(s, L.Collective) and shareable(s):
+                    if p is program and (s.comm, s.dst) in fused:
+                        continue
                     reg = nreg - 1 if s.phase == "blocking" else s.request
                     itemsize = s.dtype.numpy.itemsize
                     sizes[reg] = max(sizes[reg], s.count * itemsize)
                     # a chunk: ceil(count / ranks) rounded up to 16 elements, ranks >= 2
                     chunks[reg] = max(chunks[reg], ((s.count + 1) // 2 + 16) * itemsize)
-    offsets, results, at = [], [], _FLAG_BYTES * nreg
+    slots = [0] * nreg
+    for rs in sums:
+        slot = -(-rs.count * rs.itemsize // 64) * 64
+        sizes.append(2 * slot)
+        chunks.append(0)
+        slots.append(slot)
+    offsets, results, at = [], [], _FLAG_BYTES * len(sizes)
     for size, chunk in zip(sizes, chunks, strict=True):
         offsets.append(at)
         at += -(-size // 64) * 64
         results.append(at)
         at += -(-chunk // 64) * 64
-    return offsets, results, at
+    return offsets, results, slots, at
 
 
-def render_shared(s: L.Collective, fail: str, emit: Any, depth: int) -> None:
+def render_shared(
+    s: L.Collective, fail: str, emit: Any, depth: int, fused: ReaderSum | None = None
+) -> None:
     """``if (sg_shm_n[c]) { the shared-memory exchange } else`` ahead of the MPI call
-    (compiled in where the prelude has the shared-memory functions)."""
+    (compiled in where the prelude has the shared-memory functions). ``fused``: the
+    exchange reduces at its readers (its start only publishes; a test has nothing to do)."""
     kind = ("float32", "float64", "int32").index(s.dtype.name) + (3 if s.op == "max" else 0)
-    reg = "SG_SHM_NREG - 1" if s.phase == "blocking" else str(s.request)
+    reg = "SG_SHM_BLOCKING" if s.phase == "blocking" else str(s.request)
     c = s.comm
     emit(0, "#ifdef SG_SHM_NREG")
-    if s.phase in ("blocking", "start"):
+    if fused is not None:
+        reg = str(fused.region)
+        emit(depth, f"if (sg_shm_n[{c}]) {{")
+        if s.phase in ("blocking", "start"):
+            emit(depth + 1, f"sg_shm_post({c}, {reg}, {s.count});")
+        if s.phase in ("blocking", "wait"):
+            emit(depth + 1, f"if (sg_shm_wait({c}, {reg})) {fail}")
+    elif s.phase in ("blocking", "start"):
         emit(depth, f"if (sg_shm_n[{c}]) {{")
         emit(depth + 1, f"sg_shm_start({c}, {reg}, {s.src}, {s.dst}, {s.count}, {kind});")
         if s.phase == "blocking":
@@ -367,6 +476,35 @@ def render_shared(s: L.Collective, fail: str, emit: Any, depth: int) -> None:
         raise ValueError(f"unknown collective phase {s.phase!r}")
     emit(depth, "} else")
     emit(0, "#endif")
+
+
+def reader_pointers(rs: ReaderSum, name: str, own: str, loaded: bool) -> list[str]:
+    """The C declarations of buffer ``name`` (``rs.src`` or ``rs.dst``) in a kernel; ``own``:
+    its address in the arena (where MPI's all-reduce reads and writes it). The source
+    points at this rank's slot; the destination keeps its own pointer, plus one per rank
+    (``{dst}_sum{r}``) where the kernel loads it."""
+    t = "float" if rs.dtype == "float32" else "double"
+    if name == rs.src:
+        return [f"{t} *restrict {name} = ({t} *)sg_shm_operand({rs.comm}, {rs.region}, {own});"]
+    out = [f"{t} *restrict {name} = ({t} *){own};"]
+    if loaded:
+        nz = "sg_shm_nz_f" if rs.dtype == "float32" else "sg_shm_nz_d"
+        out += [
+            f"const {t} *restrict {name}_sum{r} = (const {t} *)sg_shm_summand({rs.comm}, "
+            f"{rs.region}, {r}, (const char *){own}, (const char *){nz});"
+            for r in range(rs.ranks)
+        ]
+    return out
+
+
+def reader_load(rs: ReaderSum, index: str) -> str:
+    """A load of ``rs.dst`` at ``index``: the ranks' values summed in rank order (the order
+    of the chunked path's sum), each partial sum fenced against reassociation
+    (``SG_SUM_FENCE``), so every rank computes the same bits."""
+    text = f"{rs.dst}_sum0[{index}]"
+    for r in range(1, rs.ranks):
+        text = f"SG_SUM_FENCE({text} + {rs.dst}_sum{r}[{index}])"
+    return text
 
 
 def bind_shared(lib: Any, ffi: Any, program: L.Program, nrequests: int) -> None:
