@@ -50,6 +50,16 @@ MIN_ROWS: Final = 64
 MAX_ROWS: Final = 128
 MIN_COLS: Final = 1024
 MIN_DEPTH: Final = 256
+# Products reading op(b) in place (``reads_b_in_place``; a convolution's per-image forward
+# and input-gradient products, ``b`` an im2col or an output gradient of 28 x 28 = 784
+# columns): at least MIN_DEPTH_IN_PLACE summed terms (a shorter sum stores c more often
+# than it multiplies) and at most MAX_ROWS_IN_PLACE rows (two row blocks).
+PANEL_COLS: Final = 48
+MIN_DEPTH_IN_PLACE: Final = 32
+MAX_ROWS_IN_PLACE: Final = 256
+# The dot-product form of a summed ``a @ b^T`` (``takes_dot``): at least this many terms
+# per dot product, so the final adds of each accumulator's 16 lanes are a small share.
+MIN_DEPTH_DOT: Final = 256
 
 
 def gemm_mode() -> str:
@@ -61,6 +71,13 @@ def gemm_mode() -> str:
     return mode
 
 
+def reads_b_in_place(s: L.Contract) -> bool:
+    """Whether ``sg_sgemm`` reads ``op(b) = b`` in place for ``s`` (``sg_gemm_b_in_place``
+    in ``sgemm.h``): not transposed, at least one 48-column panel wide, its rows an odd
+    number of 64-byte lines apart (so a panel's rows spread over the L1 sets)."""
+    return not s.trans_b and s.n >= PANEL_COLS and s.ldb % 16 == 0 and (s.ldb // 16) % 2 == 1
+
+
 def takes(s: L.Contract) -> bool:
     """Whether the float32 product ``s`` is rendered as a call of ``sg_sgemm``."""
     if s.dtype.name != "float32":
@@ -69,13 +86,36 @@ def takes(s: L.Contract) -> bool:
     if mode != "auto":
         return mode == "own"
     fits = MIN_ROWS <= s.m <= MAX_ROWS and s.n >= MIN_COLS and s.k >= MIN_DEPTH
-    return fits and not s.trans_a
+    in_place = reads_b_in_place(s) and s.k >= MIN_DEPTH_IN_PLACE and s.m <= MAX_ROWS_IN_PLACE
+    return (fits and not s.trans_a) or in_place
+
+
+def takes_dot(s: L.Contract) -> bool:
+    """Whether the float32 partial product ``c = a @ b^T`` of a summed product (both
+    operands hold the summed axis contiguously: a convolution's weight gradient) is
+    rendered as ``sg_gemm_abt_dot`` (the same library call where the build has no
+    AVX-512)."""
+    if s.dtype.name != "float32" or s.trans_a or not s.trans_b:
+        return False
+    mode = gemm_mode()
+    if mode != "auto":
+        return mode == "own"
+    return s.k >= MIN_DEPTH_DOT
 
 
 def library_function(s: L.Contract) -> str:
     """The library's C function for ``s``'s dtype (the products ``takes`` never gets: the
     summed split and batch-fused forms, and float64)."""
     return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+
+
+def uses_own(s: L.Stmt) -> bool:
+    """Whether statement ``s`` (a product, or a batch-fused product) is rendered with a
+    function of ``sgemm.h`` (so the program's source must include it)."""
+    c = s.contract if isinstance(s, L.BatchFused) else s
+    if not isinstance(c, L.Contract):
+        return False
+    return takes(c) or (c.sum_batch > 1 and takes_dot(c))
 
 
 def function(s: L.Contract) -> str:
@@ -86,13 +126,20 @@ def function(s: L.Contract) -> str:
 __all__ = [
     "ENV",
     "MAX_ROWS",
+    "MAX_ROWS_IN_PLACE",
     "MIN_COLS",
     "MIN_DEPTH",
+    "MIN_DEPTH_DOT",
+    "MIN_DEPTH_IN_PLACE",
     "MIN_ROWS",
     "MODES",
+    "PANEL_COLS",
     "SOURCE",
     "function",
     "gemm_mode",
     "library_function",
+    "reads_b_in_place",
     "takes",
+    "takes_dot",
+    "uses_own",
 ]

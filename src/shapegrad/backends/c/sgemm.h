@@ -103,25 +103,27 @@ static void sg_gemm_pack_b(float *restrict dst, const float *restrict b, int tb,
                 dst[k * nr + c0 + q] = c0 + q < cols ? b[(j0 + c0 + q) * ldb + k0 + k] : 0.0f;
     }
 }
-/* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0) */
-static inline void sg_gemm_micro(const float *restrict ap, const float *restrict bp, int kc,
-                                 float *restrict c, int64_t ldc, int rows, int cols,
-                                 float alpha, float beta) {
+/* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0), for a block of
+   16 * nv columns (nv a constant where it is inlined); row k of bp starts at bp + k * bs
+   (bs = SG_GEMM_NR for a packed panel, ldb for op(b) read in place). */
+static inline __attribute__((always_inline)) void sg_gemm_block(
+    const int nv, const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+    float *restrict c, int64_t ldc, int rows, int cols, float alpha, float beta) {
     __m512 acc[SG_GEMM_MR][SG_GEMM_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < SG_GEMM_MR; ++r)
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int k = 0; k < kc; ++k) {
         __m512 bv[SG_GEMM_NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) bv[v] = _mm512_load_ps(bp + k * SG_GEMM_NR + 16 * v);
+        for (int v = 0; v < nv; ++v) bv[v] = _mm512_loadu_ps(bp + k * bs + 16 * v);
 #pragma GCC unroll 8
         for (int r = 0; r < SG_GEMM_MR; ++r) {
             const __m512 av = _mm512_set1_ps(ap[k * SG_GEMM_MR + r]);
 #pragma GCC unroll 4
-            for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+            for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
     }
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -130,7 +132,7 @@ static inline void sg_gemm_micro(const float *restrict ap, const float *restrict
         if (r >= rows) break;
         float *cr = c + r * ldc;
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) {
+        for (int v = 0; v < nv; ++v) {
             const int left = cols - 16 * v;
             if (left <= 0) break;
             const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
@@ -139,6 +141,111 @@ static inline void sg_gemm_micro(const float *restrict ap, const float *restrict
             _mm512_mask_storeu_ps(cr + 16 * v, m, x);
         }
     }
+}
+static void sg_gemm_block3(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(3, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+static void sg_gemm_block2(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(2, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+static void sg_gemm_block1(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(1, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+/* the full-width block on a packed panel (kept for callers of the first version) */
+static inline void __attribute__((unused)) sg_gemm_micro(
+    const float *restrict ap, const float *restrict bp, int kc, float *restrict c, int64_t ldc,
+    int rows, int cols, float alpha, float beta) {
+    sg_gemm_block3(ap, bp, SG_GEMM_NR, kc, c, ldc, rows, cols, alpha, beta);
+}
+/* Whether op(b) = b (not transposed) is read in place instead of packed: its rows are then
+   ldb floats apart, and a panel's KC rows must spread over the L1 sets (an odd number of
+   64-byte lines apart: 784 floats, a 28 x 28 convolution's columns, is 49 lines). */
+static inline int sg_gemm_b_in_place(int tb, int64_t ldb, int n) {
+    return !tb && n >= SG_GEMM_NR && ldb % 16 == 0 && (ldb / 16) % 2 == 1;
+}
+/* c = alpha * a @ b^T + beta * c where both operands hold the summed axis contiguously
+   (a is m x k, b is n x k, row-major): each c[i, j] is a dot product, computed 16 terms at
+   a time in a block of SG_DOT_MR rows of a x SG_DOT_NR rows of b (24 zmm accumulators; measured
+   against 4 x 6, 6 x 4 and 3 x 8 on the CNN's weight gradient: the fastest)
+   whose lanes are added at the end. Nothing is packed, so a sum of many such products into
+   a small output (a convolution's weight gradient: b is the image's im2col) reads each
+   operand in place, once per block row. c[i, j] is at c + i * csi + j * csj. Rounding:
+   lane l sums the terms k = l (mod 16) in order, then the lanes are added. */
+#define SG_DOT_MR 8
+#define SG_DOT_NR 3
+static void sg_gemm_dot_blocks(int m, int n, int k, float alpha, const float *a, int64_t lda,
+                               const float *b, int64_t ldb, float beta, float *c, int64_t csi,
+                               int64_t csj) {
+    const int kv = k & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
+    for (int i0 = 0; i0 < m; i0 += SG_DOT_MR) {
+        const float *ar[SG_DOT_MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < SG_DOT_MR; ++r) ar[r] = a + (int64_t)(i0 + r < m ? i0 + r : m - 1) * lda;
+        for (int j0 = 0; j0 < n; j0 += SG_DOT_NR) {
+            const float *br[SG_DOT_NR];
+#pragma GCC unroll 8
+            for (int q = 0; q < SG_DOT_NR; ++q)
+                br[q] = b + (int64_t)(j0 + q < n ? j0 + q : n - 1) * ldb;
+            __m512 acc[SG_DOT_MR][SG_DOT_NR];
+#pragma GCC unroll 8
+            for (int r = 0; r < SG_DOT_MR; ++r)
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_setzero_ps();
+            for (int kk = 0; kk < kv; kk += 16) {
+                __m512 bv[SG_DOT_NR];
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) bv[q] = _mm512_loadu_ps(br[q] + kk);
+#pragma GCC unroll 8
+                for (int r = 0; r < SG_DOT_MR; ++r) {
+                    const __m512 av = _mm512_loadu_ps(ar[r] + kk);
+#pragma GCC unroll 8
+                    for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                }
+            }
+            if (tail) {
+                __m512 bv[SG_DOT_NR];
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) bv[q] = _mm512_maskz_loadu_ps(tail, br[q] + kv);
+#pragma GCC unroll 8
+                for (int r = 0; r < SG_DOT_MR; ++r) {
+                    const __m512 av = _mm512_maskz_loadu_ps(tail, ar[r] + kv);
+#pragma GCC unroll 8
+                    for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < SG_DOT_MR; ++r) {
+                if (i0 + r >= m) break;
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) {
+                    if (j0 + q >= n) break;
+                    float *cij = c + (int64_t)(i0 + r) * csi + (int64_t)(j0 + q) * csj;
+                    const float x = alpha * _mm512_reduce_add_ps(acc[r][q]);
+                    *cij = beta == 0.0f ? x : x + beta * *cij;
+                }
+            }
+        }
+    }
+}
+/* c (m x n, rows ldc apart) = alpha * a @ b^T + beta * c, a m x k and b n x k row-major:
+   the call cblas_sgemm(101, 111, 112, m, n, k, ...) makes, by dot products. The roles of
+   a and b are swapped when that wastes fewer lanes of the SG_DOT_MR x SG_DOT_NR block. */
+static void __attribute__((unused)) sg_gemm_abt_dot(int m, int n, int k, float alpha,
+                                                    const float *a, int lda, const float *b,
+                                                    int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    const int64_t mr = SG_DOT_MR, nr = SG_DOT_NR;
+    const int64_t as_is = (m + mr - 1) / mr * mr * ((n + nr - 1) / nr * nr);
+    const int64_t swapped = (n + mr - 1) / mr * mr * ((m + nr - 1) / nr * nr);
+    if (swapped < as_is) sg_gemm_dot_blocks(n, m, k, alpha, b, ldb, a, lda, beta, c, 1, ldc);
+    else sg_gemm_dot_blocks(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1);
 }
 static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b, int m, int n,
                                              int k, float alpha, const float *a, int lda,
@@ -153,6 +260,7 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
         return;
     }
     const int ta = trans_a == 112, tb = trans_b == 112;
+    const int in_place = sg_gemm_b_in_place(tb, ldb, n);
     float apack[SG_GEMM_MC * SG_GEMM_KC] __attribute__((aligned(64)));
     float bpack[SG_GEMM_KC * SG_GEMM_NR] __attribute__((aligned(64)));
     for (int i0 = 0; i0 < m; i0 += SG_GEMM_MC) {
@@ -168,12 +276,23 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
             }
             for (int j0 = 0; j0 < n; j0 += SG_GEMM_NR) {
                 const int cols = n - j0 < SG_GEMM_NR ? n - j0 : SG_GEMM_NR;
-                sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                const int nv = (cols + 15) / 16;
+                const float *bp = bpack;
+                int64_t bs = SG_GEMM_NR;
+                if (in_place && cols == SG_GEMM_NR) {
+                    bp = b + (int64_t)k0 * ldb + j0;
+                    bs = ldb;
+                } else {
+                    sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                }
                 for (int p = 0; p < panels; ++p) {
                     const int r0 = p * SG_GEMM_MR;
                     const int rows = mc - r0 < SG_GEMM_MR ? mc - r0 : SG_GEMM_MR;
-                    sg_gemm_micro(apack + r0 * kc, bpack, kc, c + (int64_t)(i0 + r0) * ldc + j0,
-                                  ldc, rows, cols, alpha, bk);
+                    const float *ap = apack + r0 * kc;
+                    float *cp = c + (int64_t)(i0 + r0) * ldc + j0;
+                    if (nv == 3) sg_gemm_block3(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
+                    else if (nv == 2) sg_gemm_block2(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
+                    else sg_gemm_block1(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
                 }
             }
         }
@@ -182,5 +301,8 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
 #define SG_OWN_GEMM 1
 #else
 #define sg_sgemm scipy_cblas_sgemm
+/* the same call as the library's c = a @ b^T */
+#define sg_gemm_abt_dot(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) \
+    scipy_cblas_sgemm(101, 111, 112, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 #define SG_OWN_GEMM 0
 #endif
