@@ -179,6 +179,23 @@ static inline int sg_gemm_b_in_place(int tb, int64_t ldb, int n) {
    lane l sums the terms k = l (mod 16) in order, then the lanes are added. */
 #define SG_DOT_MR 8
 #define SG_DOT_NR 3
+/* the 8 sums of the 16 lanes of acc[r][q], r = 0..7, in one ymm (a transpose-and-add tree:
+   24 operations where 8 separate lane sums take 64) */
+static inline __m256 sg_sum8(const __m512 acc[SG_DOT_MR][SG_DOT_NR], int q) {
+    __m512 a[4], b[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i][q], acc[2 * i + 1][q]),
+                             _mm512_unpackhi_ps(acc[2 * i][q], acc[2 * i + 1][q]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)
+        b[i] = _mm512_add_ps(SG_LO_PD(a[2 * i], a[2 * i + 1]), SG_HI_PD(a[2 * i], a[2 * i + 1]));
+    /* lane l of b[i] holds rows 4i..4i+3 summed over 128-bit lane l; add the four lanes */
+    const __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                   _mm512_shuffle_f32x4(b[0], b[1], 0xdd));
+    const __m512 d = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0xb1));
+    return _mm512_castps512_ps256(_mm512_shuffle_f32x4(d, d, 0x08));
+}
 static void sg_gemm_dot_blocks(int m, int n, int k, float alpha, const float *a, int64_t lda,
                                const float *b, int64_t ldb, float beta, float *c, int64_t csi,
                                int64_t csj) {
@@ -204,7 +221,8 @@ static void sg_gemm_dot_blocks(int m, int n, int k, float alpha, const float *a,
                 for (int q = 0; q < SG_DOT_NR; ++q) bv[q] = _mm512_loadu_ps(br[q] + kk);
 #pragma GCC unroll 8
                 for (int r = 0; r < SG_DOT_MR; ++r) {
-                    const __m512 av = _mm512_loadu_ps(ar[r] + kk);
+                    __m512 av = _mm512_loadu_ps(ar[r] + kk);
+                    __asm__("" : "+v"(av)); /* one load, not one per FMA (gcc folds it) */
 #pragma GCC unroll 8
                     for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
                 }
@@ -220,15 +238,22 @@ static void sg_gemm_dot_blocks(int m, int n, int k, float alpha, const float *a,
                     for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
                 }
             }
+            const int rows = m - i0 < SG_DOT_MR ? m - i0 : SG_DOT_MR;
 #pragma GCC unroll 8
-            for (int r = 0; r < SG_DOT_MR; ++r) {
-                if (i0 + r >= m) break;
-#pragma GCC unroll 8
-                for (int q = 0; q < SG_DOT_NR; ++q) {
-                    if (j0 + q >= n) break;
-                    float *cij = c + (int64_t)(i0 + r) * csi + (int64_t)(j0 + q) * csj;
-                    const float x = alpha * _mm512_reduce_add_ps(acc[r][q]);
-                    *cij = beta == 0.0f ? x : x + beta * *cij;
+            for (int q = 0; q < SG_DOT_NR; ++q) {
+                if (j0 + q >= n) break;
+                float *cq = c + (int64_t)i0 * csi + (int64_t)(j0 + q) * csj;
+                const __m256 x = _mm256_mul_ps(_mm256_set1_ps(alpha), sg_sum8(acc, q));
+                if (csi == 1) { /* the rows' results are adjacent in c */
+                    const __mmask8 mk = (__mmask8)((1u << rows) - 1u);
+                    const __m256 y = beta == 0.0f ? x : _mm256_fmadd_ps(
+                        _mm256_set1_ps(beta), _mm256_maskz_loadu_ps(mk, cq), x);
+                    _mm256_mask_storeu_ps(cq, mk, y);
+                } else {
+                    float t[8];
+                    _mm256_storeu_ps(t, x);
+                    for (int r = 0; r < rows; ++r)
+                        cq[r * csi] = beta == 0.0f ? t[r] : t[r] + beta * cq[r * csi];
                 }
             }
         }
