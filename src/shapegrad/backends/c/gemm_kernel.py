@@ -3,9 +3,11 @@
 ``sgemm.h`` (packaged C, inlined into every unit of a program that calls the library, like
 ``runtime.h``) defines ``sg_sgemm`` with ``cblas_sgemm``'s signature: where the C compiler
 targets AVX-512F, a BLIS-style product (packed panels, an 8 x 48 block of zmm
-accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. So the choice
-made here changes only AVX-512 builds: AVX2 (``-march`` without AVX-512, or
-``SHAPEGRAD_CFLAGS``) and other CPUs call OpenBLAS exactly as before.
+accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. Likewise
+``sg_gemm_abt_dot`` (``c = a @ b^T`` as dot products) or the library call
+``cblas_sgemm(101, 111, 112, ...)`` it replaces. So the choice made here changes only
+AVX-512 builds: AVX2 (``-march`` without AVX-512, or ``SHAPEGRAD_CFLAGS``) and other CPUs
+call OpenBLAS exactly as before.
 
 The choice is per product form, by measurement (``benchmarks/gemm_rate.py``, fastest
 call of interleaved rounds, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, load 3.7-5,
@@ -24,10 +26,25 @@ GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend do
   256x256x64 232 vs 216, 37x53x71 153 vs 94; and the MLP's products with 512 columns, 2
   threads: 427-428 vs 413-422 (1 thread 227-230 vs 236-240): the library.
 
+Convolutions (the CNN of ``train_step.py``, per image of a batch of 64, 1 thread, CPU
+time of the 64 calls, load 2-4, GFLOP/s OpenBLAS vs own; ``backends/c/sgemm.h``):
+
+* ``W @ im2col``, 32x784x144, and ``W^T @ dy``, 144x784x32 (``op(b)`` is 784 columns wide,
+  rows 49 cache lines apart: ``sg_sgemm`` reads it in place, ``reads_b_in_place``):
+  185-188 vs 257-263 and 197-212 vs 241-249. Taken (``takes``).
+* the weight gradient ``dy @ im2col^T`` summed over images (32x144, 784 terms; the library
+  runs it transposed, 144x32, its faster form): 182-193 vs 238-239 as dot products
+  (``sg_gemm_abt_dot``; 156 packed by ``sg_sgemm``). Taken (``takes_dot``); the first
+  layer's 16x9 gradient runs alike (0.076 vs 0.080 ms).
+* The whole step at 1 thread (``conv_kernels.py --ab blas,auto``, CPU time, 9 rounds, load
+  4.9-5.5): 12.17 -> 10.17 ms.
+
 ``$SHAPEGRAD_GEMM`` overrides for tests and measurements: ``auto`` (the rule above, the
 default), ``blas`` (always the library), ``own`` (every float32 product rendered as one
-call per block, whatever its form). The variable is read when a program is rendered, so it is part of the source and
-therefore of the cache key.
+call per block, whatever its form, and every summed ``a @ b^T`` as dot products). The
+variable is read when a program is rendered, so it is part of the source and therefore of
+the library's cache key; the C backend adds it to the manifest key too (a new process
+would otherwise load the library built under another mode).
 """
 
 from __future__ import annotations

@@ -3,8 +3,12 @@
    only order the generated code passes). Where the target has AVX-512F it is a BLIS-style
    product: op(b) packed in panels of KC x 48 (a 16 x 16 register transpose when op(b) is
    b^T), op(a) in panels of 8 x KC, an 8 x 48 register block of 24 zmm accumulators.
-   Elsewhere sg_sgemm is the library's cblas_sgemm, so AVX2 and other CPUs run what they
-   ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
+   op(b) = b is read in place, unpacked, when its rows are an odd number of cache lines
+   apart (sg_gemm_b_in_place: a convolution's 784-pixel im2col or output gradient); column
+   tails of 16 or 32 run on 1- or 2-vector blocks. sg_gemm_abt_dot computes c = a @ b^T
+   from operands that both hold the summed axis contiguously, as dot products (a summed
+   weight gradient). Elsewhere sg_sgemm is the library's cblas_sgemm and sg_gemm_abt_dot
+   the same library call, so AVX2 and other CPUs run what they ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
    and added to c (as OpenBLAS does), so results match the library to float32 GEMM
    tolerance, not bit for bit. Packing buffers live on the calling thread's stack (~176
    KiB): no allocation, no sharing between the team's threads. */
