@@ -99,3 +99,16 @@ def test_avx2_build_runs_the_library_calls_it_ran_before(
     _, want = _step("blas", 16, monkeypatch)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def test_gemm_mode_keys_the_stored_executable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$SHAPEGRAD_GEMM`` is part of the manifest key: the same function compiled again
+    under another mode gets that mode's library, not the one stored under the first."""
+    params, x, y = _args(16)
+    keys = {}
+    for mode in ("blas", "auto", "blas"):
+        monkeypatch.setenv(gemm_kernel.ENV, mode)
+        fn = sg.compile(sg.grad(_loss), backend="c", name="conv_own_gemm_keyed")
+        exe = fn.lower(params, x, y).executable
+        keys.setdefault(mode, set()).add(exe.info.library_key)
+    assert len(keys["blas"]) == 1 and keys["blas"].isdisjoint(keys["auto"])
