@@ -9,20 +9,12 @@ it and has every reading product rebuild the slice of the current batch index in
 per-thread scratch (one image: 451 KB, which stays in cache) right before its library
 call. Rebuilding is a copy, so values are exactly those of the materialized form.
 
-Then the per-index loop of each batch-fused product takes in its neighbours when they
-work one batch index at a time too (``_try_interleave_reader`` / ``_writer``): the
-kernel right after it (e.g. a convolution's bias + ReLU + mean, reading the product's
-output) runs for index ``bi`` right after the product for ``bi``, and the kernel right
-before it (e.g. the ReLU mask applied to the output gradient) runs for ``bi`` right
-before it. Both buffers stay materialized for their other readers; what changes is only
-that the second access to a slice finds it in cache instead of memory (at batch 64 the
-benchmark CNN's output and gradient buffers are 6.4 MB each). Each index still computes
-exactly the same values, in the same order within the index. ``Target.batch_interleave``
-turns it on; it is off on every target: on the benchmark CNN step it measured no faster
-(1 thread CPU time 11.20 -> 11.28 ms, 2 threads 11.18 -> 11.45 ms with one core busy;
-``benchmarks/batch_interleave_ab.py``), presumably because the GEMM's packed panels
-and the neighbours' slices then share the 1 MB L2, so what the neighbours gain the
-products lose.
+Running the neighbouring per-image kernels (bias + ReLU + mean, the ReLU-masked
+gradient) inside the product's per-index loop, so their second touch of a slice hits
+cache, was built and measured no faster three times (1 thread 11.20 -> 11.28 ms; 2
+threads quiet 6.725 -> 6.701 ms; with the own convolution products 9.40 -> 9.49 ms): the
+GEMM's packed panels and the neighbours' slices share the L2, so what the neighbours
+gain the products lose. It was removed (session 4); the reasoning stays here.
 """
 
 from __future__ import annotations
@@ -46,132 +38,7 @@ def fuse_batch_producers(program: L.Program, target: Target = C_TARGET) -> L.Pro
         _try_fuse(program, producer, *sizes)
     for kernel in list(program.kernels):
         _try_fuse_consumer(program, kernel, *sizes)
-    if target.batch_interleave:
-        for kernel in list(program.kernels):
-            if not any(k is kernel for k in program.kernels):
-                continue  # taken into a neighbour already
-            while _try_interleave_writer(program, kernel) or _try_interleave_reader(
-                program, kernel
-            ):
-                pass
     return program
-
-
-def _per_index(kernel: L.Kernel) -> L.BatchFused | None:
-    """The kernel's batch-fused product when it runs one product per batch index (not a
-    sum of products, whose groups of indices run in a fixed order per thread)."""
-    if len(kernel.body) != 1 or not isinstance(kernel.body[0], L.BatchFused):
-        return None
-    s = kernel.body[0]
-    c = s.contract
-    if c.sum_batch != 1 or c.batch < 2 or not c.plain_batch:
-        return None
-    return s
-
-
-def _independent(first: L.Kernel, second: L.Kernel) -> bool:
-    """Whether running ``first`` and ``second`` one batch index at a time, alternately, is
-    the same as running ``first`` whole and then ``second``, given that ``second`` reads
-    what ``first`` writes only at the current index (checked by the caller): ``second``
-    writes nothing ``first`` reads or writes (a later index of ``first`` would see it),
-    and no error checks (they must fail before anything later runs)."""
-    later = L.writes(second.body)
-    if later & (L.reads(first.body) | L.writes(first.body)):
-        return False
-    return not any(isinstance(s, L.CheckBounds) for s in L.walk((*first.body, *second.body)))
-
-
-def _try_interleave_reader(program: L.Program, kernel: L.Kernel) -> bool:
-    """The next kernel's nests become consumer nests of ``kernel``'s per-index product when
-    each is a parallel ``for b`` over the batch reading the product's output only at slice
-    ``b`` (the output stays materialized for later readers)."""
-    s = _per_index(kernel)
-    at = program.kernels.index(kernel)
-    if s is None or s.operand == "c" or at + 1 >= len(program.kernels):
-        return False
-    c = s.contract
-    reader = program.kernels[at + 1]
-    if c.stride_c != c.m * c.n or s.scratch in L.reads(reader.body) | L.writes(reader.body):
-        return False
-    if L.reads(reader.body) & L.writes(kernel.body) - {c.c}:
-        return False  # written for later indices only after the reader ran for this one
-    if not _reads_by_slices(reader, c.c, c.batch, c.stride_c) or not _independent(kernel, reader):
-        return False
-    if _stored_slices(reader, c.batch) is None:
-        return False  # each index writes its own slice: the indices stay independent
-    nests = tuple(n for n in reader.body if isinstance(n, L.Loop))
-    kernel.body = (replace(s, consumer=s.consumer + nests),)
-    kernel.work += reader.work
-    kernel.inlined = [*kernel.inlined, f"{reader.root} (per batch index, after)"]
-    program.kernels.remove(reader)
-    return True
-
-
-def _try_interleave_writer(program: L.Program, kernel: L.Kernel) -> bool:
-    """The previous kernel's nests become producer nests of ``kernel``'s per-index product
-    when each is a parallel ``for b`` over the batch storing slice ``b`` of its buffers and
-    the product reads those buffers only as an operand, at slice ``bi`` (they stay
-    materialized for later readers)."""
-    s = _per_index(kernel)
-    at = program.kernels.index(kernel)
-    if s is None or at == 0:
-        return False
-    c = s.contract
-    writer = program.kernels[at - 1]
-    slices = _stored_slices(writer, c.batch)
-    if slices is None or s.scratch in L.reads(writer.body) | L.writes(writer.body):
-        return False
-    if set(slices) & ({c.c} | ({c.alpha_buffer} if c.alpha_buffer else set())):
-        return False
-    parts = (*s.producer, *s.consumer)
-    for name, size in slices.items():  # e.g. an im2col producer reading the padded input
-        if not _nests_read_by_slices(parts, name, c.batch, size):
-            return False
-    for operand in ("a", "b"):
-        name = c.a if operand == "a" else c.b
-        if name in slices and not _operand_in_slice(c, operand, slices[name]):
-            return False
-    if not _independent(writer, kernel):
-        return False
-    nests = tuple(n for n in writer.body if isinstance(n, L.Loop))
-    kernel.body = (replace(s, producer=nests + s.producer),)
-    kernel.work += writer.work
-    kernel.inlined = [*kernel.inlined, f"{writer.root} (per batch index, before)"]
-    program.kernels.remove(writer)
-    return True
-
-
-def _stored_slices(kernel: L.Kernel, batch: int) -> dict[str, int] | None:
-    """``{buffer: slice}`` when every nest of ``kernel`` is a parallel ``for b`` over
-    ``batch`` whose stores (plain, not accumulating) write ``buffer[slice*b + r]`` with
-    ``0 <= r < slice``; None otherwise."""
-    out: dict[str, int] = {}
-    for nest in kernel.body:
-        if not isinstance(nest, L.Loop) or nest.kind != "parallel" or nest.var.extent != batch:
-            return None
-        if nest.start != 0 or nest.stop not in (None, batch):
-            return None  # a part of the batch (split index sets)
-        for st in L.walk(nest.body):
-            if not isinstance(st, L.Store):
-                continue
-            step = st.index.coef(nest.var)
-            lo, hi = (st.index + L.var(nest.var) * (-step)).bounds()
-            if st.accumulate or step <= 0 or lo < 0 or hi >= step:
-                return None
-            if out.setdefault(st.buffer, step) != step:
-                return None
-    return out or None
-
-
-def _operand_in_slice(c: L.Contract, operand: str, slice_: int) -> bool:
-    """Whether product ``bi`` reads ``operand`` only inside ``[slice*bi, slice*(bi+1))``."""
-    if operand == "a":
-        rows, cols = (c.k, c.m) if c.trans_a else (c.m, c.k)
-        ld, offset, stride = c.lda, c.offset_a, c.stride_a
-    else:
-        rows, cols = (c.n, c.k) if c.trans_b else (c.k, c.n)
-        ld, offset, stride = c.ldb, c.offset_b, c.stride_b
-    return stride == slice_ and offset >= 0 and offset + (rows - 1) * ld + cols <= slice_
 
 
 def _try_fuse_consumer(program: L.Program, kernel: L.Kernel, min_operand: int, slots: int) -> bool:
@@ -212,12 +79,7 @@ def _try_fuse_consumer(program: L.Program, kernel: L.Kernel, min_operand: int, s
 
 def _reads_by_slices(kernel: L.Kernel, target: str, batch: int, slice_: int) -> bool:
     """Every nest is a parallel ``for b`` reading ``target`` only at ``slice*b + r``."""
-    return _nests_read_by_slices(kernel.body, target, batch, slice_)
-
-
-def _nests_read_by_slices(nests: tuple[L.Stmt, ...], target: str, batch: int, slice_: int) -> bool:
-    """:func:`_reads_by_slices` over a tuple of statements."""
-    for nest in nests:
+    for nest in kernel.body:
         if not isinstance(nest, L.Loop) or nest.kind != "parallel" or nest.var.extent != batch:
             return False
         if nest.start != 0 or nest.stop not in (None, batch):

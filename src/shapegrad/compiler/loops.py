@@ -392,9 +392,6 @@ class BatchFused(Stmt):
     ``operand`` names the contract operand fed this way ("a" or "b"), or is "c": then the
     product for ``bi`` is written to the scratch slice and the nests of ``consumer``
     (outer variable fixed to ``bi``) read it there (e.g. a convolution's col2im).
-    ``producer``/``consumer`` may also hold nests of neighbouring kernels that touch
-    only slice ``bi`` of materialized buffers (``batchfuse`` interleaving): they run
-    before/after the product for ``bi`` in the same way.
 
     ``scratch`` holds ``slots`` slices: a renderer running batch indices concurrently
     gives each worker its own slice. Inside ``producer``/``consumer`` the scratch is

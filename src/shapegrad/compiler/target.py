@@ -174,9 +174,6 @@ class Target:
             time (``BatchFused``) instead of materializing it.
         batch_fusion_slots: scratch slices reserved for concurrent batch indices.
         batch_fusion_min_operand: operands smaller than this (elements) stay materialized.
-        batch_interleave: a batch-fused product's per-index loop also runs the adjacent
-            kernels that work one batch index at a time (``batchfuse.py``). Off: on the
-            CNN step it measured no faster (``benchmarks/batch_interleave_ab.py``).
         fuse_epilogues: compute elementwise consumers inside the kernel of the reduction
             or contraction they consume.
         shared_cost_limit: a value read by several consumers is recomputed by each only
@@ -217,7 +214,6 @@ class Target:
     batch_fusion: bool = True
     batch_fusion_slots: int = 8
     batch_fusion_min_operand: int = 1 << 18
-    batch_interleave: bool = False
     fuse_epilogues: bool = True
     shared_cost_limit: int = 2
     max_inline_cost: int = 40
