@@ -187,6 +187,17 @@ def _params(dtype: str) -> list[sg.Tensor]:
     return [sg.tensor(rng.normal(size=s) * 0.5, dtype) for s in shapes]
 
 
+def _run_steps(trainer: sg.ScalarTrainer, batches: Any, steps: int) -> None:
+    """``steps`` trainer steps over ``batches``, starting epochs again as needed."""
+    done = 0
+    while done < steps:
+        for bx, by in batches:
+            trainer.step(bx, by)
+            done += 1
+            if done == steps:
+                return
+
+
 def _data(dtype: str, n: int = 96) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(11)
     x = rng.normal(size=(n, 2))
@@ -204,13 +215,7 @@ def _train(
     )  # fmt: skip
     x, y = _data(dtype)
     batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
-    done = 0
-    while done < steps:
-        for bx, by in batches:
-            trainer.step(bx, by)
-            done += 1
-            if done == steps:
-                break
+    _run_steps(trainer, batches, steps)
     return [np.asarray(p.numpy()) for p in trainer.get_params()]
 
 
@@ -387,13 +392,7 @@ def _train_reader(
     os.environ["SHAPEGRAD_SHM_READER"] = "1" if reader else "0"
     shmplan.reader_sums = spy  # type: ignore[assignment]
     try:
-        done = 0
-        while done < steps:
-            for bx, by in batches:
-                trainer.step(bx, by)
-                done += 1
-                if done == steps:
-                    break
+        _run_steps(trainer, batches, steps)
     finally:
         shmplan.reader_sums = original  # type: ignore[assignment]
         if saved is None:

@@ -41,13 +41,14 @@ import os
 from importlib import resources
 from typing import Final
 
+from shapegrad.backends.c import gemm_kernel
 from shapegrad.compiler import loops as L
 
 SOURCE: Final = (
     resources.files("shapegrad.backends.c").joinpath("sgemm_batch.h").read_text(encoding="utf-8")
 )
 ENV = "SHAPEGRAD_BATCH_GEMM"  # a plain assignment: tests/test_options.py finds the name
-MODES: Final = ("auto", "blas", "own")
+MODES: Final = gemm_kernel.MODES
 MAX_ROWS: Final = 256
 MAX_COLS: Final = 256
 MAX_DEPTH: Final = 256
@@ -55,11 +56,8 @@ MAX_DEPTH: Final = 256
 
 def batch_gemm_mode() -> str:
     """``$SHAPEGRAD_BATCH_GEMM`` (``auto`` when unset); an unknown value is an error naming
-    the valid ones."""
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ValueError(f"${ENV}={mode!r}: expected one of {', '.join(MODES)}")
-    return mode
+    the valid ones (:func:`gemm_kernel.checked_mode`)."""
+    return gemm_kernel.checked_mode(ENV, os.environ.get(ENV, ""))
 
 
 def takes(s: L.Contract) -> bool:

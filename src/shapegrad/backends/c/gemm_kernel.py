@@ -79,13 +79,20 @@ MAX_ROWS_IN_PLACE: Final = 256
 MIN_DEPTH_DOT: Final = 256
 
 
-def gemm_mode() -> str:
-    """``$SHAPEGRAD_GEMM`` (``auto`` when unset); an unknown value is an error naming the
-    valid ones."""
-    mode = os.environ.get(ENV, "").strip().lower() or "auto"
+def checked_mode(env: str, value: str) -> str:
+    """``value`` of ``$env`` as one of ``MODES`` (``auto`` when empty); an unknown value is
+    an error naming the valid ones. The product switches (``SHAPEGRAD_GEMM``,
+    ``SHAPEGRAD_BATCH_GEMM``; each module reads its own, where tests/test_options.py
+    finds it)."""
+    mode = value.strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"${ENV}={mode!r}: expected one of {', '.join(MODES)}")
+        raise ValueError(f"${env}={mode!r}: expected one of {', '.join(MODES)}")
     return mode
+
+
+def gemm_mode() -> str:
+    """``$SHAPEGRAD_GEMM``: see :func:`checked_mode`."""
+    return checked_mode(ENV, os.environ.get(ENV, ""))
 
 
 def reads_b_in_place(s: L.Contract) -> bool:
