@@ -1,7 +1,8 @@
 """In-run GEMM rate (GFLOP/s) of every product library on this machine, for the products
 of ``train_step.py``'s MLP, w1024 and CNN steps.
 
-Run: ``.venv/bin/python benchmarks/gemm_rate.py [--threads 1,2] [--mkl-dir DIR] [--quick]``
+Run: ``.venv/bin/python benchmarks/gemm_rate.py [--threads 1,2] [--mkl-dir DIR] [--quick]
+[--only cnn,w1024]``
 
 Libraries, measured in one process per thread count, interleaved (each round times every
 library once per shape, so a burst of load from other processes hits them all alike):
@@ -21,7 +22,9 @@ library once per shape, so a burst of load from other processes hits them all al
   thread only);
 * ``sg own`` / ``own cols``: shapegrad's own product (``backends/c/sgemm.h``: AVX-512
   where the C backend's flags target it, else OpenBLAS under that name), one call at one
-  thread, split by columns across the team at more (as the C backend calls it).
+  thread, split by columns across the team at more (as the C backend calls it);
+  ``sg dot``: the same, but ``a @ b^T`` as dot products (``sg_gemm_abt_dot``: the CNN's
+  summed weight gradient ``cnn dW``), one thread.
 
 OpenBLAS and MKL run their own thread pools at 2 threads; shapegrad instead splits a
 product into blocks of rows or columns, one single-threaded call per OpenMP thread
@@ -205,7 +208,12 @@ void scipy_openblas_set_num_threads(int);
 int scipy_openblas_get_num_threads(void);
 void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
                        const float *, int, float, float *, int);
-#ifdef SG_OWN
+#if defined(SG_OWN) && defined(SG_DOT) /* c = a @ b^T as dot products (sg_gemm_abt_dot) */
+#include SG_OWN
+#define GEMM(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc) \
+    ((ta) == 111 && (tb) == 112 ? sg_gemm_abt_dot(m, n, k, al, a, lda, b, ldb, be, c, ldc) \
+                                : sg_sgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc))
+#elif defined(SG_OWN)
 #include SG_OWN /* shapegrad's own product (backends/c/sgemm.h) */
 #define GEMM sg_sgemm
 #else
@@ -238,16 +246,19 @@ void split_sgemm(int threads, int cols, int ta, int tb, int m, int n, int k, con
 """
 
 
-def openblas_split(threads: int, cols: bool, tmp: str, own: bool = False) -> Runner:
+def openblas_split(
+    threads: int, cols: bool, tmp: str, own: bool = False, dot: bool = False
+) -> Runner:
     """The shapegrad instance of OpenBLAS split as the C backend splits a product (see
     ``CTuning.column_split``): ``threads`` single-threaded calls on blocks of rows or
     columns, in one OpenMP region (built here with the C backend's compiler). ``own``:
     shapegrad's own product (``backends/c/sgemm.h``, the C backend's flags) instead of
-    OpenBLAS in each block."""
+    OpenBLAS in each block; ``dot``: with ``own``, ``a @ b^T`` as dot products
+    (``sg_gemm_abt_dot``, the form a convolution's summed weight gradient runs)."""
     from shapegrad.backends.c import gemm_kernel, toolchain
 
     libdir, libname = toolchain.blas_paths()
-    path = os.path.join(tmp, "split_own.so" if own else "split.so")
+    path = os.path.join(tmp, "split_dot.so" if dot else "split_own.so" if own else "split.so")
     if not os.path.exists(path):
         source = os.path.join(tmp, "split.c")
         with open(source, "w", encoding="utf-8") as handle:
@@ -257,7 +268,7 @@ def openblas_split(threads: int, cols: bool, tmp: str, own: bool = False) -> Run
             header = os.path.join(tmp, "sgemm.h")
             with open(header, "w", encoding="utf-8") as handle:
                 handle.write(gemm_kernel.SOURCE)
-            flags = [*toolchain.cflags(), f'-DSG_OWN="{header}"']
+            flags = [*toolchain.cflags(), f'-DSG_OWN="{header}"', *(["-DSG_DOT"] if dot else [])]
         cmd = [toolchain.compiler(), *flags, "-fPIC", "-shared", source, "-o", path]
         cmd += [f"-L{libdir}", f"-l{libname}", f"-Wl,-rpath,{libdir}"]
         subprocess.run(cmd, check=True)
@@ -357,6 +368,8 @@ def libraries(threads: int, mkl_dir: str | None, tmp: str) -> tuple[dict[str, Ru
         libs["OB sg cols"] = openblas_split(threads, True, tmp)
     # shapegrad's own product (one call, or the column split at several threads)
     libs["sg own" if threads == 1 else "own cols"] = openblas_split(threads, True, tmp, own=True)
+    if threads == 1:
+        libs["sg dot"] = openblas_split(1, True, tmp, own=True, dot=True)
     notes.append(
         f"OB shapegrad runs the {got} kernels (OPENBLAS_CORETYPE="
         f"{os.environ.get('OPENBLAS_CORETYPE')!r}, SHAPEGRAD_BLAS_CORETYPE="
@@ -403,9 +416,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="four shapes, three rounds")
     parser.add_argument("--mkl-dir", help="directory holding the mkl wheel's libmkl_rt.so.3")
+    parser.add_argument("--only", help="shape labels starting so (comma separated, e.g. cnn)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     shapes = [s for s in SHAPES if not args.quick or s.label in QUICK]
+    if args.only:
+        shapes = [s for s in shapes if s.label.startswith(tuple(args.only.split(",")))]
     rounds = 3 if args.quick else args.rounds
     if args.child:
         if hasattr(os, "sched_setaffinity"):  # XLA sizes its pool by the CPUs it may use
@@ -426,6 +442,7 @@ def main() -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", str(threads)]
         cmd += ["--rounds", str(rounds)] + (["--quick"] if args.quick else [])
         cmd += ["--mkl-dir", args.mkl_dir] if args.mkl_dir else []
+        cmd += ["--only", args.only] if args.only else []
         subprocess.run(cmd, env=env, check=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -41,6 +42,10 @@ void sg_call(int ta, int tb, int m, int n, int k, float alpha, const float *a, i
              const float *b, int ldb, float beta, float *c, int ldc) {{
     sg_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }}
+void sg_dot(int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+            float beta, float *c, int ldc) {{
+    sg_gemm_abt_dot(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}}
 """
 
 
@@ -57,6 +62,7 @@ def _harness(flags: tuple[str, ...]) -> ctypes.CDLL:
     p = ctypes.POINTER(ctypes.c_float)
     i = ctypes.c_int
     lib.sg_call.argtypes = [i, i, i, i, i, f, p, i, p, i, f, p, i]
+    lib.sg_dot.argtypes = [i, i, i, f, p, i, p, i, f, p, i]
     lib.sg_own.restype = i
     return lib
 
@@ -78,53 +84,103 @@ SHAPES = [
 ]
 
 
+# (m, n, k, pad of b's rows): op(b) = b read in place where its rows are an odd number of
+# 64-byte lines apart (sgemm.h's sg_gemm_b_in_place): a convolution's 784 columns, a
+# 48-column tail packed after in-place panels, two 128-row blocks, k-blocks of 256
+IN_PLACE_SHAPES = [
+    (32, 784, 144, 0),
+    (144, 784, 32, 0),
+    (37, 200, 50, 8),
+    (130, 208, 300, 0),
+    (8, 48, 16, 0),
+]
+# (m, n, k) of sg_gemm_abt_dot: both orientations (n < m swaps the roles), k tails of 0-15
+# terms, row and column block edges
+DOT_SHAPES = [(1, 1, 1), (32, 144, 784), (144, 32, 784), (9, 4, 17), (17, 7, 300), (3, 25, 15)]
+
+
 def _ptr(x: np.ndarray) -> ctypes._Pointer[ctypes.c_float]:
     return x.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
 
 
+def _cases(rng: np.random.Generator) -> list[tuple[int, int, int, int, int, int]]:
+    """(m, n, k, ta, tb, pad): every transpose of SHAPES with a random pad, and the in-place
+    shapes (b not transposed, its pad fixed)."""
+    out = [
+        (m, n, k, ta, tb, int(rng.integers(0, 5)))
+        for m, n, k in SHAPES
+        for ta in (0, 1)
+        for tb in (0, 1)
+    ]
+    return out + [(m, n, k, ta, 0, pad) for m, n, k, pad in IN_PLACE_SHAPES for ta in (0, 1)]
+
+
 def _check(lib: ctypes.CDLL, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    for m, n, k in SHAPES:
-        for ta in (0, 1):
-            for tb in (0, 1):
-                for alpha, beta in ((1.0, 0.0), (-0.05, 1.0), (2.5, 0.5)):
-                    pad = int(rng.integers(0, 5))
-                    a_rows, a_cols = (k, m) if ta else (m, k)
-                    b_rows, b_cols = (n, k) if tb else (k, n)
-                    a = rng.standard_normal((a_rows, a_cols + pad)).astype(np.float32)
-                    b = rng.standard_normal((b_rows, b_cols + pad)).astype(np.float32)
-                    c = rng.standard_normal((m, n + pad)).astype(np.float32)
-                    if beta == 0.0:
-                        c[:] = np.nan  # must not be read
-                    opa = a[:, :a_cols].astype(np.float64)
-                    opb = b[:, :b_cols].astype(np.float64)
-                    opa, opb = (opa.T if ta else opa), (opb.T if tb else opb)
-                    c0 = np.where(np.isnan(c), 0.0, c).astype(np.float64)[:, :n]
-                    want = alpha * (opa @ opb) + (beta * c0 if beta else 0.0)
-                    scale = abs(alpha) * (np.abs(opa) @ np.abs(opb)) + abs(beta) * np.abs(c0)
-                    got = c.copy()
-                    lda, ldb, ldc = a.shape[1], b.shape[1], got.shape[1]
-                    args = (
-                        ta,
-                        tb,
-                        m,
-                        n,
-                        k,
-                        alpha,
-                        _ptr(a),
-                        lda,
-                        _ptr(b),
-                        ldb,
-                        beta,
-                        _ptr(got),
-                        ldc,
-                    )
-                    lib.sg_call(*args)
-                    where = f"m={m} n={n} k={k} ta={ta} tb={tb} alpha={alpha} beta={beta}"
-                    bound = (k + 2) * np.finfo(np.float32).eps * scale + 1e-30
-                    assert np.all(np.abs(got[:, :n] - want) <= bound), where
-                    # the padding columns of c are never written
-                    assert np.array_equal(got[:, n:], c[:, n:], equal_nan=True), where
+    for m, n, k, ta, tb, pad in _cases(rng):
+        for alpha, beta in ((1.0, 0.0), (-0.05, 1.0), (2.5, 0.5)):
+            a_rows, a_cols = (k, m) if ta else (m, k)
+            b_rows, b_cols = (n, k) if tb else (k, n)
+            a = rng.standard_normal((a_rows, a_cols + pad)).astype(np.float32)
+            b = rng.standard_normal((b_rows, b_cols + pad)).astype(np.float32)
+            c = rng.standard_normal((m, n + pad)).astype(np.float32)
+            if beta == 0.0:
+                c[:] = np.nan  # must not be read
+            opa = a[:, :a_cols].astype(np.float64)
+            opb = b[:, :b_cols].astype(np.float64)
+            opa, opb = (opa.T if ta else opa), (opb.T if tb else opb)
+            c0 = np.where(np.isnan(c), 0.0, c).astype(np.float64)[:, :n]
+            want = alpha * (opa @ opb) + (beta * c0 if beta else 0.0)
+            scale = abs(alpha) * (np.abs(opa) @ np.abs(opb)) + abs(beta) * np.abs(c0)
+            got = c.copy()
+            lda, ldb, ldc = a.shape[1], b.shape[1], got.shape[1]
+            args = (
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha,
+                _ptr(a),
+                lda,
+                _ptr(b),
+                ldb,
+                beta,
+                _ptr(got),
+                ldc,
+            )
+            lib.sg_call(*args)
+            where = f"m={m} n={n} k={k} ta={ta} tb={tb} alpha={alpha} beta={beta}"
+            bound = (k + 2) * np.finfo(np.float32).eps * scale + 1e-30
+            assert np.all(np.abs(got[:, :n] - want) <= bound), where
+            # the padding columns of c are never written
+            assert np.array_equal(got[:, n:], c[:, n:], equal_nan=True), where
+
+
+def _check_dot(lib: ctypes.CDLL, seed: int) -> None:
+    """``sg_gemm_abt_dot`` (c = alpha a b^T + beta c, a m x k, b n x k) against float64."""
+    rng = np.random.default_rng(seed)
+    for m, n, k in DOT_SHAPES:
+        for alpha, beta in ((1.0, 0.0), (-0.05, 1.0), (2.5, 0.5)):
+            pa, pb, pc = (int(x) for x in rng.integers(0, 5, 3))
+            a = rng.standard_normal((m, k + pa)).astype(np.float32)
+            b = rng.standard_normal((n, k + pb)).astype(np.float32)
+            c = rng.standard_normal((m, n + pc)).astype(np.float32)
+            if beta == 0.0:
+                c[:] = np.nan  # must not be read
+            opa, opb = a[:, :k].astype(np.float64), b[:, :k].astype(np.float64)
+            c0 = np.where(np.isnan(c), 0.0, c).astype(np.float64)[:, :n]
+            want = alpha * (opa @ opb.T) + (beta * c0 if beta else 0.0)
+            scale = abs(alpha) * (np.abs(opa) @ np.abs(opb.T)) + abs(beta) * np.abs(c0)
+            got = c.copy()
+            lib.sg_dot(
+                m, n, k, alpha, _ptr(a), a.shape[1], _ptr(b), b.shape[1], beta, _ptr(got),
+                got.shape[1],
+            )  # fmt: skip
+            where = f"dot m={m} n={n} k={k} alpha={alpha} beta={beta}"
+            bound = (k + 2) * np.finfo(np.float32).eps * scale + 1e-30
+            assert np.all(np.abs(got[:, :n] - want) <= bound), where
+            assert np.array_equal(got[:, n:], c[:, n:], equal_nan=True), where
 
 
 @pytest.mark.skipif(not HAS_AVX512, reason="needs an x86-64 CPU with AVX-512F")
@@ -133,13 +189,15 @@ def test_avx512_product_matches_numpy_on_odd_shapes() -> None:
     if lib.sg_own() != 1:
         pytest.skip("the backend's flags do not target AVX-512 here ($SHAPEGRAD_CFLAGS)")
     _check(lib, 0)
+    _check_dot(lib, 2)
 
 
 @pytest.mark.skipif(not X86, reason="the fallback build needs an x86-64 -march")
 def test_without_avx512_the_library_product_runs() -> None:
     lib = _harness(_no_avx512_flags())
-    assert lib.sg_own() == 0  # sg_sgemm is cblas_sgemm
+    assert lib.sg_own() == 0  # sg_sgemm is cblas_sgemm, sg_gemm_abt_dot the same call
     _check(lib, 1)
+    _check_dot(lib, 3)
 
 
 def _contract(m: int, n: int, k: int, ta: bool, tb: bool, dtype: DType = float32) -> L.Contract:
@@ -168,6 +226,25 @@ def test_rule_takes_large_products_but_weight_gradients(monkeypatch: pytest.Monk
     monkeypatch.setenv(gemm_kernel.ENV, "fast")
     with pytest.raises(ValueError, match="SHAPEGRAD_GEMM='fast': expected one of auto, blas, own"):
         gemm_kernel.takes(_contract(128, 1024, 1024, False, True))
+
+
+def test_rule_takes_convolution_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """b read in place (rows an odd number of 64-byte lines apart) and summed a @ b^T."""
+    monkeypatch.delenv(gemm_kernel.ENV, raising=False)
+    fwd = _contract(32, 784, 144, False, False)  # W @ im2col, 784 = 49 lines
+    assert gemm_kernel.reads_b_in_place(fwd) and gemm_kernel.takes(fwd)
+    assert gemm_kernel.takes(_contract(144, 784, 32, True, False))  # W^T @ dy
+    assert not gemm_kernel.takes(_contract(144, 784, 16, True, False))  # short sum
+    assert not gemm_kernel.takes(_contract(512, 784, 144, False, False))  # many rows
+    assert not gemm_kernel.reads_b_in_place(_contract(32, 1024, 144, False, False))  # 64 lines
+    assert not gemm_kernel.reads_b_in_place(_contract(32, 784, 144, False, True))
+    wgrad = replace(_contract(32, 144, 784, False, True), sum_batch=64)
+    assert gemm_kernel.takes_dot(wgrad) and gemm_kernel.uses_own(wgrad)
+    assert not gemm_kernel.takes_dot(replace(wgrad, k=64))  # short dot products
+    assert not gemm_kernel.takes_dot(replace(wgrad, trans_a=True))
+    assert not gemm_kernel.takes_dot(replace(wgrad, dtype=float64))
+    monkeypatch.setenv(gemm_kernel.ENV, "blas")
+    assert not gemm_kernel.takes(fwd) and not gemm_kernel.takes_dot(wgrad)
 
 
 def _mlp_step(params: list[sg.Tensor], x: sg.Tensor, y: sg.Tensor) -> sg.Tensor:

@@ -31,6 +31,7 @@ Caching, two levels (both in ``$XDG_CACHE_HOME/shapegrad``, private to the user)
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 import time
@@ -45,7 +46,7 @@ from shapegrad.backends.base import (
     Generated,
     register_backend,
 )
-from shapegrad.backends.c import collectives, manifest, render, units
+from shapegrad.backends.c import collectives, gemm_kernel, manifest, render, units
 from shapegrad.backends.c.executable import (
     BoundStep,
     CExecutable,
@@ -226,6 +227,7 @@ def _toolchain_identity(options: CompileOptions) -> tuple[str, ...]:
         cpu_identity(),
         str(_vector_math(opts)),
         blas,
+        os.environ.get(gemm_kernel.ENV, ""),  # which products run sgemm.h (read at render)
     )  # the unit sizes are part of the target's tuning, keyed above
 
 

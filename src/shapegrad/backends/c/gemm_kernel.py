@@ -3,9 +3,11 @@
 ``sgemm.h`` (packaged C, inlined into every unit of a program that calls the library, like
 ``runtime.h``) defines ``sg_sgemm`` with ``cblas_sgemm``'s signature: where the C compiler
 targets AVX-512F, a BLIS-style product (packed panels, an 8 x 48 block of zmm
-accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. So the choice
-made here changes only AVX-512 builds: AVX2 (``-march`` without AVX-512, or
-``SHAPEGRAD_CFLAGS``) and other CPUs call OpenBLAS exactly as before.
+accumulators); elsewhere a macro naming the library's ``scipy_cblas_sgemm``. Likewise
+``sg_gemm_abt_dot`` (``c = a @ b^T`` as dot products) or the library call
+``cblas_sgemm(101, 111, 112, ...)`` it replaces. So the choice made here changes only
+AVX-512 builds: AVX2 (``-march`` without AVX-512, or ``SHAPEGRAD_CFLAGS``) and other CPUs
+call OpenBLAS exactly as before.
 
 The choice is per product form, by measurement (``benchmarks/gemm_rate.py``, fastest
 call of interleaved rounds, AMD EPYC Zen 5, OpenBLAS 0.3.34 SkylakeX kernels, load 3.7-5,
@@ -24,10 +26,25 @@ GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend do
   256x256x64 232 vs 216, 37x53x71 153 vs 94; and the MLP's products with 512 columns, 2
   threads: 427-428 vs 413-422 (1 thread 227-230 vs 236-240): the library.
 
+Convolutions (the CNN of ``train_step.py``, per image of a batch of 64, 1 thread, CPU
+time of the 64 calls, load 2-4, GFLOP/s OpenBLAS vs own; ``backends/c/sgemm.h``):
+
+* ``W @ im2col``, 32x784x144, and ``W^T @ dy``, 144x784x32 (``op(b)`` is 784 columns wide,
+  rows 49 cache lines apart: ``sg_sgemm`` reads it in place, ``reads_b_in_place``):
+  185-188 vs 257-263 and 197-212 vs 241-249. Taken (``takes``).
+* the weight gradient ``dy @ im2col^T`` summed over images (32x144, 784 terms; the library
+  runs it transposed, 144x32, its faster form): 182-193 vs 238-239 as dot products
+  (``sg_gemm_abt_dot``; 156 packed by ``sg_sgemm``). Taken (``takes_dot``); the first
+  layer's 16x9 gradient runs alike (0.076 vs 0.080 ms).
+* The whole step at 1 thread (``conv_kernels.py --ab blas,auto``, CPU time, 9 rounds, load
+  4.9-5.5): 12.17 -> 10.17 ms.
+
 ``$SHAPEGRAD_GEMM`` overrides for tests and measurements: ``auto`` (the rule above, the
 default), ``blas`` (always the library), ``own`` (every float32 product rendered as one
-call per block, whatever its form). The variable is read when a program is rendered, so it is part of the source and
-therefore of the cache key.
+call per block, whatever its form, and every summed ``a @ b^T`` as dot products). The
+variable is read when a program is rendered, so it is part of the source and therefore of
+the library's cache key; the C backend adds it to the manifest key too (a new process
+would otherwise load the library built under another mode).
 """
 
 from __future__ import annotations
@@ -50,6 +67,16 @@ MIN_ROWS: Final = 64
 MAX_ROWS: Final = 128
 MIN_COLS: Final = 1024
 MIN_DEPTH: Final = 256
+# Products reading op(b) in place (``reads_b_in_place``; a convolution's per-image forward
+# and input-gradient products, ``b`` an im2col or an output gradient of 28 x 28 = 784
+# columns): at least MIN_DEPTH_IN_PLACE summed terms (a shorter sum stores c more often
+# than it multiplies) and at most MAX_ROWS_IN_PLACE rows (two row blocks).
+PANEL_COLS: Final = 48
+MIN_DEPTH_IN_PLACE: Final = 32
+MAX_ROWS_IN_PLACE: Final = 256
+# The dot-product form of a summed ``a @ b^T`` (``takes_dot``): at least this many terms
+# per dot product, so the final adds of each accumulator's 16 lanes are a small share.
+MIN_DEPTH_DOT: Final = 256
 
 
 def gemm_mode() -> str:
@@ -61,6 +88,13 @@ def gemm_mode() -> str:
     return mode
 
 
+def reads_b_in_place(s: L.Contract) -> bool:
+    """Whether ``sg_sgemm`` reads ``op(b) = b`` in place for ``s`` (``sg_gemm_b_in_place``
+    in ``sgemm.h``): not transposed, at least one 48-column panel wide, its rows an odd
+    number of 64-byte lines apart (so a panel's rows spread over the L1 sets)."""
+    return not s.trans_b and s.n >= PANEL_COLS and s.ldb % 16 == 0 and (s.ldb // 16) % 2 == 1
+
+
 def takes(s: L.Contract) -> bool:
     """Whether the float32 product ``s`` is rendered as a call of ``sg_sgemm``."""
     if s.dtype.name != "float32":
@@ -69,13 +103,36 @@ def takes(s: L.Contract) -> bool:
     if mode != "auto":
         return mode == "own"
     fits = MIN_ROWS <= s.m <= MAX_ROWS and s.n >= MIN_COLS and s.k >= MIN_DEPTH
-    return fits and not s.trans_a
+    in_place = reads_b_in_place(s) and s.k >= MIN_DEPTH_IN_PLACE and s.m <= MAX_ROWS_IN_PLACE
+    return (fits and not s.trans_a) or in_place
+
+
+def takes_dot(s: L.Contract) -> bool:
+    """Whether the float32 partial product ``c = a @ b^T`` of a summed product (both
+    operands hold the summed axis contiguously: a convolution's weight gradient) is
+    rendered as ``sg_gemm_abt_dot`` (the same library call where the build has no
+    AVX-512)."""
+    if s.dtype.name != "float32" or s.trans_a or not s.trans_b:
+        return False
+    mode = gemm_mode()
+    if mode != "auto":
+        return mode == "own"
+    return s.k >= MIN_DEPTH_DOT
 
 
 def library_function(s: L.Contract) -> str:
     """The library's C function for ``s``'s dtype (the products ``takes`` never gets: the
     summed split and batch-fused forms, and float64)."""
     return "scipy_cblas_sgemm" if s.dtype.name == "float32" else "scipy_cblas_dgemm"
+
+
+def uses_own(s: L.Stmt) -> bool:
+    """Whether statement ``s`` (a product, or a batch-fused product) is rendered with a
+    function of ``sgemm.h`` (so the program's source must include it)."""
+    c = s.contract if isinstance(s, L.BatchFused) else s
+    if not isinstance(c, L.Contract):
+        return False
+    return takes(c) or (c.sum_batch > 1 and takes_dot(c))
 
 
 def function(s: L.Contract) -> str:
@@ -86,13 +143,20 @@ def function(s: L.Contract) -> str:
 __all__ = [
     "ENV",
     "MAX_ROWS",
+    "MAX_ROWS_IN_PLACE",
     "MIN_COLS",
     "MIN_DEPTH",
+    "MIN_DEPTH_DOT",
+    "MIN_DEPTH_IN_PLACE",
     "MIN_ROWS",
     "MODES",
+    "PANEL_COLS",
     "SOURCE",
     "function",
     "gemm_mode",
     "library_function",
+    "reads_b_in_place",
     "takes",
+    "takes_dot",
+    "uses_own",
 ]

@@ -374,9 +374,9 @@ def uses_blas(program: L.Program) -> bool:
 
 
 def uses_own_gemm(program: L.Program) -> bool:
-    """Whether any product is rendered as shapegrad's own ``sg_sgemm`` (``gemm_kernel``)."""
+    """Whether any product is rendered with shapegrad's own ``sgemm.h`` (``gemm_kernel``)."""
     return any(
-        isinstance(s, L.Contract) and gemm_kernel.takes(s)
+        gemm_kernel.uses_own(s)
         for p in L.nested_programs(program)
         for k in p.kernels
         for s in L.walk(k.body)

@@ -3,8 +3,12 @@
    only order the generated code passes). Where the target has AVX-512F it is a BLIS-style
    product: op(b) packed in panels of KC x 48 (a 16 x 16 register transpose when op(b) is
    b^T), op(a) in panels of 8 x KC, an 8 x 48 register block of 24 zmm accumulators.
-   Elsewhere sg_sgemm is the library's cblas_sgemm, so AVX2 and other CPUs run what they
-   ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
+   op(b) = b is read in place, unpacked, when its rows are an odd number of cache lines
+   apart (sg_gemm_b_in_place: a convolution's 784-pixel im2col or output gradient); column
+   tails of 16 or 32 run on 1- or 2-vector blocks. sg_gemm_abt_dot computes c = a @ b^T
+   from operands that both hold the summed axis contiguously, as dot products (a summed
+   weight gradient). Elsewhere sg_sgemm is the library's cblas_sgemm and sg_gemm_abt_dot
+   the same library call, so AVX2 and other CPUs run what they ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
    and added to c (as OpenBLAS does), so results match the library to float32 GEMM
    tolerance, not bit for bit. Packing buffers live on the calling thread's stack (~176
    KiB): no allocation, no sharing between the team's threads. */
@@ -103,25 +107,27 @@ static void sg_gemm_pack_b(float *restrict dst, const float *restrict b, int tb,
                 dst[k * nr + c0 + q] = c0 + q < cols ? b[(j0 + c0 + q) * ldb + k0 + k] : 0.0f;
     }
 }
-/* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0) */
-static inline void sg_gemm_micro(const float *restrict ap, const float *restrict bp, int kc,
-                                 float *restrict c, int64_t ldc, int rows, int cols,
-                                 float alpha, float beta) {
+/* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0), for a block of
+   16 * nv columns (nv a constant where it is inlined); row k of bp starts at bp + k * bs
+   (bs = SG_GEMM_NR for a packed panel, ldb for op(b) read in place). */
+static inline __attribute__((always_inline)) void sg_gemm_block(
+    const int nv, const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+    float *restrict c, int64_t ldc, int rows, int cols, float alpha, float beta) {
     __m512 acc[SG_GEMM_MR][SG_GEMM_NV];
 #pragma GCC unroll 8
     for (int r = 0; r < SG_GEMM_MR; ++r)
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int k = 0; k < kc; ++k) {
         __m512 bv[SG_GEMM_NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) bv[v] = _mm512_load_ps(bp + k * SG_GEMM_NR + 16 * v);
+        for (int v = 0; v < nv; ++v) bv[v] = _mm512_loadu_ps(bp + k * bs + 16 * v);
 #pragma GCC unroll 8
         for (int r = 0; r < SG_GEMM_MR; ++r) {
             const __m512 av = _mm512_set1_ps(ap[k * SG_GEMM_MR + r]);
 #pragma GCC unroll 4
-            for (int v = 0; v < SG_GEMM_NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+            for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
         }
     }
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -130,7 +136,7 @@ static inline void sg_gemm_micro(const float *restrict ap, const float *restrict
         if (r >= rows) break;
         float *cr = c + r * ldc;
 #pragma GCC unroll 4
-        for (int v = 0; v < SG_GEMM_NV; ++v) {
+        for (int v = 0; v < nv; ++v) {
             const int left = cols - 16 * v;
             if (left <= 0) break;
             const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
@@ -139,6 +145,136 @@ static inline void sg_gemm_micro(const float *restrict ap, const float *restrict
             _mm512_mask_storeu_ps(cr + 16 * v, m, x);
         }
     }
+}
+static void sg_gemm_block3(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(3, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+static void sg_gemm_block2(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(2, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+static void sg_gemm_block1(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
+                           float *restrict c, int64_t ldc, int rows, int cols, float alpha,
+                           float beta) {
+    sg_gemm_block(1, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+}
+/* the full-width block on a packed panel (kept for callers of the first version) */
+static inline void __attribute__((unused)) sg_gemm_micro(
+    const float *restrict ap, const float *restrict bp, int kc, float *restrict c, int64_t ldc,
+    int rows, int cols, float alpha, float beta) {
+    sg_gemm_block3(ap, bp, SG_GEMM_NR, kc, c, ldc, rows, cols, alpha, beta);
+}
+/* Whether op(b) = b (not transposed) is read in place instead of packed: its rows are then
+   ldb floats apart, and a panel's KC rows must spread over the L1 sets (an odd number of
+   64-byte lines apart: 784 floats, a 28 x 28 convolution's columns, is 49 lines). */
+static inline int sg_gemm_b_in_place(int tb, int64_t ldb, int n) {
+    return !tb && n >= SG_GEMM_NR && ldb % 16 == 0 && (ldb / 16) % 2 == 1;
+}
+/* c = alpha * a @ b^T + beta * c where both operands hold the summed axis contiguously
+   (a is m x k, b is n x k, row-major): each c[i, j] is a dot product, computed 16 terms at
+   a time in a block of SG_DOT_MR rows of a x SG_DOT_NR rows of b (24 zmm accumulators; measured
+   against 4 x 6, 6 x 4 and 3 x 8 on the CNN's weight gradient: the fastest)
+   whose lanes are added at the end. Nothing is packed, so a sum of many such products into
+   a small output (a convolution's weight gradient: b is the image's im2col) reads each
+   operand in place, once per block row. c[i, j] is at c + i * csi + j * csj. Rounding:
+   lane l sums the terms k = l (mod 16) in order, then the lanes are added. */
+#define SG_DOT_MR 8
+#define SG_DOT_NR 3
+/* the 8 sums of the 16 lanes of acc[r][q], r = 0..7, in one ymm (a transpose-and-add tree:
+   24 operations where 8 separate lane sums take 64) */
+static inline __m256 sg_sum8(const __m512 acc[SG_DOT_MR][SG_DOT_NR], int q) {
+    __m512 a[4], b[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i][q], acc[2 * i + 1][q]),
+                             _mm512_unpackhi_ps(acc[2 * i][q], acc[2 * i + 1][q]));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)
+        b[i] = _mm512_add_ps(SG_LO_PD(a[2 * i], a[2 * i + 1]), SG_HI_PD(a[2 * i], a[2 * i + 1]));
+    /* lane l of b[i] holds rows 4i..4i+3 summed over 128-bit lane l; add the four lanes */
+    const __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                   _mm512_shuffle_f32x4(b[0], b[1], 0xdd));
+    const __m512 d = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0xb1));
+    return _mm512_castps512_ps256(_mm512_shuffle_f32x4(d, d, 0x08));
+}
+static void sg_gemm_dot_blocks(int m, int n, int k, float alpha, const float *a, int64_t lda,
+                               const float *b, int64_t ldb, float beta, float *c, int64_t csi,
+                               int64_t csj) {
+    const int kv = k & ~15;
+    const __mmask16 tail = (__mmask16)((1u << (k - kv)) - 1u);
+    for (int i0 = 0; i0 < m; i0 += SG_DOT_MR) {
+        const float *ar[SG_DOT_MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < SG_DOT_MR; ++r) ar[r] = a + (int64_t)(i0 + r < m ? i0 + r : m - 1) * lda;
+        for (int j0 = 0; j0 < n; j0 += SG_DOT_NR) {
+            const float *br[SG_DOT_NR];
+#pragma GCC unroll 8
+            for (int q = 0; q < SG_DOT_NR; ++q)
+                br[q] = b + (int64_t)(j0 + q < n ? j0 + q : n - 1) * ldb;
+            __m512 acc[SG_DOT_MR][SG_DOT_NR];
+#pragma GCC unroll 8
+            for (int r = 0; r < SG_DOT_MR; ++r)
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_setzero_ps();
+            for (int kk = 0; kk < kv; kk += 16) {
+                __m512 bv[SG_DOT_NR];
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) bv[q] = _mm512_loadu_ps(br[q] + kk);
+#pragma GCC unroll 8
+                for (int r = 0; r < SG_DOT_MR; ++r) {
+                    __m512 av = _mm512_loadu_ps(ar[r] + kk);
+                    __asm__("" : "+v"(av)); /* one load, not one per FMA (gcc folds it) */
+#pragma GCC unroll 8
+                    for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                }
+            }
+            if (tail) {
+                __m512 bv[SG_DOT_NR];
+#pragma GCC unroll 8
+                for (int q = 0; q < SG_DOT_NR; ++q) bv[q] = _mm512_maskz_loadu_ps(tail, br[q] + kv);
+#pragma GCC unroll 8
+                for (int r = 0; r < SG_DOT_MR; ++r) {
+                    const __m512 av = _mm512_maskz_loadu_ps(tail, ar[r] + kv);
+#pragma GCC unroll 8
+                    for (int q = 0; q < SG_DOT_NR; ++q) acc[r][q] = _mm512_fmadd_ps(av, bv[q], acc[r][q]);
+                }
+            }
+            const int rows = m - i0 < SG_DOT_MR ? m - i0 : SG_DOT_MR;
+#pragma GCC unroll 8
+            for (int q = 0; q < SG_DOT_NR; ++q) {
+                if (j0 + q >= n) break;
+                float *cq = c + (int64_t)i0 * csi + (int64_t)(j0 + q) * csj;
+                const __m256 x = _mm256_mul_ps(_mm256_set1_ps(alpha), sg_sum8(acc, q));
+                if (csi == 1) { /* the rows' results are adjacent in c */
+                    const __mmask8 mk = (__mmask8)((1u << rows) - 1u);
+                    const __m256 y = beta == 0.0f ? x : _mm256_fmadd_ps(
+                        _mm256_set1_ps(beta), _mm256_maskz_loadu_ps(mk, cq), x);
+                    _mm256_mask_storeu_ps(cq, mk, y);
+                } else {
+                    float t[8];
+                    _mm256_storeu_ps(t, x);
+                    for (int r = 0; r < rows; ++r)
+                        cq[r * csi] = beta == 0.0f ? t[r] : t[r] + beta * cq[r * csi];
+                }
+            }
+        }
+    }
+}
+/* c (m x n, rows ldc apart) = alpha * a @ b^T + beta * c, a m x k and b n x k row-major:
+   the call cblas_sgemm(101, 111, 112, m, n, k, ...) makes, by dot products. The roles of
+   a and b are swapped when that wastes fewer lanes of the SG_DOT_MR x SG_DOT_NR block. */
+static void __attribute__((unused)) sg_gemm_abt_dot(int m, int n, int k, float alpha,
+                                                    const float *a, int lda, const float *b,
+                                                    int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    const int64_t mr = SG_DOT_MR, nr = SG_DOT_NR;
+    const int64_t as_is = (m + mr - 1) / mr * mr * ((n + nr - 1) / nr * nr);
+    const int64_t swapped = (n + mr - 1) / mr * mr * ((m + nr - 1) / nr * nr);
+    if (swapped < as_is) sg_gemm_dot_blocks(n, m, k, alpha, b, ldb, a, lda, beta, c, 1, ldc);
+    else sg_gemm_dot_blocks(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1);
 }
 static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b, int m, int n,
                                              int k, float alpha, const float *a, int lda,
@@ -153,6 +289,7 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
         return;
     }
     const int ta = trans_a == 112, tb = trans_b == 112;
+    const int in_place = sg_gemm_b_in_place(tb, ldb, n);
     float apack[SG_GEMM_MC * SG_GEMM_KC] __attribute__((aligned(64)));
     float bpack[SG_GEMM_KC * SG_GEMM_NR] __attribute__((aligned(64)));
     for (int i0 = 0; i0 < m; i0 += SG_GEMM_MC) {
@@ -168,12 +305,23 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
             }
             for (int j0 = 0; j0 < n; j0 += SG_GEMM_NR) {
                 const int cols = n - j0 < SG_GEMM_NR ? n - j0 : SG_GEMM_NR;
-                sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                const int nv = (cols + 15) / 16;
+                const float *bp = bpack;
+                int64_t bs = SG_GEMM_NR;
+                if (in_place && cols == SG_GEMM_NR) {
+                    bp = b + (int64_t)k0 * ldb + j0;
+                    bs = ldb;
+                } else {
+                    sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                }
                 for (int p = 0; p < panels; ++p) {
                     const int r0 = p * SG_GEMM_MR;
                     const int rows = mc - r0 < SG_GEMM_MR ? mc - r0 : SG_GEMM_MR;
-                    sg_gemm_micro(apack + r0 * kc, bpack, kc, c + (int64_t)(i0 + r0) * ldc + j0,
-                                  ldc, rows, cols, alpha, bk);
+                    const float *ap = apack + r0 * kc;
+                    float *cp = c + (int64_t)(i0 + r0) * ldc + j0;
+                    if (nv == 3) sg_gemm_block3(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
+                    else if (nv == 2) sg_gemm_block2(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
+                    else sg_gemm_block1(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
                 }
             }
         }
@@ -182,5 +330,8 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
 #define SG_OWN_GEMM 1
 #else
 #define sg_sgemm scipy_cblas_sgemm
+/* the same call as the library's c = a @ b^T */
+#define sg_gemm_abt_dot(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) \
+    scipy_cblas_sgemm(101, 111, 112, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 #define SG_OWN_GEMM 0
 #endif

@@ -234,7 +234,7 @@ class TeamRenderer(CStyleRenderer):
         (or, for a sum of products, split them into groups whose partials are added in
         group order, ``summed_groups``)."""
         c, e = s.contract, self.emit
-        fn = gemm_kernel.library_function(c)
+        fn = gemm_kernel.function(c)
         t, f = self.type_name(c.dtype), ("f" if c.dtype.name == "float32" else "")
         summed = c.sum_batch > 1
         count = c.sum_batch if summed else c.batch
@@ -337,14 +337,19 @@ def _partial_product(fn: str, s: L.Contract, a: str, b: str, beta: str) -> str:
     """The library call adding one product of the summed ``s`` into ``part``: ``m x n`` as
     written, or ``n x m`` as ``op(b)^T @ op(a)^T`` when ``_partial_transposed(s)``."""
     ta, tb = (112 if s.trans_a else 111), (112 if s.trans_b else 111)
+    # ``sg_gemm_abt_dot(...)`` takes the arguments of ``cblas_sgemm(101, 111, 112, ...)``,
+    # the form both orientations of ``a @ b^T`` are (``gemm_kernel.takes_dot``)
+    call = "sg_gemm_abt_dot(" if gemm_kernel.takes_dot(s) else f"{fn}(101, "
     if not _partial_transposed(s):
+        trans = "" if gemm_kernel.takes_dot(s) else f"{ta}, {tb}, "
         return (
-            f"{fn}(101, {ta}, {tb}, {s.m}, {s.n}, {s.k}, {_alpha(s)}, "
+            f"{call}{trans}{s.m}, {s.n}, {s.k}, {_alpha(s)}, "
             f"{a}, {s.lda}, {b}, {s.ldb}, {beta}, part, {s.n});"
         )
     flip = {111: 112, 112: 111}
+    trans = "" if gemm_kernel.takes_dot(s) else f"{flip[tb]}, {flip[ta]}, "
     return (
-        f"{fn}(101, {flip[tb]}, {flip[ta]}, {s.n}, {s.m}, {s.k}, {_alpha(s)}, "
+        f"{call}{trans}{s.n}, {s.m}, {s.k}, {_alpha(s)}, "
         f"{b}, {s.ldb}, {a}, {s.lda}, {beta}, part, {s.m});"
     )
 
