@@ -17,7 +17,7 @@ from shapegrad.dtypes import bool_, float32
 
 # --- the IR --------------------------------------------------------------------------------
 
-I, J, H = L.Var("i", 4), L.Var("j", 6), L.Var("h", 5)
+OUT, IN, MID = L.Var("i", 4), L.Var("j", 6), L.Var("h", 5)
 
 
 def _v(v: L.Var, c: int = 1) -> L.Affine:
@@ -47,11 +47,11 @@ def _loops(body: tuple[L.Stmt, ...]) -> list[tuple[str, int]]:
 
 
 def _flat(store_index: L.Affine, value: L.Expr) -> L.Loop:
-    return _nest((L.Store("out", store_index, value),), I, J)
+    return _nest((L.Store("out", store_index, value),), OUT, IN)
 
 
 def test_lined_up_pair_becomes_one_loop_over_the_product() -> None:
-    row = _v(I, 6) + _v(J)
+    row = _v(OUT, 6) + _v(IN)
     body = _run(_flat(row, L.Binary(float32, "mul", _load(row), _load(row + 24, "y"))))
     assert _loops(body) == [("i_j", 24)]
     k = L.var(L.Var("i_j", 24))
@@ -60,45 +60,45 @@ def test_lined_up_pair_becomes_one_loop_over_the_product() -> None:
 
 
 def test_three_levels_collapse_and_unrelated_indices_stay() -> None:
-    index = _v(H, 24) + _v(I, 6) + _v(J)
+    index = _v(MID, 24) + _v(OUT, 6) + _v(IN)
     value = L.Binary(float32, "add", _load(index), _load(L.const(3), "bias"))
-    body = _run(_nest((L.Store("out", index * 2, value),), H, I, J))
+    body = _run(_nest((L.Store("out", index * 2, value),), MID, OUT, IN))
     assert _loops(body) == [("h_i_j", 120)]
 
 
 @pytest.mark.parametrize(
     "index",
     [
-        _v(I) + _v(J, 4),  # a transpose
-        _v(I, 12) + _v(J),  # a strided slice (every other row)
-        _v(I, 6) + _v(J, 2),  # a stride along j
-        _v(I),  # a broadcast along j (a per-row bias)
-        L.floordiv(_v(I, 6) + _v(J), 4),  # a div of the index
+        _v(OUT) + _v(IN, 4),  # a transpose
+        _v(OUT, 12) + _v(IN),  # a strided slice (every other row)
+        _v(OUT, 6) + _v(IN, 2),  # a stride along j
+        _v(OUT),  # a broadcast along j (a per-row bias)
+        L.floordiv(_v(OUT, 6) + _v(IN), 4),  # a div of the index
     ],
     ids=["transpose", "row_stride", "column_stride", "broadcast", "divmod"],
 )
 def test_indices_that_do_not_line_up_are_refused(index: L.Affine) -> None:
-    row = _v(I, 6) + _v(J)
+    row = _v(OUT, 6) + _v(IN)
     body = _run(_flat(row, _load(index)))
     assert _loops(body) == [("i", 4), ("j", 6)]
 
 
 def test_a_range_test_on_the_variables_is_refused() -> None:
-    row = _v(I, 6) + _v(J)
+    row = _v(OUT, 6) + _v(IN)
     value = L.Select(float32, L.InRange(bool_, row + -1, 0, 24), _load(row), L.Const(float32, 0.0))
     assert _loops(_run(_flat(row, value))) == [("i", 4), ("j", 6)]
 
 
 def test_refused_structures() -> None:
-    row = _v(I, 6) + _v(J)
+    row = _v(OUT, 6) + _v(IN)
     store = L.Store("out", row, _load(row))
-    inner = L.Loop(J, "parallel", (store,))
-    row_sum = L.Store("rows", _v(I), L.Const(float32, 0.0))  # something per outer index
+    inner = L.Loop(IN, "parallel", (store,))
+    row_sum = L.Store("rows", _v(OUT), L.Const(float32, 0.0))  # something per outer index
     cases = [
-        L.Loop(I, "parallel", (row_sum, inner)),
-        L.Loop(I, "reduction", (inner,)),  # kinds differ
-        L.Loop(I, "parallel", (replace_stop(inner, 3),)),  # a segment
-        L.Loop(I, "parallel", (L.Loop(J, "parallel", (store, L.Local("s", float32, 4))),)),
+        L.Loop(OUT, "parallel", (row_sum, inner)),
+        L.Loop(OUT, "reduction", (inner,)),  # kinds differ
+        L.Loop(OUT, "parallel", (replace_stop(inner, 3),)),  # a segment
+        L.Loop(OUT, "parallel", (L.Loop(IN, "parallel", (store, L.Local("s", float32, 4))),)),
     ]
     for nest in cases[:3]:
         assert ("i", 4) in _loops(_run(nest)), nest
@@ -111,18 +111,18 @@ def replace_stop(loop: L.Loop, stop: int) -> L.Loop:
 
 
 def test_reduction_over_both_loops_keeps_its_kind() -> None:
-    store = L.Store("acc", L.const(0), _load(_v(I, 6) + _v(J)), accumulate="add")
-    body = _run(_nest((store,), I, J, kind="reduction"))
+    store = L.Store("acc", L.const(0), _load(_v(OUT, 6) + _v(IN)), accumulate="add")
+    body = _run(_nest((store,), OUT, IN, kind="reduction"))
     assert [(s.var.extent, s.kind) for s in body if isinstance(s, L.Loop)] == [(24, "reduction")]
 
 
 def test_reduce_variables_merge_unless_summed_in_blocks() -> None:
     r, c = L.Var("r", 28), L.Var("c", 28)
-    value = _load(_v(I, 784) + _v(r, 28) + _v(c))
+    value = _load(_v(OUT, 784) + _v(r, 28) + _v(c))
     reduce = L.Reduce("acc", "add", L.Const(float32, 0.0), (r, c), value)
     merged = collapse_reduce(reduce, 1 << 14)
     assert [v.extent for v in merged.vars] == [784]
-    assert merged.value == _load(_v(I, 784) + L.var(merged.vars[0]))
+    assert merged.value == _load(_v(OUT, 784) + L.var(merged.vars[0]))
     assert collapse_reduce(reduce, 700) is reduce  # 784 terms: a blocked sum keeps its vars
     transposed = L.Reduce("acc", "add", reduce.init, (r, c), _load(_v(r) + _v(c, 28)))
     assert collapse_reduce(transposed, 1 << 14) is transposed
