@@ -211,3 +211,16 @@ def test_compiled_values_with_and_without_the_stage(case: Any) -> None:
         results.append(out)
     if name != "mean_hw":  # elementwise: the same operations per element, bit for bit
         np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_batch_fused_nests_keep_their_outer_loop() -> None:
+    bi = L.Var("b", 2)
+    row = _v(OUT, 6) + _v(IN)
+    nest = L.Loop(bi, "parallel", (_flat(row + _v(bi, 24), _load(row, "slice")),))
+    contract = L.Contract(
+        "a", "b", "slice", 4, 6, 3, False, False, 3, 6, 0, 0, 2, 12, 18, 24, float32
+    )
+    fused = L.BatchFused((), contract, "c", "slice", 24, 1, (nest,))
+    (out,) = _run(fused)
+    assert isinstance(out, L.BatchFused)
+    assert _loops(out.consumer) == [("b", 2), ("i_j", 24)]

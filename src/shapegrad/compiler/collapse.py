@@ -18,7 +18,8 @@ body with statements other than loops, stores, reductions, locals and index load
 (products, batch-fused parts, sorts, collectives: they have their own loop structure), a
 range test (``InRange``) on ``i`` or ``j`` (a pad or a strided slice: those split by
 index sets instead), and any index that does not line up (a transpose, a stride, a
-broadcast along one of the two). Float sums long enough to be summed in blocks
+broadcast along one of the two). Inside a batch-fused product's nests the outer loop
+(fixed to the batch index by the renderer) stays; what it holds collapses. Float sums long enough to be summed in blocks
 (``Tuning.blocked_sum_min``) keep their variables: their blocks follow the variables.
 """
 
@@ -50,7 +51,16 @@ def _stmt(s: L.Stmt, limit: int) -> L.Stmt:
         return loop
     if isinstance(s, L.Reduce):
         return collapse_reduce(s, limit)
+    if isinstance(s, L.BatchFused):  # each nest's outer loop is fixed to the batch index
+        producer = tuple(_inside(nest, limit) for nest in s.producer)
+        consumer = tuple(_inside(nest, limit) for nest in s.consumer)
+        return replace(s, producer=producer, consumer=consumer)
     return s
+
+
+def _inside(nest: L.Loop, limit: int) -> L.Loop:
+    """``nest`` with what is inside its outer loop collapsed (the loop itself kept)."""
+    return replace(nest, body=tuple(_stmt(x, limit) for x in nest.body))
 
 
 def collapse_pair(outer: L.Loop) -> L.Loop | None:
