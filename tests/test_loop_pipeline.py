@@ -69,6 +69,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "overlap_collectives",
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
+        "collapse_loops",
         "split_index_sets",
         "speculate_selects",
         "pack_arena",
@@ -82,6 +83,7 @@ def test_pipeline_is_an_ordered_list_of_named_stages() -> None:
         "overlap_collectives",
         "fuse_elementwise_kernels",
         "fuse_row_kernels",
+        "collapse_loops",
         "split_index_sets",
         "speculate_selects",
     }

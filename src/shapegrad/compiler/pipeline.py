@@ -36,6 +36,8 @@ fuse_elementwise_kernels  adjacent elementwise kernels over one index space shar
 fuse_row_kernels          adjacent kernels over the same rows (a softmax's max, exp, sum
                           and divide) share one loop over the rows (``rowfuse.py``;
                           optional)
+collapse_loops            two nested loops whose indices hold their variables only as
+                          ``B*i + j`` become one loop (``collapse.py``; optional)
 split_index_sets          short loops unrolled, loops cut into segments on which their
                           range tests are constant, ``v // d`` indexing div-split; loops
                           the backend threads stay whole (``splitting.py``; optional)
@@ -65,6 +67,7 @@ from dataclasses import dataclass, replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.batchfuse import fuse_batch_producers
+from shapegrad.compiler.collapse import collapse_loops
 from shapegrad.compiler.conv_algorithm import choose_conv_algorithm
 from shapegrad.compiler.debug import write_dump
 from shapegrad.compiler.fusion import FusionPlan, plan_fusion
@@ -188,6 +191,11 @@ def stage_fuse_row_kernels(unit: LoopUnit) -> LoopUnit:
     return unit
 
 
+def stage_collapse_loops(unit: LoopUnit) -> LoopUnit:
+    collapse_loops(unit.built(), unit.target)
+    return unit
+
+
 def stage_split_index_sets(unit: LoopUnit) -> LoopUnit:
     split_index_sets(unit.built(), unit.target)
     return unit
@@ -222,6 +230,7 @@ LOOP_PIPELINE: list[LoopStage] = [
     LoopStage("overlap_collectives", stage_overlap_collectives, optional=True),
     LoopStage("fuse_elementwise_kernels", stage_fuse_elementwise_kernels, optional=True),
     LoopStage("fuse_row_kernels", stage_fuse_row_kernels, optional=True),
+    LoopStage("collapse_loops", stage_collapse_loops, optional=True),
     LoopStage("split_index_sets", stage_split_index_sets, optional=True),
     LoopStage("speculate_selects", stage_speculate_selects, optional=True),
     LoopStage("pack_arena", stage_pack_arena),
