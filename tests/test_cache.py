@@ -105,6 +105,19 @@ def test_two_processes_compiling_the_same_program_at_once_both_succeed(tmp_path:
     assert leftovers == []
 
 
+def test_builds_of_one_key_are_byte_identical(tmp_path: Path) -> None:
+    """The compiler records the source's name in the library: sources are written under
+    their key's name, so two builds agree byte for byte (and two processes publishing one
+    key leave a library and checksum that agree)."""
+    libraries = []
+    for run in ("a", "b"):
+        assert _compiles(_child(tmp_path / run, 7)) == 1
+        (lib,) = _libraries(tmp_path / run)
+        libraries.append(lib.read_bytes())
+        assert [p.name for p in (tmp_path / run / "shapegrad").iterdir() if p.is_dir()] == []
+    assert libraries[0] == libraries[1]
+
+
 def test_cache_key_depends_on_source_flags_and_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     base = toolchain.make_spec("int f(void) { return 1; }\n", blas=False)
     other_src = toolchain.make_spec("int f(void) { return 2; }\n", blas=False)

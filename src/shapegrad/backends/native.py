@@ -37,6 +37,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -470,14 +471,30 @@ def run_compiler(
     return proc
 
 
+@contextlib.contextmanager
+def build_dir(folder: str) -> Iterator[str]:
+    """A private directory in the cache ``folder`` for one build's temp files (a ``.tmp-``
+    name: :func:`is_temp`, so a killed build's is removed once stale), removed afterwards.
+
+    Sources are written there under their key's own name, not a random temp name: the
+    compiler records the source's name in the object's symbol table, so with a random
+    name two builds of one key differed in a few bytes, and two processes publishing the
+    same key at once could leave a library beside the other's checksum."""
+    path = tempfile.mkdtemp(prefix=".tmp-build-", dir=folder)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _build_in(spec: BuildSpec, folder: str) -> str:
     _cache.remove_stale_temps(folder, is_temp)
     key = spec.key
     final = os.path.join(folder, key + ".so")
-    fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=spec.suffix, dir=folder)
-    tmp_so = os.path.splitext(tmp_c)[0] + ".so"
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with build_dir(folder) as work:
+        tmp_c = os.path.join(work, key + spec.suffix)
+        tmp_so = os.path.join(work, key + ".so")
+        with open(tmp_c, "w", encoding="utf-8") as handle:
             handle.write(full_source(spec))
         cmd = [
             *shlex.split(spec.cc),
@@ -501,9 +518,6 @@ def _build_in(spec: BuildSpec, folder: str) -> str:
                 f"(exit {proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
             )
         publish(tmp_so, final, 0o700)
-    finally:
-        _cache.unlink_quietly(tmp_c)
-        _cache.unlink_quietly(tmp_so)
     return load_path(final)
 
 

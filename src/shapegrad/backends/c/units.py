@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -146,10 +145,9 @@ def _build_in(spec: LinkSpec, folder: str) -> str:
 def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
     """Compile ``unit`` to ``final`` (atomically, with its checksum)."""
     folder, key = os.path.dirname(final), os.path.basename(final)[:-2]
-    fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
-    tmp_o = tmp_c[:-2] + ".o"
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with native.build_dir(folder) as work:
+        tmp_c, tmp_o = os.path.join(work, key + ".c"), os.path.join(work, key + ".o")
+        with open(tmp_c, "w", encoding="utf-8") as handle:
             handle.write(unit.source)
         cmd = [*shlex.split(spec.cc), *unit.flags, "-fPIC", "-c", tmp_c, "-o", tmp_o]
         limit = native.compile_time_limit(600.0)
@@ -166,9 +164,6 @@ def _compile_object(spec: LinkSpec, unit: UnitSpec, final: str) -> None:
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
             )
         native.publish(tmp_o, final, 0o600)
-    finally:
-        _cache.unlink_quietly(tmp_c)
-        _cache.unlink_quietly(tmp_o)
 
 
 def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
@@ -177,10 +172,9 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
     key = spec.key
     final = os.path.join(folder, key + ".so")
     objects = [native.pinned_path(path) for path in objects]
-    fd, tmp_c = tempfile.mkstemp(prefix=f"{key}-", suffix=".c", dir=folder)
-    tmp_so = tmp_c[:-2] + ".so"
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    with native.build_dir(folder) as work:
+        tmp_c, tmp_so = os.path.join(work, key + ".c"), os.path.join(work, key + ".so")
+        with open(tmp_c, "w", encoding="utf-8") as handle:
             handle.write(f'const char sg_key[] = "{key}";\n')
         cmd = [
             *shlex.split(spec.cc),
@@ -202,7 +196,4 @@ def _link(spec: LinkSpec, objects: list[str], folder: str) -> str:
                 f"{proc.returncode}):\n{proc.stderr.strip()[-4000:]}"
             )
         native.publish(tmp_so, final, 0o700)
-    finally:
-        _cache.unlink_quietly(tmp_c)
-        _cache.unlink_quietly(tmp_so)
     return native.load_path(final)
