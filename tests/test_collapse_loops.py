@@ -224,3 +224,13 @@ def test_batch_fused_nests_keep_their_outer_loop() -> None:
     (out,) = _run(fused)
     assert isinstance(out, L.BatchFused)
     assert _loops(out.consumer) == [("b", 2), ("i_j", 24)]
+
+
+def test_a_kernel_subtracting_a_value_from_itself_keeps_its_loops_and_its_nans() -> None:
+    """layer_norm over a size-1 axis computes x - x: collapsed, gcc folded it to 0 for
+    inf/NaN (DESIGN debt 3); the stage leaves such kernels alone (fuzz seed 5008)."""
+    x = np.array([1.0, np.inf, -np.inf, np.nan, 2.0, 3.0] * 4).reshape(4, 3, 2, 1)
+    want = np.asarray(sg.layer_norm(sg.tensor(x)).numpy())
+    got = np.asarray(sg.compile(sg.layer_norm, backend="c")(sg.tensor(x)).numpy())
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], atol=0)

@@ -26,7 +26,7 @@ broadcast along one of the two). Inside a batch-fused product's nests the outer 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.target import Target
@@ -39,8 +39,30 @@ def collapse_loops(program: L.Program, target: Target) -> L.Program:
     ``program``'s kernels, in place; returns ``program``."""
     limit = target.tuning.blocked_sum_min
     for kernel in program.kernels:
-        kernel.body = tuple(_stmt(s, limit) for s in kernel.body)
+        if not _subtracts_itself(kernel.body):
+            kernel.body = tuple(_stmt(s, limit) for s in kernel.body)
     return program
+
+
+def _subtracts_itself(body: tuple[L.Stmt, ...]) -> bool:
+    """Whether ``body`` computes ``e - e`` (e.g. a mean over an axis of size 1, which is
+    the value itself). Such kernels stay as they are: gcc's ``-fno-signed-zeros
+    -fassociative-math`` folds ``x - x`` to 0 when it sees both loads are one (DESIGN debt
+    3), and the collapsed loop's single index let it see that, so a NaN or inf turned into
+    0 (the numerics fuzzer, seed 5008: ``layer_norm`` over a size-1 axis)."""
+    return any(_self_difference(e) for st in L.walk(body) for e in L.expressions(st))
+
+
+def _self_difference(e: object) -> bool:
+    if isinstance(e, L.Binary) and e.op == "sub" and e.a == e.b:
+        return True
+    if not is_dataclass(e):
+        return False
+    return any(
+        _self_difference(getattr(e, f.name))
+        for f in fields(e)
+        if isinstance(getattr(e, f.name), L.Expr)
+    )
 
 
 def _stmt(s: L.Stmt, limit: int) -> L.Stmt:
