@@ -25,8 +25,7 @@ broadcast along one of the two). Inside a batch-fused product's nests the outer 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.target import Target
@@ -50,18 +49,10 @@ def _subtracts_itself(body: tuple[L.Stmt, ...]) -> bool:
     -fassociative-math`` folds ``x - x`` to 0 when it sees both loads are one (DESIGN debt
     3), and the collapsed loop's single index let it see that, so a NaN or inf turned into
     0 (the numerics fuzzer, seed 5008: ``layer_norm`` over a size-1 axis)."""
-    return any(_self_difference(e) for st in L.walk(body) for e in L.expressions(st))
-
-
-def _self_difference(e: object) -> bool:
-    if isinstance(e, L.Binary) and e.op == "sub" and e.a == e.b:
-        return True
-    if not is_dataclass(e):
-        return False
     return any(
-        _self_difference(getattr(e, f.name))
-        for f in fields(e)
-        if isinstance(getattr(e, f.name), L.Expr)
+        isinstance(e, L.Binary) and e.op == "sub" and e.a == e.b
+        for root in L.all_expressions(body)
+        for e in L.walk_expr(root)
     )
 
 
@@ -95,7 +86,7 @@ def collapse_pair(outer: L.Loop) -> L.Loop | None:
     i, j = outer.var, inner.var
     if not all(isinstance(s, _ALLOWED) for s in L.walk(inner.body)):
         return None
-    if not all(_lines_up(a, i, j) for a in _body_indices(inner.body)):
+    if not all(_lines_up(a, i, j) for a in L.indices_in(inner.body)):
         return None
     if any(_tests_range(s, (i, j)) for s in L.walk(inner.body)):
         return None
@@ -116,7 +107,7 @@ def collapse_reduce(r: L.Reduce, limit: int) -> L.Reduce:
         merged = False
         for t in range(len(r.vars) - 1):
             i, j = r.vars[t], r.vars[t + 1]
-            indices = [a for e in L.walk_expr(r.value) for a in _expr_indices(e)]
+            indices = [a for e in L.walk_expr(r.value) if (a := L.expr_index(e)) is not None]
             ranged = any(
                 isinstance(e, L.InRange) and _mentions(e.index, (i, j))
                 for e in L.walk_expr(r.value)
@@ -156,23 +147,6 @@ def _tests_range(s: L.Stmt, vs: tuple[L.Var, ...]) -> bool:
         for root in L.expressions(s)
         for e in L.walk_expr(root)
     )
-
-
-def _expr_indices(e: L.Expr) -> Iterator[L.Affine]:
-    if isinstance(e, L.Load | L.IndexValue | L.InRange):
-        yield e.index
-    elif isinstance(e, L.Random):
-        yield e.counter
-
-
-def _body_indices(body: tuple[L.Stmt, ...]) -> Iterator[L.Affine]:
-    """Every index expression in ``body``: stores, index loads and expressions."""
-    for s in L.walk(body):
-        if isinstance(s, L.Store | L.IndexLoad):
-            yield s.index
-        for root in L.expressions(s):
-            for e in L.walk_expr(root):
-                yield from _expr_indices(e)
 
 
 # --- the substitution ----------------------------------------------------------------------

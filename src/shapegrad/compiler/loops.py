@@ -724,6 +724,27 @@ def loads_in(body: Iterable[Stmt]) -> Iterator[Load]:
         yield from (x for x in walk_expr(e) if isinstance(x, Load))
 
 
+def expr_index(e: Expr) -> Affine | None:
+    """The index one expression node reads at (a load's, an index value's or range test's,
+    a random draw's counter); None for the others."""
+    if isinstance(e, Load | IndexValue | InRange):
+        return e.index
+    if isinstance(e, Random):
+        return e.counter
+    return None
+
+
+def indices_in(body: Iterable[Stmt]) -> Iterator[Affine]:
+    """Every index expression in ``body``: stores, index loads and every expression's."""
+    for s in walk(body):
+        if isinstance(s, Store | IndexLoad):
+            yield s.index
+    for root in all_expressions(body):
+        for e in walk_expr(root):
+            if (index := expr_index(e)) is not None:
+                yield index
+
+
 ExprFn = Callable[[Expr], Expr]
 StmtFn = Callable[[Stmt], Stmt]
 

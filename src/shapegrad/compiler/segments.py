@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 from shapegrad.compiler import loops as L
@@ -47,7 +46,7 @@ def segments(loop: L.Loop, tuning: Tuning = _DEFAULT) -> list[tuple[int, int]] |
                 points |= {min(max(-((x.index.const - b) // c), 0), n) for b in (x.lo, x.hi)}
     if len(points) - 1 > tuning.max_segments:
         return None
-    for index in _indices(loop.body):
+    for index in L.indices_in(loop.body):
         for dm in L.divmods_of(index):
             if dm.inner.terms != ((loop.var, 1),):
                 continue
@@ -168,18 +167,6 @@ def _fold(e: L.Expr, var: L.Var | None, lo: int, hi: int) -> L.Expr:
     return e
 
 
-def _indices(body: tuple[L.Stmt, ...]) -> Iterator[L.Affine]:
-    for s in L.walk(body):
-        if isinstance(s, L.Store | L.IndexLoad):
-            yield s.index
-    for e in L.all_expressions(body):
-        for x in L.walk_expr(e):
-            if isinstance(x, L.Load | L.IndexValue | L.InRange):
-                yield x.index
-            elif isinstance(x, L.Random):
-                yield x.counter
-
-
 def div_split(loop: L.Loop, tuning: Tuning = _DEFAULT) -> int | None:
     """The factor ``d`` (``2 <= d <= tuning.max_unroll``, dividing the extent) such that writing
     ``loop.var`` as ``d*outer + r`` removes every floordiv/mod of it from the body's
@@ -189,7 +176,7 @@ def div_split(loop: L.Loop, tuning: Tuning = _DEFAULT) -> int | None:
     if any(not isinstance(s, L.Loop | L.Store | L.Reduce | L.Local) for s in L.walk(loop.body)):
         return None
     factors = set()
-    for index in _indices(loop.body):
+    for index in L.indices_in(loop.body):
         for dm in L.divmods_of(index):
             c = dm.inner.coef(v)
             if c:
@@ -204,7 +191,7 @@ def div_split(loop: L.Loop, tuning: Tuning = _DEFAULT) -> int | None:
     outer = L.Var(f"{v.name}_{d}", v.extent // d)
     for r in range(d):
         value = L.var(outer) * d + r
-        for index in _indices(loop.body):
+        for index in L.indices_in(loop.body):
             if not L.mentions(index, v):
                 continue
             split = L.substitute(index, v, value)
@@ -279,7 +266,7 @@ def _presplit(s: L.Stmt, tuning: Tuning) -> tuple[tuple[L.Stmt, ...], bool]:
         changed |= c
     loop = replace(s, body=tuple(body))
     divides = any(
-        L.mentions(dm.inner, s.var) for ix in _indices(loop.body) for dm in L.divmods_of(ix)
+        L.mentions(dm.inner, s.var) for ix in L.indices_in(loop.body) for dm in L.divmods_of(ix)
     )
     if not divides or div_split(loop, tuning) is not None:
         return (loop,), changed  # nothing to resolve, or the d*outer + r split does it
