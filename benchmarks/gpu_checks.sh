@@ -51,6 +51,7 @@ run() {  # run NAME SECONDS COMMAND...: one step, its log, its exit status in th
 
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    lscpu | grep -E '^(Model name|CPU\(s\))' ; grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
     $PY -c "import sys, numpy; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
     $PY -c "import pycuda.driver as d; d.init(); print('pycuda sees', d.Device(0).name())"
     $PY -c "from shapegrad.backends.cuda.toolchain import cublas_library, nvcc; print('nvcc', nvcc(), 'cublas', cublas_library())"
