@@ -131,7 +131,7 @@ def argmin(x: Tensor, axis: int = -1, *, dtype: DTypeLike = "int32") -> Tensor:
     best = F.stop_gradient(F.min(x, axis=axis, keepdims=True))
     positions = p.iota(x.shape, axis, F.index_dtype("argmin", dtype), like=x)
     candidates = F.where(x == best, positions, n)
-    return -F.max(-candidates, axis=axis)
+    return F.min(candidates, axis=axis)
 
 
 def _truth(op: str, x: Tensor) -> Tensor:

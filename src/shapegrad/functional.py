@@ -309,12 +309,15 @@ def max(
 def min(
     x: Tensor, axis: Axis = None, keepdims: bool = False, *, dim: Any = None, keepdim: bool | None = None
 ) -> Tensor:
-    """Minimum over ``axis`` (as -max(-x)); ``dim=`` is refused as in :func:`max`."""
+    """Minimum over ``axis`` (as -max(-x), for integers -1 - max(-1 - x)); ``dim=`` is
+    refused as in :func:`max`."""
     if dim is not None:
         _no_torch_dim("min", dim, _VALUES_ONLY.format(op="min", dim=dim, index=f"(-x).argmax(axis={dim!r})"))
     keepdims = _torch_keep("min", keepdims, keepdim)
     if x.dtype == uint8:  # -x wraps modulo 256; 255 - x reverses the order exactly
         return 255 - max(255 - x, axis=axis, keepdims=keepdims)
+    if x.dtype in (int32, int64):  # -x wraps at the most negative value; -1 - x (~x) cannot
+        return -1 - max(-1 - x, axis=axis, keepdims=keepdims)
     return -max(-x, axis=axis, keepdims=keepdims)
 
 
@@ -432,7 +435,7 @@ def argmax(
     best = stop_gradient(max(x, axis=axis, keepdims=True))
     positions = p.iota(x.shape, axis, index_dtype("argmax", dtype), like=x)
     candidates = where(x == best, positions, n)
-    return -max(-candidates, axis=axis)
+    return min(candidates, axis=axis)
 
 
 # --- contraction ------------------------------------------------------------------------

@@ -47,15 +47,21 @@ STORAGE_TYPES = {"bfloat16": "uint16_t"}
 
 # Scalar helpers both languages need (NaN-propagating max/min, NumPy integer division and
 # power, the counter-based generator shared with ``ops.reference.random_uniform``);
-# ``{q}`` is the function qualifier (``static inline`` in C, ``__device__`` added on GPUs).
+# ``{q}`` is the function qualifier (``static inline`` in C, ``__device__`` added on GPUs);
+# ``{int_minmax}`` the int32 max/min (C_INT_MINMAX in C; CUDA has its own, see
+# ``cuda/render.py``). Render with :func:`helpers`.
+C_INT_MINMAX = """\
+{q} int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+{q} int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+"""
+
+
 HELPERS = r"""
 {q} float sg_maxf(float a, float b) {{ return (a > b || a != a) ? a : b; }}
 {q} float sg_minf(float a, float b) {{ return (a < b || a != a) ? a : b; }}
 {q} double sg_maxd(double a, double b) {{ return (a > b || a != a) ? a : b; }}
 {q} double sg_mind(double a, double b) {{ return (a < b || a != a) ? a : b; }}
-{q} int32_t sg_maxi(int32_t a, int32_t b) {{ return a > b ? a : b; }}
-{q} int32_t sg_mini(int32_t a, int32_t b) {{ return a < b ? a : b; }}
-{q} int32_t sg_idiv(int32_t a, int32_t b) {{
+{int_minmax}{q} int32_t sg_idiv(int32_t a, int32_t b) {{
     /* NumPy reference: x / 0 -> x; INT_MIN / -1 wraps (never UB). */
     if (b == 0) return a;
     if (b == -1) return (int32_t)(0u - (uint32_t)a);
@@ -97,6 +103,13 @@ HELPERS = r"""
     return (double)(x >> 8) * (1.0 / 16777216.0);
 }}
 """
+
+
+def helpers(qualifier: str, int_minmax: str = C_INT_MINMAX) -> str:
+    """The scalar helpers with ``qualifier`` on each function and ``int_minmax`` (a text
+    with ``{q}`` where the qualifier goes) as the int32 max/min."""
+    return HELPERS.format(q=qualifier, int_minmax=int_minmax.replace("{q}", qualifier))
+
 
 FLOAT_FUNCTIONS = {
     "exp": "exp",

@@ -9,8 +9,13 @@ static __device__ __forceinline__ float sg_maxf(float a, float b) { return (a > 
 static __device__ __forceinline__ float sg_minf(float a, float b) { return (a < b || a != a) ? a : b; }
 static __device__ __forceinline__ double sg_maxd(double a, double b) { return (a > b || a != a) ? a : b; }
 static __device__ __forceinline__ double sg_mind(double a, double b) { return (a < b || a != a) ? a : b; }
-static __device__ __forceinline__ int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
-static __device__ __forceinline__ int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+static __device__ __noinline__ int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+static __device__ __noinline__ int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+static __device__ __forceinline__ int32_t sg_negi(int32_t x) {
+    int32_t r;
+    asm("{ .reg .b32 t; not.b32 t, %1; add.s32 %0, t, 1; }" : "=r"(r) : "r"(x));
+    return r;
+}
 static __device__ __forceinline__ int32_t sg_idiv(int32_t a, int32_t b) {
     /* NumPy reference: x / 0 -> x; INT_MIN / -1 wraps (never UB). */
     if (b == 0) return a;

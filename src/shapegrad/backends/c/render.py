@@ -50,7 +50,7 @@ from shapegrad.backends.c.collectives import mpi_prelude, reader_sums, render_co
 from shapegrad.backends.c.schedule import Region, Unit, chunk_size, fork_parallel, plan_region
 from shapegrad.backends.c.shm import reader_load, reader_pointers
 from shapegrad.backends.c.teamsplit import TeamRenderer, split_parts
-from shapegrad.backends.cstyle import HELPERS
+from shapegrad.backends.cstyle import helpers
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.splitting import row_of
 from shapegrad.compiler.target import C_TARGET, CTuning, Target
@@ -69,7 +69,7 @@ KERNEL_FENCE: Final = '__asm__ __volatile__("" ::: "memory"); /* kernel boundary
 # not ``#include``d by path: the text is part of each unit's source and so of its cache key.
 _PRELUDE = resources.files("shapegrad.backends.c").joinpath("runtime.h").read_text(
     encoding="utf-8"
-) + HELPERS.format(q="static inline")
+) + helpers("static inline")
 
 _BLAS_DECL = r"""
 #define SG_USES_BLAS 1

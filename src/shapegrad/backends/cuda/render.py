@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 
 from shapegrad.backends.c.collectives import mpi_prelude
-from shapegrad.backends.cstyle import C_TYPES, HELPERS
+from shapegrad.backends.cstyle import C_TYPES, helpers
 from shapegrad.backends.cuda.host import (
     CUBLAS_DECL,
     HostLauncher,
@@ -73,6 +73,23 @@ INCLUDES = r"""#include <stdint.h>
 #include <math.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
+"""
+
+# int32 max/min and negation, written so that ptxas cannot miscompile them. ptxas (seen with
+# CUDA 13.0 for sm_90 on an H100; reported for 12.8-13.3 on sm_100) fuses chained int32
+# max/min into a three-input VIMNMX3 and drops an operand's negation on the way:
+# max(-a, -b, -c) ran as max(-a, b, -c), silently (int32 min is -max(-x); the GPU fuzzer
+# found it). A compare-and-select is recognised as max all the same, so max/min are calls
+# that ptxas keeps as calls (one VIMNMX each, nothing to fuse across), and -x is ~x + 1 (LOP3
+# and an add, no negated operand anywhere). int32 max/min are rare on the GPU's hot paths
+# (argmax, integer models); float max/min are untouched.
+INT_MINMAX = r"""static __device__ __noinline__ int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+static __device__ __noinline__ int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
+{q} int32_t sg_negi(int32_t x) {
+    int32_t r;
+    asm("{ .reg .b32 t; not.b32 t, %1; add.s32 %0, t, 1; }" : "=r"(r) : "r"(x));
+    return r;
+}
 """
 
 # Block-wide reduction: warp shuffles, then one shared-memory pass over the warps' partials.
@@ -123,6 +140,14 @@ class CudaRenderer(HostLauncher):
         self._prefix = f"l{len(self.layer_functions)}_" if parent is not None else ""
 
     # -- expressions that differ from C ----------------------------------------------------
+    def unary(self, op: str, dtype: DType, x: str) -> str:
+        """int32 negation through ``sg_negi`` (see INT_MINMAX); the rest as in C."""
+        if op == "neg" and dtype.name == "int32":
+            return f"sg_negi({x})"
+        if op == "abs" and dtype.name == "int32":  # abs.s32, not a select over -x
+            return f"abs({x})"
+        return super().unary(op, dtype, x)
+
     def expr(self, e: L.Expr) -> str:
         if isinstance(e, L.Ref) and e.name in self._float_acc:
             return f"((__half){e.name})"
@@ -423,7 +448,7 @@ def render_cuda_unit(
         r.tree_min_reduced, r.tree_max_outputs = tree
         r.tree_min_reduced_wide = tree[0]  # one rule for every width when forced
     head = [f"/* shapegrad generated (CUDA): program {comment_safe(program.name)} */"]
-    head.append(HELPERS.format(q="static __device__ __forceinline__"))
+    head.append(helpers("static __device__ __forceinline__", INT_MINMAX))
     head.append(BLOCK_REDUCE)
     if uses_cublas(program):
         head.append(CUBLAS_DECL)

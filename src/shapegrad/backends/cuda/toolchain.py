@@ -122,6 +122,22 @@ def cuda_homes() -> list[str]:
     return list(dict.fromkeys(h for h in homes if h))
 
 
+def cuobjdump() -> str | None:
+    """NVIDIA's disassembler (``cuobjdump``, which runs ``nvdisasm`` from its own folder):
+    on ``$PATH``, in the CUDA toolkit, or from the ``nvidia-cuda-cuobjdump`` wheel (the dev
+    extra: the tests read the machine code ptxas made); None when there is none."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    folders = [os.path.join(h, "bin") for h in cuda_homes()]
+    folders += [os.path.join(r, sub) for r in wheel_roots() for sub in ("cu13/bin", "cu12/bin")]
+    for folder in folders:
+        path = os.path.join(folder, "cuobjdump")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def _cublas_in(folder: str) -> str | None:
     """The cuBLAS library file in ``folder`` (not cuBLASLt), unversioned name first."""
     names = [
