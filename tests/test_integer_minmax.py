@@ -51,6 +51,7 @@ def _values(seed: int) -> np.ndarray:
 
 
 CASES = {
+    "negation (INT_MIN wraps)": (lambda x: -x, lambda x: -x),
     "min over axis 0": (lambda x: sg.min(x, axis=0), lambda x: x.min(0)),
     "min over axes 1, 2": (lambda x: sg.min(x, axis=(1, 2)), lambda x: x.min((1, 2))),
     "min of all": (lambda x: sg.min(x), lambda x: x.min()),

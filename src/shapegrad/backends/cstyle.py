@@ -263,6 +263,8 @@ class CStyleRenderer:
         if op == "neg":
             if dtype.name == "int64":  # wraps like NumPy (no signed-overflow UB)
                 return f"(int64_t)(0ull - (uint64_t)({x}))"
+            if dtype.name == "int32":  # -INT_MIN wraps to INT_MIN, as in NumPy
+                return f"(int32_t)(0u - (uint32_t)({x}))"
             if dtype.name == "uint8":  # modulo 256
                 return f"(uint8_t)(-({x}))"
             return f"(-({x}))"
