@@ -2,7 +2,7 @@
 
 Run:
     python benchmarks/threads_ab.py [--rows moons10,mlp,w1024,cnn,gpt,gptloop]
-        [--warmup 200] [--steps 200] [--background-load 2] [--base TREE] [--jax]
+        [--warmup 200] [--steps 200] [--background-load 2] [--base TREE] [--jax] [--aa]
 
 Per row (``train_step.py``'s moons10, mlp (784-512-512-10 b128), w1024, cnn (b64), plus
 ``gpt``: the charlm step of ``depth.py``, d 128, 2 blocks, 4 heads, context 64, batch 32,
@@ -23,6 +23,11 @@ per step, the share of region calls the default ran on one thread during the tim
 ``1 thread`` and ``full team`` (and the same of the means: on a busy box a round can lose
 its CPU for tens of milliseconds, which the median hides and the mean shows). The load
 average (1 minute) is printed before and after.
+
+``--aa`` adds a second copy of ``1 thread`` (its own library, the same code) and prints
+its median over the first's: the noise floor of this run. Under load on a 2-core machine
+two copies read up to 1.6x apart (GPT, 2 busy processes, 300 steps), so a ``default /
+best`` off by less than the floor says nothing.
 
 ``--tune FIELD=VALUE`` (repeatable) adds the three variants rendered with that field of
 the target's ``CTuning`` replaced (e.g. ``split_parts=2``: more, smaller product blocks).
@@ -229,11 +234,10 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
     runs: dict[str, Callable[[], Any]] = {}
     counters: dict[str, Callable[[], tuple[int, int]] | None] = {}
     for prefix, render, tune in renders:
-        for label, threads, policy in (
-            ("default", n, 1),
-            ("full team", n, 0),
-            ("1 thread", 1, 0),
-        ):
+        variants = [("default", n, 1), ("full team", n, 0), ("1 thread", 1, 0)]
+        if args.aa and not prefix:
+            variants.append(("1 thread (A/A)", 1, 0))
+        for label, threads, policy in variants:
             name = f"{prefix}{label}"
             tag = "".join(c if c.isalnum() else "_" for c in name)
             exe = build(graph, render, f"ab_{row}_{tag}", threads, policy, tune)
@@ -268,7 +272,19 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
     best_mean = min(means["1 thread"], means["full team"])
     ratio, ratio_mean = medians["default"] / best, means["default"] / best_mean
     print(f"  default / best = {ratio:.3f} (medians), {ratio_mean:.3f} (means)", flush=True)
-    return {"default": medians["default"], "best": best, "load": load, "mean": ratio_mean}
+    floor = None
+    if "1 thread (A/A)" in medians:
+        floor = max(medians["1 thread (A/A)"], medians["1 thread"]) / min(
+            medians["1 thread (A/A)"], medians["1 thread"]
+        )
+        print(f"  A/A: two copies of 1 thread {floor:.3f} apart (the noise floor)", flush=True)
+    return {
+        "default": medians["default"],
+        "best": best,
+        "load": load,
+        "mean": ratio_mean,
+        "floor": floor if floor is not None else float("nan"),
+    }
 
 
 def tune_arg(text: str) -> tuple[str, int]:
@@ -297,6 +313,9 @@ def main() -> None:
         help="also measure the variants rendered with this CTuning field (repeatable)",
     )
     parser.add_argument("--jax", action="store_true")
+    parser.add_argument(
+        "--aa", action="store_true", help="also a second copy of 1 thread: the noise floor"
+    )
     args = parser.parse_args()
     base = base_render(args.base) if args.base else None
     code = "while True:\n    pass"
@@ -311,9 +330,11 @@ def main() -> None:
             proc.wait()
     print(f"\n{args.background_load} busy processes; default / best (median per step; means):")
     for row, m in table.items():
+        floor = "" if m["floor"] != m["floor"] else f", A/A {m['floor']:.3f}"
         print(
             f"  {row:10s} {m['default'] / m['best']:6.3f}  {m['mean']:6.3f}   (default "
-            f"{m['default'] * 1e3:.3f} ms, best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f})"
+            f"{m['default'] * 1e3:.3f} ms, best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f}"
+            f"{floor})"
         )
 
 
