@@ -58,7 +58,7 @@ run() {  # run NAME SECONDS COMMAND...: one step, its log, its exit status in th
 } 2>&1 | tee "$LOG/machine.log"
 
 PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts=)
-run tests 150 "${PYTEST[@]}" -n 4 tests/test_cuda_build.py tests/test_cuda_codegen.py tests/test_cuda_gpu.py tests/test_bfloat16.py -m "not slow" -rs
+run tests 150 "${PYTEST[@]}" -n 4 tests/test_cuda_build.py tests/test_cuda_codegen.py tests/test_cuda_gpu.py tests/test_bfloat16.py tests/test_integer_minmax.py -m "not slow" -rs
 run optable 150 "${PYTEST[@]}" -n 16 tests/test_ops.py -k cuda
 run fuzz 120 "${PYTEST[@]}" -n 8 tests/test_fuzz.py
 run dp 120 "${PYTEST[@]}" tests/test_distributed.py -k gpu -rs
