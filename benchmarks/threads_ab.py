@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import math
 import os
 import statistics
 import subprocess
@@ -330,7 +331,7 @@ def main() -> None:
             proc.wait()
     print(f"\n{args.background_load} busy processes; default / best (median per step; means):")
     for row, m in table.items():
-        floor = "" if m["floor"] != m["floor"] else f", A/A {m['floor']:.3f}"
+        floor = "" if math.isnan(m["floor"]) else f", A/A {m['floor']:.3f}"
         print(
             f"  {row:10s} {m['default'] / m['best']:6.3f}  {m['mean']:6.3f}   (default "
             f"{m['default'] * 1e3:.3f} ms, best {m['best'] * 1e3:.3f} ms, load {m['load']:.2f}"

@@ -50,12 +50,6 @@ STORAGE_TYPES = {"bfloat16": "uint16_t"}
 # ``{q}`` is the function qualifier (``static inline`` in C, ``__device__`` added on GPUs);
 # ``{int_minmax}`` the int32 max/min (C_INT_MINMAX in C; CUDA has its own, see
 # ``cuda/render.py``). Render with :func:`helpers`.
-C_INT_MINMAX = """\
-{q} int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
-{q} int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
-"""
-
-
 HELPERS = r"""
 {q} float sg_maxf(float a, float b) {{ return (a > b || a != a) ? a : b; }}
 {q} float sg_minf(float a, float b) {{ return (a < b || a != a) ? a : b; }}
@@ -102,6 +96,12 @@ HELPERS = r"""
     x ^= x >> 16; x *= 0x85EBCA6Bu; x ^= x >> 13; x *= 0xC2B2AE35u; x ^= x >> 16;
     return (double)(x >> 8) * (1.0 / 16777216.0);
 }}
+"""
+
+# The int32 max/min as C writes them (``{q}``: the qualifier, as in HELPERS).
+C_INT_MINMAX = """\
+{q} int32_t sg_maxi(int32_t a, int32_t b) { return a > b ? a : b; }
+{q} int32_t sg_mini(int32_t a, int32_t b) { return a < b ? a : b; }
 """
 
 
