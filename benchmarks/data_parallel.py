@@ -176,19 +176,15 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     over_mpi = D.MPICommunicator(comm.comm.Dup(), key="world-mpi", allreduce="mpi")
     dp_mpi = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=over_mpi)
     alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
-    # main's chunked shared-memory exchange (SHAPEGRAD_SHM_READER=0 while it compiles)
-    chunked = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=True)
-    saved = os.environ.get("SHAPEGRAD_SHM_READER")
-    os.environ["SHAPEGRAD_SHM_READER"] = "0"
-    chunked.step(x, y)
-    if saved is None:
-        del os.environ["SHAPEGRAD_SHM_READER"]
-    else:
-        os.environ["SHAPEGRAD_SHM_READER"] = saved
+    # the chunked shared-memory exchange (SHAPEGRAD_SHM_READER=0 while it compiles), and
+    # the reader sum with a copy of the parameters per rank (SHAPEGRAD_SHM_SHARD=0)
+    chunked = _compiled_with(_mlp, params, x, y, "SHAPEGRAD_SHM_READER")
+    copies = _compiled_with(_mlp, params, x, y, "SHAPEGRAD_SHM_SHARD")
     times = _times(
         {
             "dp": lambda: dp.step(x, y),
             "chunked": lambda: chunked.step(x, y),
+            "copies": lambda: copies.step(x, y),
             "mpi": lambda: dp_mpi.step(x, y),
             "alone": lambda: alone.step(x, y),
         },
@@ -199,11 +195,12 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
     low = {name: _p25(ts) for name, ts in times.items()}
     result["step_ms"], result["step_without_allreduce_ms"] = 1e3 * med["dp"], 1e3 * med["alone"]
     result["p25_ms"] = (1e3 * low["dp"], 1e3 * low["alone"])
-    result["chunked"] = {
-        "step_ms": 1e3 * med["chunked"],
-        "step_without_allreduce_ms": 1e3 * med["alone"],
-        "p25_ms": (1e3 * low["chunked"], 1e3 * low["alone"]),
-    }
+    for variant in ("chunked", "copies"):
+        result[variant] = {
+            "step_ms": 1e3 * med[variant],
+            "step_without_allreduce_ms": 1e3 * med["alone"],
+            "p25_ms": (1e3 * low[variant], 1e3 * low["alone"]),
+        }
     grads = [np.ones(s, np.float32) for s in SHAPES]
     reduce = sg.compile(lambda gs: [D.all_reduce(g, "mean") for g in gs], backend="c")
     reduce_mpi = sg.compile(lambda gs: [D.all_reduce(g, "mean", over_mpi) for g in gs], backend="c")
@@ -221,6 +218,57 @@ def run_shapegrad(steps: int, sweep: bool = False) -> dict[str, Any]:
         "kernels_ms": kernels,
     }
     return result
+
+
+def run_scaling(steps: int) -> dict[str, Any]:
+    """One rank of a ``--scaling`` launch: weak scaling (128 rows per rank), the default
+    step (state once per node, updated in shards) against the same step with a copy of
+    the state per rank (``SHAPEGRAD_SHM_SHARD=0``) and the step without exchange,
+    interleaved; medians and 25th percentiles in ms."""
+    sys.path.insert(0, str(ROOT / "src"))
+    import shapegrad as sg
+    from shapegrad import distributed as D
+
+    comm = D.world()
+    rng = np.random.default_rng(1)
+    params = [sg.tensor(rng.normal(size=s).astype(np.float32) * 0.05) for s in SHAPES]
+    data = np.random.default_rng(100 + comm.rank)
+    x = data.random((128, 784), dtype=np.float32)
+    y = data.integers(0, 10, 128).astype(np.int32)
+    shards = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c", data_parallel=True)
+    copies = _compiled_with(_mlp, params, x, y, "SHAPEGRAD_SHM_SHARD")
+    alone = sg.ScalarTrainer(_mlp, params, mode="compiled", backend="c")
+    times = _times(
+        {
+            "shards": lambda: shards.step(x, y),
+            "copies": lambda: copies.step(x, y),
+            "alone": lambda: alone.step(x, y),
+        },
+        steps,
+        comm.barrier,
+    )
+    return {
+        "ranks": comm.size,
+        "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+        "p25_ms": {k: 1e3 * _p25(v) for k, v in times.items()},
+    }
+
+
+def _compiled_with(model: Any, params: list[Any], x: Any, y: Any, variable: str) -> Any:
+    """A data-parallel trainer whose step was compiled (its first step) with ``variable=0``."""
+    import shapegrad as sg
+
+    trainer = sg.ScalarTrainer(model, params, mode="compiled", backend="c", data_parallel=True)
+    saved = os.environ.get(variable)
+    os.environ[variable] = "0"
+    try:
+        trainer.step(x, y)
+    finally:
+        if saved is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = saved
+    return trainer
 
 
 def _exposed_exchange(
@@ -401,7 +449,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-sweep", action="store_true")
-    parser.add_argument("--role", choices=("shapegrad", "torch"))
+    parser.add_argument("--role", choices=("shapegrad", "torch", "scaling"))
+    parser.add_argument(
+        "--scaling", metavar="N,N,...",
+        help="instead: ranks x 1 thread for each N, weak scaling (128 rows per rank), state "
+        "once per node vs a copy per rank (needs N cores)",
+    )  # fmt: skip
     parser.add_argument(
         "--background-load", type=int, default=0, metavar="N",
         help="run N busy processes (one spinning loop each) during the rounds",
@@ -410,9 +463,11 @@ def main() -> None:
     if args.role is not None:
         if args.role == "shapegrad":
             result = run_shapegrad(args.steps, args.bucket_sweep)
+        elif args.role == "scaling":
+            result = run_scaling(args.steps)
         else:
             result = run_torch(args.steps)
-        if int(os.environ.get("PMI_RANK", "0")) == 0:
+        if int(os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0") == 0:
             print(json.dumps(result))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -424,6 +479,9 @@ def main() -> None:
             os._exit(0)
         return
     print(f"machine: {machine()}")
+    if args.scaling:
+        _scaling(args)
+        return
     if args.bucket_sweep:
         r = _launch("shapegrad", 2, 1, args.steps, sweep=True)
         print(f"shapegrad 2 ranks x 1 thread, step ms (median of {args.steps}, interleaved):")
@@ -473,6 +531,32 @@ def main() -> None:
         )
 
 
+def _scaling(args: argparse.Namespace) -> None:
+    """``--scaling``: per rank count, every round, the step with the state once per node
+    (updated in shards) and with a copy per rank, and each one's share over the step
+    without exchange."""
+    counts = [int(n) for n in args.scaling.split(",")]
+    print(f"MLP 784-512-512-10, 128 rows per rank, SGD, 1 thread per rank; median of "
+          f"{args.steps} steps, {args.rounds} rounds")  # fmt: skip
+    print(f"{'ranks':>5}{'shards ms':>11}{'copies ms':>11}{'alone ms':>10}"
+          f"{'shards share':>14}{'copies share':>14}{'p25 shares':>16}")  # fmt: skip
+    for _ in range(args.rounds):
+        for n in counts:
+            r = _launch("scaling", n, 1, args.steps)
+            med, low = r["median_ms"], r["p25_ms"]
+
+            def share(t: dict[str, float], k: str) -> float:
+                return 100 * (t[k] - t["alone"]) / t[k]
+
+            print(
+                f"{n:>5}{med['shards']:>11.3f}{med['copies']:>11.3f}{med['alone']:>10.3f}"
+                f"{share(med, 'shards'):>13.1f}%{share(med, 'copies'):>13.1f}%"
+                f"{share(low, 'shards'):>8.1f}/{share(low, 'copies'):.1f}%",
+                flush=True,
+            )
+    print(f"machine after: {machine()}")
+
+
 def _rounds(args: argparse.Namespace, roles: list[str], header: str, wins: list[bool]) -> None:
     """The interleaved rounds: every configuration launched once per round."""
     for n in range(args.rounds):
@@ -487,6 +571,7 @@ def _rounds(args: argparse.Namespace, roles: list[str], header: str, wins: list[
                     print(_row(f"{label} {ranks}x{threads} AR {r['transport']}", r), flush=True)
                     if r["transport"] == "shm":
                         print(_row(f"{label} {ranks}x{threads} AR chunked", r["chunked"]))
+                        print(_row(f"{label} {ranks}x{threads} AR copies", r["copies"]))
                     print(_row(f"{label} {ranks}x{threads} AR mpi", r["over_mpi"]), flush=True)
                     continue
                 print(_row(f"{label} {ranks} rank x {threads} thr", r), flush=True)

@@ -8,10 +8,13 @@ for the launching test to check). A failed assertion raises, which aborts the jo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,8 @@ import numpy as np
 
 import shapegrad as sg
 from shapegrad import distributed as D
+from shapegrad.backends.c import nodestate
+from shapegrad.train.step import average_over_processes
 
 DTYPES = ("float16", "float32", "float64", "int32", "bool")
 BACKENDS = ("eager", "numpy", "c")
@@ -461,6 +466,135 @@ def check_reader_sums(comm: D.Communicator, steps: int = 12) -> None:
             os.environ["SHAPEGRAD_SHM_READER"] = saved_env
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block (compiles inside it see it)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
+def _live_exe(trainer: sg.ScalarTrainer) -> Any:
+    """The executable of ``trainer``'s bound step (the C backend's bound strategy)."""
+    live = getattr(trainer.strategy, "live", None)
+    assert live is not None, "the trainer has no bound step"
+    return live.bound.exe
+
+
+def _train_sharded(comm: Any, opt: str, dtype: str, shard: bool) -> tuple[list[Any], bool]:
+    """A data-parallel run that exercises every way state changes hands: steps, K steps in
+    one call, parameters replaced mid-run, a checkpoint-style read, more steps. Returns
+    (every snapshot taken, whether the state was kept once per node at the end)."""
+    optimizer: sg.optim.Optimizer = {
+        "sgd": sg.optim.SGD(lr=0.05, momentum=0.9),
+        "adam": sg.optim.Adam(lr=0.01, weight_decay=0.01),
+        "adamw": sg.optim.AdamW(lr=0.01, weight_decay=0.01),
+    }[opt]
+    rng = np.random.default_rng(5)
+    params = [sg.tensor(rng.normal(size=s) * 0.5, dtype) for s in [(2, 13), (13,), (13, 1), (1,)]]
+    x, y = _data(dtype)
+    with _env("SHAPEGRAD_SHM_SHARD", "1" if shard else "0"):
+        trainer = sg.ScalarTrainer(
+            _mse, params, mode="compiled", backend="c", optimizer=optimizer, data_parallel=comm
+        )
+        batches = sg.data.Batches(x, y, batch_size=24, seed=5, shard=comm)
+        snapshots: list[Any] = []
+        _run_steps(trainer, batches, 7)
+        snapshots.append([p.numpy() for p in trainer.get_params()])
+        bx, by = next(iter(batches))
+        losses = trainer.step_many(np.stack([bx] * 3), np.stack([by] * 3))
+        snapshots.append(np.asarray(losses))
+        placed = nodestate.placed(_live_exe(trainer))
+        trainer.set_params([p * 0.5 for p in trainer.get_params()])
+        _run_steps(trainer, batches, 5)
+        snapshots.append([p.numpy() for p in trainer.get_params()])
+        snapshots.append([np.asarray(v) for v in sg.tree.flatten(trainer.optimizer_state())[0]])
+    return snapshots, placed
+
+
+def _flat(tree: Any) -> list[np.ndarray]:
+    if isinstance(tree, list | tuple):
+        return [a for t in tree for a in _flat(t)]
+    return [np.asarray(tree)]
+
+
+def _unbound_after_bound(comm: Any, shard: bool) -> list[np.ndarray]:
+    """Bound steps of a donated step, then an unbound call of the same executable (every
+    rank copies its own state in: the state leaves the node's block), then bound again."""
+    plan = types.SimpleNamespace(comm=comm)
+
+    def step(params: Any, x: sg.Tensor, y: sg.Tensor) -> Any:
+        loss, grads = sg.value_and_grad(_mse)(params, x, y)
+        loss, grads = average_over_processes(plan, loss, grads)  # type: ignore[arg-type]
+        return [w - 0.05 * g for w, g in zip(params, grads, strict=True)], loss
+
+    params = [p.numpy() for p in _params("float32")]
+    x, y = _data("float32", 24)
+    x, y = (np.ascontiguousarray(a[comm.rank :: comm.size]) for a in (x, y))
+    with _env("SHAPEGRAD_SHM_SHARD", "1" if shard else "0"):
+        exe = sg.compile(step, backend="c", donate_argnums=0).lower(params, x, y).executable
+        bound = exe.bind(params)
+        for _ in range(3):
+            bound.step(x, y)
+        assert nodestate.placed(exe) == (shard and _bound_shared(comm))
+        outs = exe([*bound.read_state(), x, y])
+        assert not nodestate.placed(exe)
+        bound.step(x, y)
+        return [*_flat(outs), *bound.read_state()]
+
+
+def _close_to_the_ulp(a: np.ndarray, b: np.ndarray, case: Any) -> None:
+    """Equal but for the last bits: a sharded update loop runs bounds known only at run
+    time, and the C flags let the compiler contract its arithmetic (a fused multiply-add)
+    differently than in the loop of constant length: 1 ulp apart in float32 after a step
+    of the plain SGD update. (Ranks are compared bit for bit.)"""
+    eps = float(np.finfo(a.dtype).eps) if a.dtype.kind == "f" else 0.0
+    err = float(np.abs(a - b).max()) if a.size else 0.0
+    assert err <= 16 * eps * max(1.0, float(np.abs(b).max()) if b.size else 1.0), (case, err)
+
+
+def check_sharded_state(comm: D.Communicator) -> None:
+    """State kept once per node, updated in shards (``backends/c/shmshard.py``): SGD with
+    momentum, Adam with L2 decay, AdamW; float32 and float64; steps, K steps in one call,
+    parameters replaced mid-run, more steps: ranks bit-equal and equal to the same run with
+    a copy per rank (SHAPEGRAD_SHM_SHARD=0) but for the last bits, the state placed in the
+    node's block exactly when segments are bound (not under SHAPEGRAD_FAKE_NODES). An
+    unbound call of a bound executable takes the state back to a copy per rank, equal
+    too. Ranks disagreeing on SHAPEGRAD_SHM_SHARD are refused when they compile."""
+    shared = None
+    for opt, dtype in [("sgd", "float64"), ("adam", "float32"), ("adamw", "float64")]:
+        mine, placed = _train_sharded(comm, opt, dtype, shard=True)
+        copies, not_placed = _train_sharded(comm, opt, dtype, shard=False)
+        shared = _bound_shared(comm)
+        assert placed == shared and not not_placed, (placed, shared, not_placed)
+        for a, b in zip(_flat(mine), _flat(copies), strict=True):
+            _close_to_the_ulp(a, b, (opt, dtype))
+        for r, theirs in enumerate(comm.gather_objects(_flat(mine))):
+            for a, b in zip(_flat(mine), theirs, strict=True):
+                assert np.array_equal(a, b), f"{opt} {dtype}: rank {comm.rank} vs {r}"
+    unbound = _unbound_after_bound(comm, shard=True)
+    for a, b in zip(unbound, _unbound_after_bound(comm, shard=False), strict=True):
+        _close_to_the_ulp(a, b, "unbound")
+    for r, theirs in enumerate(comm.gather_objects(unbound)):
+        for a, b in zip(unbound, theirs, strict=True):
+            assert np.array_equal(a, b), f"unbound: rank {comm.rank} vs {r}"
+    with _env("SHAPEGRAD_SHM_SHARD", "1" if comm.rank == 0 else "0"):
+        try:
+            _unbound_after_bound(comm, shard=comm.rank == 0)
+        except D.RankMismatchError as exc:
+            assert "kept once per node (SHAPEGRAD_SHM_SHARD)" in str(exc), str(exc)
+        else:
+            raise AssertionError("ranks with and without sharded state compiled the same step")
+    if comm.rank == 0:
+        print(f"sharded state: bound to shared memory {shared}, equal to a copy per rank")
+
+
 def shared_timeout(comm: D.Communicator, reader: bool = False) -> None:
     """Rank 1 compiles the same all-reduce but never runs it: rank 0's shared-memory
     wait gives up after SHAPEGRAD_COLLECTIVE_TIMEOUT (+ margin) and the job ends. With
@@ -634,6 +768,8 @@ def main() -> None:
         check_shared_allreduce(comm)
     elif task == "shm-reader":
         check_reader_sums(comm)
+    elif task == "shm-shard":
+        check_sharded_state(comm)
     elif task in ("shm-timeout", "shm-reader-timeout"):
         shared_timeout(comm, reader=task == "shm-reader-timeout")
     elif task in ("raise", "kill", "hang"):

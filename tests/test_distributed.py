@@ -294,6 +294,23 @@ def test_gradients_summed_at_the_reader(n: int, nodes: str | None, tmp_path: Pat
     assert run.stdout.count("reader sums (") == 8, run.stdout
 
 
+@pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
+def test_state_kept_once_per_node(n: int, nodes: str | None, tmp_path: Path) -> None:
+    """Parameters and optimizer moments kept once per node, each rank updating its chunk
+    (``backends/c/shmshard.py``): SGD momentum, Adam, AdamW, float32/float64, K steps in
+    one call, parameters replaced mid-run; ranks bit-equal and equal to a copy per rank;
+    an unbound call takes the state back to a copy per rank; under SHAPEGRAD_FAKE_NODES
+    nothing is shared and the same programs update every element on every rank."""
+    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
+    if nodes is not None:
+        extra["SHAPEGRAD_FAKE_NODES"] = nodes
+    run = launch(n, "shm-shard", tmp_path, **extra)
+    assert run.returncode == 0 and (tmp_path / "ok-shm-shard.txt").exists(), (
+        run.stdout + run.stderr
+    )
+    assert f"bound to shared memory {nodes is None}" in run.stdout, run.stdout
+
+
 @pytest.mark.parametrize("task", ["shm-timeout", "shm-reader-timeout"])
 def test_shared_memory_wait_times_out_with_a_clear_error(task: str, tmp_path: Path) -> None:
     """A rank that never arrives: the other's shared-memory wait (in a compiled call that

@@ -196,6 +196,14 @@ class MPICommunicator:
             )
         return found
 
+    def shared_block(self, nbytes: int) -> _shm.SharedSegments:
+        """A new block of ``nbytes`` mapped by every process (all on this node: call it
+        only where ``shared_segments`` gave segments). Collective; it lives as long as the
+        returned object."""
+        if self._node is None:
+            self._node = _shm.node_communicator(self.mpi, self.comm)
+        return _shm.allocate_block(self.mpi, self._node, nbytes)
+
     def native(self) -> NativeMPI:
         """MPI entry points of the library mpi4py loaded (no second MPI in the process)."""
         if self._native is None:

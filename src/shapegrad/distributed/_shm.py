@@ -87,3 +87,12 @@ def allocate(mpi: Any, comm: Any, node: Any, nbytes: int) -> SharedSegments | No
     ctypes.memset(addresses[node.Get_rank()], 0, nbytes)
     node.Barrier()
     return SharedSegments(tuple(addresses), nbytes, window)
+
+
+def allocate_block(mpi: Any, node: Any, nbytes: int) -> SharedSegments:
+    """One block of ``nbytes`` that every process of ``node`` maps, held by its first
+    process (``addresses`` has that one address): state a compiled program keeps once per
+    node (``backends/c/shmshard.py``). Collective over ``node``; not zeroed."""
+    window = mpi.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 1, comm=node)
+    buffer, _ = window.Shared_query(0)
+    return SharedSegments((int(buffer.address),), nbytes, window)

@@ -280,9 +280,11 @@ class CBackend:
             tuning = render.c_tuning(c_target(options))
             plan = render.schedule_text(program, tuning, opts.profile, *_unit_sizes(opts, tuning))
             write_dump(options.debug_dir, options.name + ".schedule.txt", plan)
-        collectives.bind(lib, ffi(), program)
+        node_shared = collectives.bind(lib, ffi(), program)
         info = self._store_manifest(graph, program, library, options)
         exe = CExecutable(graph, info, lib, library.path, program)
+        if info.shard_flag >= 0 and 0 in node_shared:  # its state may live once per node
+            exe.node_comm = program.communicators[0]
         exe.phase_seconds = {**generated.seconds, "cc": t1 - t0, "load": t2 - t1}
         return exe
 

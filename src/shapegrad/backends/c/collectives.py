@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shapegrad.backends.c import shm, shmplan
+from shapegrad.backends.c import shm, shmplan, shmshard
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError, NativeMPI, check_same
 
@@ -127,6 +127,18 @@ def reader_sums(program: L.Program) -> list[shmplan.ReaderSum]:
     if not program.communicators:
         return []
     return shmplan.reader_sums(program, requests(program))
+
+
+def shard_text(program: L.Program, fail: Any) -> shmshard.ShardText | None:
+    """The C of ``program``'s updates of state kept once per node (``shmshard``), or None;
+    ``fail(code)``: the renderer's failure statement."""
+    if not program.communicators:
+        return None
+    plan = shmshard.shard_plan(program)
+    if plan is None:
+        return None
+    regions = shm.shard_regions(program, requests(program))
+    return shmshard.ShardText(plan, regions, fail(plan.code))
 
 
 def render_collective(
@@ -245,14 +257,21 @@ def check_program(program: L.Program) -> None:
             "(SHAPEGRAD_SHM_READER)",
             [(r.region, r.count) for r in reader_sums(program) if r.comm == k],
         )
+        plan = shmshard.shard_plan(program)
+        check_same(  # and SHAPEGRAD_SHM_SHARD: the sharded updates add barriers
+            comm,
+            f"compiled program {program.name!r}: the state kept once per node "
+            "(SHAPEGRAD_SHM_SHARD)",
+            list(plan.buffers) if plan else [],
+        )
 
 
-def bind(lib: Any, ffi: Any, program: L.Program) -> None:
+def bind(lib: Any, ffi: Any, program: L.Program) -> set[int]:
     """Hand the generated code the MPI entry points and handles (after ``dlopen``), and
     the shared-memory segments where it has the shared-memory all-reduce
-    (``shm.bind_shared``)."""
+    (``shm.bind_shared``); returns the communicators bound to shared memory."""
     if not program.communicators:
-        return
+        return set()
     native = native_of(program.communicators[0])
     fns = ffi.new("void *[]", [ffi.cast("void *", native.functions[f]) for f in FUNCTIONS])
     handles = ffi.new("int64_t[]", [_signed(native.handles[h]) for h in HANDLES])
@@ -260,7 +279,7 @@ def bind(lib: Any, ffi: Any, program: L.Program) -> None:
         "int64_t[]", [_signed(native_of(c).handles["comm"]) for c in program.communicators]
     )
     lib.sg_mpi_bind(fns, handles, comms)
-    shm.bind_shared(lib, ffi, program, requests(program))
+    return shm.bind_shared(lib, ffi, program, requests(program))
 
 
 def _signed(handle: int) -> int:

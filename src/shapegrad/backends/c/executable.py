@@ -38,6 +38,7 @@ from shapegrad.backends.base import (
     lazy_ffi,
     validate_inputs,
 )
+from shapegrad.backends.c import nodestate
 from shapegrad.backends.c.manifest import RuntimeInfo
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError
@@ -174,6 +175,12 @@ class CExecutable:
         if dict(self.layout.state_updates) != info.state_of_output:  # one source of truth
             raise AssertionError(f"{info.name}: lowering changed the state aliases")
         self.state_inputs = list(self.layout.state_inputs)
+        # data parallel: the communicator whose node may keep the state once, and the
+        # block holding it once a binding placed it there (backends/c/nodestate.py)
+        self.node_comm: Any = None
+        self.node_block: tuple[Any, dict[int, Array]] | None = None
+        if info.shard_flag >= 0:
+            self.arena[info.shard_flag : info.shard_flag + 4] = 0  # sharding off
         self.state: dict[int, Array] = {}
         for i in self.state_inputs:
             node = graph.inputs[i]
@@ -251,6 +258,8 @@ class CExecutable:
         An input that is the same array object as in the previous call keeps its pinned
         pointer (no re-pinning); outputs are fresh arrays every call (they are returned).
         """
+        if self.node_block is not None:  # every rank copies its state in: a copy each
+            nodestate.unplace(self)
         for i in self.state_inputs:
             np.copyto(self.state[i], inputs[i])
         io, pin, keep, last = self._io, self._pin, self._in_keep, self._in_last
@@ -311,6 +320,7 @@ class BoundStep:
 
     def __init__(self, exe: CExecutable, state: Sequence[Array] | None) -> None:
         self.exe = exe
+        nodestate.place(exe)  # data parallel: state kept once per node, where it can be
         if state is not None:
             self.write_state(state)
         graph = exe.graph
@@ -368,6 +378,9 @@ class BoundStep:
                     f"bind: state {i} has dtype {array.dtype}, expected {exe.state[i].dtype}"
                 )
             arrays.append(array)
+        if nodestate.placed(exe):
+            nodestate.write(exe, dict(zip(exe.state_inputs, arrays, strict=True)))
+            return
         for i, array in zip(exe.state_inputs, arrays, strict=True):  # all checked: no half write
             np.copyto(exe.state[i], array, casting="same_kind")
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from shapegrad import _cache
 from shapegrad.backends.base import Array
-from shapegrad.backends.c import toolchain
+from shapegrad.backends.c import shmshard, toolchain
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.budget import program_budget
 from shapegrad.ir import Graph
@@ -55,6 +55,9 @@ class RuntimeInfo:
         kernels: (name, root) per kernel, for ``CExecutable.profile``.
         budget: (arena bytes, kernels, layer loops), for ``Compiled.stats``.
         library_key: the key of the library that runs it.
+        shard_flag: arena offset of the flag that turns sharded updates on (-1: none;
+            ``shmshard``); ``arena_bytes`` includes it.
+        shared_slots: the slots of the state kept once per node when sharded.
     """
 
     name: str
@@ -69,6 +72,8 @@ class RuntimeInfo:
     kernels: tuple[tuple[str, str], ...]
     budget: tuple[int, int, int]
     library_key: str
+    shard_flag: int = -1
+    shared_slots: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, program: L.Program, library_key: str) -> RuntimeInfo:
@@ -80,10 +85,11 @@ class RuntimeInfo:
             if first is not None and first.name == "k_checks"
             else frozenset()
         )
+        plan = shmshard.shard_plan(program) if program.communicators else None
         return cls(
             program.name,
             program.n_slots,
-            program.arena_bytes,
+            program.arena_bytes + (shmshard.FLAG_BYTES if plan else 0),
             dict(program.state_of_output),
             {k: program.buffers[name].slot for k, name in enumerate(program.outputs)},
             tuple(
@@ -96,6 +102,8 @@ class RuntimeInfo:
             tuple((k.name, k.root) for k in program.kernels),
             program_budget(program),
             library_key,
+            plan.flag if plan else -1,
+            tuple(program.buffers[name].slot for name in plan.buffers) if plan else (),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -120,6 +128,8 @@ class RuntimeInfo:
             "kernels": [list(k) for k in self.kernels],
             "budget": list(self.budget),
             "library_key": self.library_key,
+            "shard_flag": self.shard_flag,
+            "shared_slots": list(self.shared_slots),
         }
 
     @classmethod
@@ -144,6 +154,8 @@ class RuntimeInfo:
             tuple((str(n), str(r)) for n, r in d["kernels"]),
             (budget[0], budget[1], budget[2]),
             str(d["library_key"]),
+            int(d.get("shard_flag", -1)),
+            tuple(int(n) for n in d.get("shared_slots", ())),
         )
 
 

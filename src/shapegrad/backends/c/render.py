@@ -46,7 +46,12 @@ from importlib import resources
 from typing import Final
 
 from shapegrad.backends.c import batch_gemm, gemm_kernel
-from shapegrad.backends.c.collectives import mpi_prelude, reader_sums, render_collective
+from shapegrad.backends.c.collectives import (
+    mpi_prelude,
+    reader_sums,
+    render_collective,
+    shard_text,
+)
 from shapegrad.backends.c.schedule import Region, Unit, chunk_size, fork_parallel, plan_region
 from shapegrad.backends.c.shm import reader_load, reader_pointers
 from shapegrad.backends.c.teamsplit import TeamRenderer, split_parts
@@ -155,12 +160,16 @@ class CRenderer(TeamRenderer):
         # the all-reduces summed where they are loaded (backends/c/shmplan.py, ReaderSum), by
         # the names of their source and destination; none in layer bodies
         self.sums = {n: r for r in reader_sums(program) for n in (r.src, r.dst)}
+        # state kept once per node, updated in shards (backends/c/shmshard.py)
+        self.shard = shard_text(program, self.fail)
+        self.sharded: set[str] = set()  # loop variables running this rank's chunk
 
     def _part(self, mode: str, fail_to: tuple[int, str] | None = None) -> CRenderer:
         """A renderer for one unit of the region, writing into this one's output."""
         part = CRenderer(self.program, self.ctuning, self.flush_denormals, mode, fail_to)
         part.lines = self.lines
         part.sums = self.sums
+        part.shard = self.shard
         part.functions = self.functions
         return part
 
@@ -259,8 +268,14 @@ class CRenderer(TeamRenderer):
         for name in sorted(L.reads(k.body) | L.writes(k.body)):
             for line in self._pointers(name, name in loaded):
                 self.emit(2, line)
+        lines, self.sharded = self.shard.enter(k) if self.shard else ([], set())
+        for line in lines:
+            self.emit(2, line)
         for s, ok in zip(k.body, parallel, strict=True):
             self.stmt(s, 2, parallel_ok=ok)
+        for line in self.shard.leave(k) if self.shard else []:
+            self.emit(2, line)
+        self.sharded = set()
         if profile:
             self.emit(2, f"sg_profile[{number}] += sg_now() - sg_t0;")
         self.emit(1, "}")
@@ -325,6 +340,13 @@ class CRenderer(TeamRenderer):
             self.emit(depth, "}")
             return
         super().stmt(s, depth, parallel_ok)
+
+    def for_header(self, s: L.Loop) -> str:
+        """A loop of a sharded update runs this rank's chunk (``shmshard``)."""
+        v = s.var.name
+        if v in self.sharded:
+            return f"for (int64_t {v} = sg_lo_{v}; {v} < sg_hi_{v}; ++{v}) {{"
+        return super().for_header(s)
 
     def fail(self, code: int) -> str:
         if self.fail_to is None:

@@ -72,6 +72,7 @@ from typing import Any
 
 from shapegrad.backends.c import shmplan
 from shapegrad.backends.c.shmplan import ReaderSum, shareable, transport
+from shapegrad.backends.c.shmshard import shard_plan
 from shapegrad.compiler import loops as L
 from shapegrad.distributed import DistributedError
 from shapegrad.distributed._shm import MAX_NODE_RANKS
@@ -279,6 +280,25 @@ static void sg_shm_doze(int c, int reg) {{
 #endif
 }}
 
+/* Publish that this rank is done with exchange ``reg``'s part (its operand is in its slot,
+   or, for a barrier, it has passed the point): sg_shm_wait then waits for every rank's. */
+static void sg_shm_post(int c, int reg, int64_t count) {{
+    sg_shm_req_t *q = &sg_shm_req[c][reg];
+    uint64_t *flag = sg_shm_flag(c, sg_shm_me[c], reg, 0);
+    q->count = count;
+    q->kind = 0;
+    q->seq = __atomic_load_n(flag, __ATOMIC_RELAXED) + 1;
+    q->stage = 3;
+    sg_shm_publish(flag, q->seq);
+}}
+
+/* This rank's part [lo, hi) of an update over n elements of state kept once per node
+   (shmshard.py): its chunk where the bound step shards (``on``), else all of it. */
+static inline void sg_shard_range(int c, int on, int64_t n, int64_t *lo, int64_t *hi) {{
+    if (on && sg_shm_n[c]) sg_shm_chunk(c, n, sg_shm_me[c], lo, hi);
+    else {{ *lo = 0; *hi = n; }}
+}}
+
 /* Finish exchange ``reg``: 0, or 1 after the time limit (the ranks missing printed). */
 static int sg_shm_wait(int c, int reg) {{
     struct timespec t0, t1;
@@ -354,16 +374,6 @@ static inline const char *sg_shm_summand(int c, int reg, int r, const char *sum,
     return sg_shm_seg[c][r] + sg_shm_off[reg] + (int64_t)(seq & 1) * sg_shm_slot[reg];
 }}
 
-/* The operand is in this rank's slot: publish it (sg_shm_wait then waits for every rank's). */
-static void sg_shm_post(int c, int reg, int64_t count) {{
-    sg_shm_req_t *q = &sg_shm_req[c][reg];
-    uint64_t *flag = sg_shm_flag(c, sg_shm_me[c], reg, 0);
-    q->count = count;
-    q->kind = 0;
-    q->seq = __atomic_load_n(flag, __ATOMIC_RELAXED) + 1;
-    q->stage = 3;
-    sg_shm_publish(flag, q->seq);
-}}
 """
 
 
@@ -435,6 +445,10 @@ def _layout(program: L.Program, nrequests: int) -> tuple[list[int], list[int], l
         sizes.append(2 * slot)
         chunks.append(0)
         slots.append(slot)
+    if shard_plan(program) is not None:  # the barriers of sharded updates: flags only
+        sizes += [0, 0]
+        chunks += [0, 0]
+        slots += [0, 0]
     offsets, results, at = [], [], _FLAG_BYTES * len(sizes)
     for size, chunk in zip(sizes, chunks, strict=True):
         offsets.append(at)
@@ -442,6 +456,14 @@ def _layout(program: L.Program, nrequests: int) -> tuple[list[int], list[int], l
         results.append(at)
         at += -(-chunk // 64) * 64
     return offsets, results, slots, at
+
+
+def shard_regions(program: L.Program, nrequests: int) -> tuple[int, int]:
+    """The regions of the two barriers of sharded updates (``shmshard``): ``read`` (every
+    rank is done reading shared state outside the updates) and ``updated``; they follow
+    the regions of the exchanges reduced at their readers."""
+    first = nrequests + 1 + len(shmplan.reader_sums(program, nrequests))
+    return first, first + 1
 
 
 def render_shared(
@@ -507,17 +529,19 @@ def reader_load(rs: ReaderSum, index: str) -> str:
     return text
 
 
-def bind_shared(lib: Any, ffi: Any, program: L.Program, nrequests: int) -> None:
+def bind_shared(lib: Any, ffi: Any, program: L.Program, nrequests: int) -> set[int]:
     """Hand the generated code every rank's shared segment, for each communicator whose
     ``allreduce`` is ``"shm"`` and whose processes are all on this node (collective over
     those communicators; the others keep MPI's all-reduce). Where it binds, the messages
-    of the program's all-reduce failures say that a wait may also have timed out."""
+    of the program's all-reduce failures say that a wait may also have timed out.
+    Returns the indices of the communicators bound to shared memory."""
+    bound: set[int] = set()
     if not any(transport(c) == "shm" for c in program.communicators):
-        return
+        return bound
     try:
         lib.sg_shm_bind  # noqa: B018 -- a library rendered without it (CUDA's) keeps MPI
     except AttributeError:
-        return
+        return bound
     _, _, nbytes = shared_layout(program, nrequests)
     key = ffi.string(lib.sg_key).decode()
     limit = os.environ.get("SHAPEGRAD_COLLECTIVE_TIMEOUT")
@@ -531,11 +555,13 @@ def bind_shared(lib: Any, ffi: Any, program: L.Program, nrequests: int) -> None:
         table = ffi.new("void *[]", [ffi.cast("void *", a) for a in segments.addresses])
         if lib.sg_shm_bind(k, len(segments.addresses), comm.rank, table, seconds) != 0:
             raise DistributedError(f"sg_shm_bind refused communicator {k} ({comm!r})")
+        bound.add(k)
         for p in L.nested_programs(program):
             for kernel in p.kernels:
                 for s in L.walk(kernel.body):
                     if isinstance(s, L.Collective) and s.comm == k and shareable(s) and seconds:
                         _note_timeout(program, s.code)
+    return bound
 
 
 def _note_timeout(program: L.Program, code: int) -> None:
