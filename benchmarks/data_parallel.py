@@ -30,6 +30,13 @@ width, the core count and the load average before and after, and whether shapegr
 the same step compiled with ``profile=True``; the time per step in the kernels that start
 and wait for the exchanges, and its share of the time in all kernels.
 
+"AR copies" is the default step compiled with ``SHAPEGRAD_SHM_SHARD=0``: every rank
+keeps its own copy of the parameters and updates all of it, instead of one copy per node
+that each rank updates a chunk of (``backends/c/shmshard.py``). ``--scaling 2,4,8``
+instead launches each rank count once per round (weak scaling, 128 rows per rank, one
+thread per rank) and times the two against the step without exchange: a copy per rank
+reads every other rank's whole gradient, a chunk only its share of each.
+
 ``--bucket-sweep`` instead times, interleaved in one 2-rank launch, the step with
 several bucket sizes, with blocking exchanges (the ``overlap_collectives`` stage off) and
 without the ``MPI_Test`` calls between kernels: the measurement behind ``BUCKET_BYTES``
