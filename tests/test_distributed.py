@@ -264,6 +264,19 @@ def test_a_failing_rank_ends_the_job(how: str, tmp_path: Path) -> None:
     assert trainer.load_checkpoint(tmp_path / "fault.ckpt").step == 5
 
 
+def _launch_shm(
+    n: int, task: str, nodes: str | None, out: Path
+) -> subprocess.CompletedProcess[str]:
+    """``task`` on ``n`` ranks with the shared-memory all-reduce (the ranks made to look
+    like ``nodes`` nodes when given); asserts it succeeded."""
+    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
+    if nodes is not None:
+        extra["SHAPEGRAD_FAKE_NODES"] = nodes
+    run = launch(n, task, out, **extra)
+    assert run.returncode == 0 and (out / f"ok-{task}.txt").exists(), run.stdout + run.stderr
+    return run
+
+
 @pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
 def test_shared_memory_all_reduce(n: int, nodes: str | None, tmp_path: Path) -> None:
     """The generated C's shared-memory all-reduce (sum and max of float32/float64/int32,
@@ -271,11 +284,7 @@ def test_shared_memory_all_reduce(n: int, nodes: str | None, tmp_path: Path) -> 
     bit-equal, equal to the rank-order sum, to MPI's all-reduce (exactly with 2 ranks)
     and to one process. With the ranks made to look like 2 nodes (SHAPEGRAD_FAKE_NODES),
     no segment is bound and the same programs fall back to MPI, with the same results."""
-    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
-    if nodes is not None:
-        extra["SHAPEGRAD_FAKE_NODES"] = nodes
-    run = launch(n, "shm", tmp_path, **extra)
-    assert run.returncode == 0 and (tmp_path / "ok-shm.txt").exists(), run.stdout + run.stderr
+    _launch_shm(n, "shm", nodes, tmp_path)
 
 
 @pytest.mark.parametrize("n, nodes", [(2, None), (3, None), (3, "2")])
@@ -284,13 +293,7 @@ def test_gradients_summed_at_the_reader(n: int, nodes: str | None, tmp_path: Pat
     float32/float64, odd sizes, several buckets; ranks bit-equal, equal to the chunked
     path to the last bit, to MPI's all-reduce and to one process; under
     SHAPEGRAD_FAKE_NODES (no segment) the same programs fall back to MPI."""
-    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
-    if nodes is not None:
-        extra["SHAPEGRAD_FAKE_NODES"] = nodes
-    run = launch(n, "shm-reader", tmp_path, **extra)
-    assert run.returncode == 0 and (tmp_path / "ok-shm-reader.txt").exists(), (
-        run.stdout + run.stderr
-    )
+    run = _launch_shm(n, "shm-reader", nodes, tmp_path)
     assert run.stdout.count("reader sums (") == 8, run.stdout
 
 
@@ -301,13 +304,7 @@ def test_state_kept_once_per_node(n: int, nodes: str | None, tmp_path: Path) -> 
     one call, parameters replaced mid-run; ranks bit-equal and equal to a copy per rank;
     an unbound call takes the state back to a copy per rank; under SHAPEGRAD_FAKE_NODES
     nothing is shared and the same programs update every element on every rank."""
-    extra = {"SHAPEGRAD_ALLREDUCE": "shm"}
-    if nodes is not None:
-        extra["SHAPEGRAD_FAKE_NODES"] = nodes
-    run = launch(n, "shm-shard", tmp_path, **extra)
-    assert run.returncode == 0 and (tmp_path / "ok-shm-shard.txt").exists(), (
-        run.stdout + run.stderr
-    )
+    run = _launch_shm(n, "shm-shard", nodes, tmp_path)
     assert f"bound to shared memory {nodes is None}" in run.stdout, run.stdout
 
 

@@ -54,15 +54,25 @@ class ReaderSum:
         return 4 if self.dtype == "float32" else 8
 
 
-def reader_sums_enabled() -> bool:
-    """``READER_SUMS``, unless ``SHAPEGRAD_SHM_READER=0`` (the chunked path, for A/B)."""
-    value = os.environ.get("SHAPEGRAD_SHM_READER") or "1"
+def switch(variable: str, value: str | None, on: str, off: str) -> bool:
+    """An A/B switch of the shared-memory path: ``value`` (of ``$variable``) is ``1``
+    (``on``, the default when unset) or ``0`` (``off``); anything else is refused."""
+    value = value or "1"
     if value not in ("0", "1"):
         raise ValueError(
-            f"SHAPEGRAD_SHM_READER must be '1' (sum a shared-memory all-reduce where the "
-            f"update loads it, the default) or '0' (the chunked exchange), got {value!r}"
+            f"{variable} must be '1' ({on}, the default) or '0' ({off}), got {value!r}"
         )
-    return READER_SUMS and value == "1"
+    return value == "1"
+
+
+def reader_sums_enabled() -> bool:
+    """``READER_SUMS``, unless ``SHAPEGRAD_SHM_READER=0`` (the chunked path, for A/B)."""
+    return READER_SUMS and switch(
+        "SHAPEGRAD_SHM_READER",
+        os.environ.get("SHAPEGRAD_SHM_READER"),
+        "sum a shared-memory all-reduce where the update loads it",
+        "the chunked exchange",
+    )
 
 
 def reader_sums(program: L.Program, nrequests: int) -> list[ReaderSum]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from shapegrad.backends.c.shmplan import shareable, transport
+from shapegrad.backends.c.shmplan import shareable, switch, transport
 from shapegrad.compiler import loops as L
 from shapegrad.compiler.index import Affine
 
@@ -68,13 +68,12 @@ class ShardPlan:
 
 def sharding_enabled() -> bool:
     """Unless ``SHAPEGRAD_SHM_SHARD=0`` (every rank updates all of its own copy, for A/B)."""
-    value = os.environ.get("SHAPEGRAD_SHM_SHARD") or "1"
-    if value not in ("0", "1"):
-        raise ValueError(
-            f"SHAPEGRAD_SHM_SHARD must be '1' (keep the optimizer state once per node and "
-            f"update it in shards, the default) or '0' (a copy per rank), got {value!r}"
-        )
-    return value == "1"
+    return switch(
+        "SHAPEGRAD_SHM_SHARD",
+        os.environ.get("SHAPEGRAD_SHM_SHARD"),
+        "keep the optimizer state once per node and update it in shards",
+        "a copy per rank",
+    )
 
 
 def shard_plan(program: L.Program) -> ShardPlan | None:
