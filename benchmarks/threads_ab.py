@@ -24,6 +24,10 @@ per step, the share of region calls the default ran on one thread during the tim
 its CPU for tens of milliseconds, which the median hides and the mean shows). The load
 average (1 minute) is printed before and after.
 
+Each ratio of means also gets a 95% bootstrap interval over the rounds, resampled
+together (round ``r`` of every variant ran back to back, so the pairing cancels the
+load's swings): the target "within 1.1x" holds where the interval's top is under 1.1.
+
 ``--aa`` adds a second copy of ``1 thread`` (its own library, the same code) and prints
 its median over the first's: the noise floor of this run. Under load on a 2-core machine
 two copies read up to 1.6x apart (GPT, 2 busy processes, 300 steps), so a ``default /
@@ -273,12 +277,16 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
     best_mean = min(means["1 thread"], means["full team"])
     ratio, ratio_mean = medians["default"] / best, means["default"] / best_mean
     print(f"  default / best = {ratio:.3f} (medians), {ratio_mean:.3f} (means)", flush=True)
+    lo, hi = paired_interval(times, "default", ("1 thread", "full team"))
+    print(f"  default / best of the means, 95% interval over rounds: [{lo:.3f}, {hi:.3f}]")
     floor = None
     if "1 thread (A/A)" in medians:
         floor = max(medians["1 thread (A/A)"], medians["1 thread"]) / min(
             medians["1 thread (A/A)"], medians["1 thread"]
         )
         print(f"  A/A: two copies of 1 thread {floor:.3f} apart (the noise floor)", flush=True)
+        lo, hi = paired_interval(times, "1 thread (A/A)", ("1 thread",))
+        print(f"  A/A of the means, 95% interval over rounds: [{lo:.3f}, {hi:.3f}]", flush=True)
     return {
         "default": medians["default"],
         "best": best,
@@ -286,6 +294,20 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
         "mean": ratio_mean,
         "floor": floor if floor is not None else float("nan"),
     }
+
+
+def paired_interval(
+    times: dict[str, list[float]], label: str, others: tuple[str, ...], draws: int = 2000
+) -> tuple[float, float]:
+    """95% bootstrap interval of ``mean(label) / min(mean(o) for o in others)``, rounds
+    resampled *together* (round ``r`` of every variant ran back to back, under the same
+    load: the pairing cancels the load's swings, which a variant's own spread does not)."""
+    rows = np.array([times[k] for k in (label, *others)])  # [variants, rounds]
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, rows.shape[1], size=(draws, rows.shape[1]))
+    means = rows[:, picks].mean(axis=2)  # [variants, draws]
+    ratios = np.sort(means[0] / means[1:].min(axis=0))
+    return float(ratios[int(0.025 * draws)]), float(ratios[int(0.975 * draws) - 1])
 
 
 def tune_arg(text: str) -> tuple[str, int]:
