@@ -277,16 +277,14 @@ def measure(row: str, args: argparse.Namespace, base: ModuleType | None) -> dict
     best_mean = min(means["1 thread"], means["full team"])
     ratio, ratio_mean = medians["default"] / best, means["default"] / best_mean
     print(f"  default / best = {ratio:.3f} (medians), {ratio_mean:.3f} (means)", flush=True)
-    lo, hi = paired_interval(times, "default", ("1 thread", "full team"))
-    print(f"  default / best of the means, 95% interval over rounds: [{lo:.3f}, {hi:.3f}]")
+    print(f"  default / best of the means, {interval(times, 'default', ('1 thread', 'full team'))}")
     floor = None
     if "1 thread (A/A)" in medians:
         floor = max(medians["1 thread (A/A)"], medians["1 thread"]) / min(
             medians["1 thread (A/A)"], medians["1 thread"]
         )
         print(f"  A/A: two copies of 1 thread {floor:.3f} apart (the noise floor)", flush=True)
-        lo, hi = paired_interval(times, "1 thread (A/A)", ("1 thread",))
-        print(f"  A/A of the means, 95% interval over rounds: [{lo:.3f}, {hi:.3f}]", flush=True)
+        print(f"  A/A of the means, {interval(times, '1 thread (A/A)', ('1 thread',))}")
     return {
         "default": medians["default"],
         "best": best,
@@ -308,6 +306,19 @@ def paired_interval(
     means = rows[:, picks].mean(axis=2)  # [variants, draws]
     ratios = np.sort(means[0] / means[1:].min(axis=0))
     return float(ratios[int(0.025 * draws)]), float(ratios[int(0.975 * draws) - 1])
+
+
+# Fewest rounds a bootstrap interval is printed for (a fast step runs a few long rounds).
+MIN_ROUNDS = 10
+
+
+def interval(times: dict[str, list[float]], label: str, others: tuple[str, ...]) -> str:
+    """``paired_interval`` as text, or why there is none."""
+    rounds_run = len(times[label])
+    if rounds_run < MIN_ROUNDS:
+        return f"no interval: {rounds_run} rounds (raise --steps)"
+    lo, hi = paired_interval(times, label, others)
+    return f"95% interval over {rounds_run} rounds: [{lo:.3f}, {hi:.3f}]"
 
 
 def tune_arg(text: str) -> tuple[str, int]:
