@@ -17,7 +17,7 @@ each loaded into this process:
 ``--background-load N`` busy processes start *before* the warm-up, so the adaptive choice
 settles under the load it is measured under. Every variant first runs ``--warmup`` steps,
 then ``--steps`` more are timed; both phases go in interleaved rounds of ~20 ms per variant
-(alternating order), so a busy machine slows every variant alike. Printed: median and mean
+(a random order each round), so a busy machine slows every variant alike. Printed: median and mean
 per step, the share of region calls the default ran on one thread during the timed phase
 (when the library reports it), and ``default / best`` where best is the faster median of
 ``1 thread`` and ``full team`` (and the same of the means: on a busy box a round can lose
@@ -210,13 +210,18 @@ def jax_step(w: dict[str, Any], name: str) -> Callable[[], None] | None:
 
 
 def rounds(runs: dict[str, Callable[[], Any]], calls: int, steps: int) -> dict[str, list[float]]:
-    """Interleaved rounds (alternating order) of ``calls`` calls per variant until each has
-    run ``steps`` steps; seconds per step of each round, per variant."""
+    """Interleaved rounds of ``calls`` calls per variant until each has run ``steps`` steps;
+    seconds per step of each round, per variant. Each round runs the variants in a fresh
+    random order (seeded): under load a variant's place in the round biases it (with a
+    fixed order alternating forward and back, two copies of one library read 0.81-0.86x
+    apart on GPT under two busy processes), and a random place averages that out."""
     times: dict[str, list[float]] = {label: [] for label in runs}
     items = list(runs.items())
+    order = np.random.default_rng(0)
     r = 0
     while r * calls < steps:
-        for label, run in items if r % 2 == 0 else items[::-1]:
+        for k in order.permutation(len(items)):
+            label, run = items[k]
             t0 = time.perf_counter()
             for _ in range(calls):
                 run()
