@@ -230,6 +230,8 @@ class CRenderer(TeamRenderer):
 
     def _unit(self, u: Unit, depth: int, profile: bool) -> None:
         k = u.kernel
+        if self.shard is not None and self.shard.touches(k):  # collectives force fork mode
+            raise AssertionError(f"{k.name}: a sharded update rendered inside a region")
         self.emit(
             depth, f"/* {k.name}: root {k.root}; work {k.work}{' (shared)' if u.shared else ''} */"
         )
