@@ -5,7 +5,7 @@ basic-block SLP reduction in a permuted lane order and permuted only some of its
 two of them were vectors forwarded from an earlier kernel (exp) through the arena. The
 program is defined C; see ``tests/data/gcc12_slp_reduction_miscompile.c`` and
 docs/DESIGN.md (known debts). The renderer now opens every kernel block with a
-compiler-only memory fence (``render.KERNEL_FENCE``), so no kernel receives another's
+compiler-only memory fence (``kernel_render.KERNEL_FENCE``), so no kernel receives another's
 registers.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 import shapegrad as sg
 from shapegrad.backends.c import generate
-from shapegrad.backends.c.render import KERNEL_FENCE
+from shapegrad.backends.c.kernel_render import KERNEL_FENCE
 from shapegrad.backends.c.toolchain import DEFAULT_CFLAGS, compiler
 
 REPRO = Path(__file__).parent / "data" / "gcc12_slp_reduction_miscompile.c"

@@ -16,7 +16,7 @@ Every construct ends ``nowait``; :func:`needs_barrier` puts a ``#pragma omp barr
 only before a unit that touches memory an earlier, not yet synchronized unit writes
 (or writes memory it reads). Temps that share arena bytes count as the same memory.
 A group that can fail a bounds check is always followed by a barrier and a test of its
-own flag, so every thread leaves the region at the same point (see ``render.py``).
+own flag, so every thread leaves the region at the same point (see ``kernel_render.py``).
 
 Programs with layer loops or collectives keep one region per large loop (``fork``
 mode): a layer body is a function called per layer, and MPI calls belong to one thread.
