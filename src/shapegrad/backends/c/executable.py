@@ -320,7 +320,9 @@ class BoundStep:
 
     def __init__(self, exe: CExecutable, state: Sequence[Array] | None) -> None:
         self.exe = exe
-        nodestate.place(exe)  # data parallel: state kept once per node, where it can be
+        # data parallel: state kept once per node, where it can be, with the current values
+        # first (a write_state refused below then loses nothing)
+        nodestate.place(exe)
         if state is not None:
             self.write_state(state)
         graph = exe.graph
