@@ -22,29 +22,47 @@ SG_HIDDEN extern unsigned sg_team_epoch;
 
    Probes come in pairs: two consecutive calls, one with each option, in alternating order
    (team first, then one thread first), so both options of a pair see the same load and an
-   order effect cancels over pairs. A pair's ratio (one-thread time / team time) goes into
-   a window of the last SG_TEAM_WINDOW pairs; the choice is the option the window's median
-   favours by more than SG_TEAM_MARGIN (else it stays). A median, not a mean: a call that
-   stalled (a descheduled thread at a barrier, a page fault) is one outlier, never a
-   decision. The first SG_TEAM_WINDOW pairs run back to back (fewer when the first pairs are
-   clear: sg_team_clear); after that a pair comes every
+   order effect cancels over pairs. The latest SG_TEAM_HISTORY pairs' times are kept. The
+   choice is first the option the median of the latest SG_TEAM_WINDOW pairs' ratios (one-
+   thread time / team time) favours by more than SG_TEAM_MARGIN (else it stays). A median:
+   a call that stalled (a descheduled thread at a barrier, a page fault) is one outlier,
+   never a decision. But under sustained load the team's calls are bimodal (fast while both
+   cores are ours, slow while the other thread waits for one), and then the median pair can
+   favour one thread while the mean, the throughput, favours the team. So from
+   SG_TEAM_MEANS_MIN pairs on, the means decide where they can (sg_team_means): when the
+   mean difference of the history's pairs is SG_TEAM_Z standard errors from 0, its option
+   is held until the latest window's pairs say the opposite by the same test (the load
+   changed), and the median decides only while no such option is held. The means count only
+   the pairs that ran the other option first: there both calls pay a switch (the other
+   core's caches, a waking thread), while in a pair that starts with the choice only the
+   other option does, which would hold the choice against an option up to a switch's cost
+   faster.
+   The first SG_TEAM_WINDOW pairs run back to back (fewer when the first pairs are clear:
+   sg_team_clear); after that a pair comes every
    sg_team_period() calls, longer the more the options differ (or the latest probe cost),
    so probing the slower option costs about 1.5% of the time whatever the gap. A pair that disagrees with the choice
    (the other option faster by more than the margin) is followed by another at once: a
    change of load is confirmed, or refuted, within a few calls instead of a few periods.
    Blocks and partial sums are cut by sg_threads, not by the team a call ran with, so
-   results do not depend on the choice. */
+   results do not depend on the choice.
+   benchmarks/team_replay.py replays calls recorded on a real machine through this rule. */
 #define SG_TEAM_WINDOW 15
 #define SG_TEAM_MARGIN 0.03
+#define SG_TEAM_HISTORY 63
+#define SG_TEAM_MEANS_MIN 31u
+#define SG_TEAM_Z 1.5
 struct sg_team {
     unsigned epoch;                 /* 1 + sg_team_epoch at the last reset (0: never) */
     unsigned pairs;                 /* pairs measured since the reset */
     unsigned wait;                  /* calls left before the next pair */
     int choice;                     /* the calls between pairs: 1 full team, 0 one thread */
+    int by_means;                   /* the option the means chose and hold, or -1 */
     int probe;                      /* 0 no pair running; 1, 2: this call is its first, second */
     int order;                      /* the option the next pair runs first */
     double first;                   /* seconds of the pair's first call */
-    double ratio[SG_TEAM_WINDOW];   /* one-thread / team seconds of the latest pairs */
+    double solo[SG_TEAM_HISTORY];   /* seconds of the one-thread call of the latest pairs */
+    double team[SG_TEAM_HISTORY];   /* and of their full-team call */
+    unsigned char fair[SG_TEAM_HISTORY]; /* the pair ran the other option first */
 };
 /* calls counted by sg_team_record (sg_team_counts): all timed calls, and those on one
    thread; defined in the step unit */
@@ -53,15 +71,29 @@ static inline void sg_team_reset(struct sg_team *s, unsigned epoch) {
     s->epoch = epoch + 1u;
     s->pairs = s->wait = 0;
     s->choice = s->order = 1;
+    s->by_means = -1;
     s->probe = 0;
     s->first = 0.0;
 }
+/* the pairs among the latest ``last`` (fewer while there are fewer) */
+static inline unsigned sg_team_latest(const struct sg_team *s, unsigned last) {
+    return s->pairs < last ? s->pairs : last;
+}
+/* slot of the k-th latest pair (k = 0: the latest) */
+static inline unsigned sg_team_slot(const struct sg_team *s, unsigned k) {
+    return (s->pairs - 1u - k) % SG_TEAM_HISTORY;
+}
+/* one-thread / team seconds of the k-th latest pair */
+static inline double sg_team_ratio(const struct sg_team *s, unsigned k) {
+    unsigned i = sg_team_slot(s, k);
+    return s->solo[i] / s->team[i];
+}
 /* the median of the window's ratios (of the pairs so far while it is not full) */
 static inline double sg_team_median(const struct sg_team *s) {
-    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    unsigned n = sg_team_latest(s, SG_TEAM_WINDOW);
     double v[SG_TEAM_WINDOW];
     for (unsigned i = 0; i < n; ++i) { /* insertion sort of a few values */
-        double x = s->ratio[i];
+        double x = sg_team_ratio(s, i);
         unsigned j = i;
         for (; j > 0 && v[j - 1] > x; j -= 1) v[j] = v[j - 1];
         v[j] = x;
@@ -91,12 +123,35 @@ static inline unsigned sg_team_period(double gap) {
 static inline int sg_team_clear(const struct sg_team *s) {
     if (s->pairs < SG_TEAM_CLEAR_PAIRS) return 0;
     int above = 0, below = 0;
-    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    unsigned n = sg_team_latest(s, SG_TEAM_WINDOW);
     for (unsigned i = 0; i < n; ++i) {
-        above += s->ratio[i] > SG_TEAM_CLEAR_GAP;
-        below += s->ratio[i] < 1.0 / SG_TEAM_CLEAR_GAP;
+        above += sg_team_ratio(s, i) > SG_TEAM_CLEAR_GAP;
+        below += sg_team_ratio(s, i) < 1.0 / SG_TEAM_CLEAR_GAP;
     }
     return (unsigned)above == n || (unsigned)below == n;
+}
+/* The means' verdict on the fair pairs (the other option first) among the latest ``last``:
+   1 the team is faster, 0 one thread is, -1 neither by SG_TEAM_Z standard errors of the
+   mean difference and by more than SG_TEAM_MARGIN of the pairs' mean time. Paired
+   differences: both calls of a pair saw the same load, so its swings cancel. */
+static inline int sg_team_means(const struct sg_team *s, unsigned last) {
+    unsigned n = 0, latest = sg_team_latest(s, last);
+    double sum = 0.0, squares = 0.0, both = 0.0;
+    for (unsigned k = 0; k < latest; ++k) {
+        unsigned i = sg_team_slot(s, k);
+        if (!s->fair[i]) continue;
+        double d = s->solo[i] - s->team[i];
+        n += 1;
+        sum += d;
+        squares += d * d;
+        both += 0.5 * (s->solo[i] + s->team[i]);
+    }
+    if (n < 2) return -1;
+    double mean = sum / n, var = (squares - n * mean * mean) / (n - 1);
+    double error = var > 0.0 ? sqrt(var / n) : 0.0, gap = mean / (both / n);
+    if (mean > SG_TEAM_Z * error && gap > SG_TEAM_MARGIN) return 1;
+    if (mean < -SG_TEAM_Z * error && gap < -SG_TEAM_MARGIN) return 0;
+    return -1;
 }
 /* 1: run this call with the full team, 0: with one thread */
 static inline int sg_team_pick_in(struct sg_team *s, unsigned epoch) {
@@ -124,17 +179,25 @@ static inline void sg_team_record_in(struct sg_team *s, int pick, double seconds
     s->probe = 0;
     s->order = !s->order;
     if (!(s->first > 0.0 && seconds > 0.0)) return;
-    double r = pick ? s->first / seconds : seconds / s->first; /* one thread / team */
-    s->ratio[s->pairs % SG_TEAM_WINDOW] = r;
+    unsigned slot = s->pairs % SG_TEAM_HISTORY;
+    s->solo[slot] = pick ? s->first : seconds;
+    s->team[slot] = pick ? seconds : s->first;
+    s->fair[slot] = pick == s->choice; /* the second call ran the choice */
     ++s->pairs;
-    double m = sg_team_median(s);
+    double r = sg_team_ratio(s, 0), m = sg_team_median(s);
     if (m < 1.0 - SG_TEAM_MARGIN) s->choice = 0;
     else if (m > 1.0 + SG_TEAM_MARGIN) s->choice = 1;
+    if (s->pairs >= SG_TEAM_MEANS_MIN) {
+        int held = sg_team_means(s, SG_TEAM_HISTORY), recent = sg_team_means(s, SG_TEAM_WINDOW);
+        if (held >= 0) s->by_means = held;
+        if (recent >= 0 && recent != s->by_means) s->by_means = -1;
+        if (s->by_means >= 0) s->choice = s->by_means;
+    }
     int disagrees = s->choice ? r < 1.0 - SG_TEAM_MARGIN : r > 1.0 + SG_TEAM_MARGIN;
     double gap = m >= 1.0 ? m : 1.0 / m, cost = 0.0; /* cost: mean of the window's probes */
-    unsigned n = s->pairs < SG_TEAM_WINDOW ? s->pairs : SG_TEAM_WINDOW;
+    unsigned n = sg_team_latest(s, SG_TEAM_WINDOW);
     for (unsigned i = 0; i < n; ++i) /* the other option's time / the choice's */
-        cost += (s->choice ? s->ratio[i] : 1.0 / s->ratio[i]) / n;
+        cost += (s->choice ? sg_team_ratio(s, i) : 1.0 / sg_team_ratio(s, i)) / n;
     if (cost > gap) gap = cost;
     int filling = s->pairs < SG_TEAM_WINDOW && !sg_team_clear(s);
     s->wait = filling || disagrees ? 0u : sg_team_period(gap) - 2u;
