@@ -40,6 +40,7 @@ import numpy as np
 
 import shapegrad as sg
 from shapegrad.backends.c.executable import num_threads
+from shapegrad.backends.c.render import RUNTIME_GLOBALS
 from shapegrad.backends.c.toolchain import compiler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,16 +50,12 @@ import train_step as T
 CHUNK = 4  # calls of one option in a row: the first switches, the others are steady
 STARTS = 8  # replays per trace, from evenly spaced blocks
 
-# the rule's entry points and globals, outside the generated units that define them
+# entry points to the rule (its globals: render.RUNTIME_GLOBALS); a restart is a new
+# two-thread adaptive setting, as sg_set_threads makes it
 _HARNESS = r"""
-int sg_threads = 2;
-int sg_adaptive = 1;
-unsigned sg_team_epoch = 1;
-unsigned long long sg_team_calls, sg_team_solo;
-unsigned long long sg_fp_caller = 0x1f80u;
 int team_pick(void) { return sg_team_pick(); }
 void team_record(int pick, double seconds) { sg_team_record(pick, seconds); }
-void team_restart(void) { ++sg_team_epoch; }
+void team_restart(void) { sg_threads = 2; sg_adaptive = 1; ++sg_team_epoch; }
 """
 _CDEF = "int team_pick(void); void team_record(int, double); void team_restart(void);"
 
@@ -124,7 +121,7 @@ def load_rule(spec: str | None, workdir: Path, index: int) -> Any:
         head = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines.split(",") if d)
         text = head + Path(path).read_text("utf-8")
     source = workdir / f"rule{index}.c"
-    source.write_text(text + _HARNESS)
+    source.write_text(text + RUNTIME_GLOBALS + _HARNESS)
     library = workdir / f"librule{index}.so"
     cmd = [compiler(), "-O2", "-fPIC", "-shared", "-o", str(library), str(source)]
     subprocess.run(cmd, check=True, capture_output=True)

@@ -17,16 +17,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shapegrad.backends.c.render import RUNTIME_GLOBALS
 from shapegrad.backends.c.toolchain import compiler
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH")
 
+# the runtime's globals (render.RUNTIME_GLOBALS) and entry points to its team logic
 _HARNESS = r"""
-int sg_threads = 2;
-int sg_adaptive = 1;
-unsigned sg_team_epoch = 1;
-unsigned long long sg_team_calls, sg_team_solo;
-unsigned long long sg_fp_caller = 0x1f80u;
 int team_pick(void) { return sg_team_pick(); }
 void team_record(int pick, double seconds) { sg_team_record(pick, seconds); }
 int team_choice(void) { return sg_team_state.choice; }
@@ -52,7 +49,7 @@ def team(tmp_path: Path) -> Any:
 
     runtime = resources.files("shapegrad.backends.c").joinpath("runtime.h").read_text("utf-8")
     source = tmp_path / "team.c"
-    source.write_text(runtime + _HARNESS)
+    source.write_text(runtime + RUNTIME_GLOBALS + _HARNESS)
     lib = tmp_path / "libteam.so"
     subprocess.run(
         [compiler(), "-O2", "-fPIC", "-shared", "-o", str(lib), str(source)],
@@ -61,7 +58,9 @@ def team(tmp_path: Path) -> Any:
     )
     ffi = cffi.FFI()
     ffi.cdef(_CDEF)
-    return ffi.dlopen(str(lib))
+    team = ffi.dlopen(str(lib))
+    team.team_set(2, 1)  # two threads, adaptive
+    return team
 
 
 Times = Callable[[int], tuple[float, float]]  # call number -> (one thread, full team) seconds

@@ -68,13 +68,20 @@ void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int
                        const double *, int, double, double *, int);
 """
 
-_STEPS = r"""
+# The definitions of what runtime.h declares extern: once per library (its step unit),
+# and in the harnesses that compile runtime.h alone to drive the adaptive team with
+# synthetic or recorded times (tests/test_c_adaptive_team.py, benchmarks/team_replay.py).
+RUNTIME_GLOBALS = r"""
 SG_HIDDEN int sg_threads = 1;
 SG_HIDDEN int sg_adaptive = 1;
 SG_HIDDEN unsigned sg_team_epoch;
 SG_HIDDEN unsigned long long sg_team_calls, sg_team_solo;
 SG_HIDDEN unsigned long long sg_fp_caller = 0x1f80u;
+"""
 
+_STEPS = (
+    RUNTIME_GLOBALS
+    + r"""
 /* timed calls of the adaptive team so far, and those that ran on one thread */
 void sg_team_counts(unsigned long long *out) {
     out[0] = sg_team_calls;
@@ -113,6 +120,7 @@ void sg_set_threads(int n, int adaptive) {
     (void)n;
 }
 """
+)
 
 
 def c_tuning(target: Target = C_TARGET) -> CTuning:
