@@ -229,3 +229,47 @@ def test_runtime_header_is_packaged_and_inlined_into_every_unit() -> None:
     with open(os.path.join(root, "pyproject.toml"), "rb") as handle:
         data = tomllib.load(handle)["tool"]["setuptools"]["package-data"]["shapegrad"]
     assert "backends/c/runtime.h" in data
+
+
+def test_a_step_split_into_units_decides_its_team_once_per_call() -> None:
+    """A step rendered as several kernel units picks the adaptive team once per call, in
+    its step unit, and times the whole call; the kernel units follow that pick
+    (``SG_FOLLOW_STEP``). Units that decided alone could disagree, and then every call of
+    each paid a switch. One timed call per step, and the same bits as the full team."""
+    import cffi
+
+    from shapegrad.backends.base import CompileOptions
+    from shapegrad.backends.c import compile_units, load, lower
+    from shapegrad.backends.c.executable import CExecutable
+    from shapegrad.backends.c.manifest import RuntimeInfo
+    from shapegrad.backends.c.render import render_c_units
+
+    _, args, graph = _mlp_step_graph()
+    program = lower(graph, CompileOptions())
+    units = render_c_units(program, unit_lines=20, split_min_lines=0)
+    step, kernels = units[0], units[1:]
+    assert step.name == "step" and kernels
+    body = step.source.split("static int sg_body(")[1]
+    assert "sg_step_pick = sg_team_pick();" in body and "sg_team_record(sg_step_pick" in body
+    assert "#define SG_FOLLOW_STEP" not in step.source
+    assert all(u.source.startswith("#define SG_FOLLOW_STEP 1\n") for u in kernels)
+    library = compile_units([(u.name, u.source) for u in units], program, COptions())
+    lib = load(library)
+    exe = CExecutable(graph, RuntimeInfo.of(program, library.key), lib, library.path, program)
+    ffi = cffi.FFI()
+    ffi.cdef("void sg_team_counts(unsigned long long *out);")
+    counts = ffi.new("unsigned long long[2]")
+    lib.sg_set_threads(2, 0)
+    want = exe(list(args))
+    try:
+        lib.sg_set_threads(2, 1)
+        ffi.dlopen(library.path).sg_team_counts(counts)
+        before = int(counts[0])
+        for _ in range(40):
+            got = exe(list(args))
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+        ffi.dlopen(library.path).sg_team_counts(counts)
+        assert int(counts[0]) - before == 40  # one timed call per step, not one per unit
+    finally:
+        lib.sg_set_threads(2, 1)

@@ -77,6 +77,7 @@ SG_HIDDEN int sg_adaptive = 1;
 SG_HIDDEN unsigned sg_team_epoch;
 SG_HIDDEN unsigned long long sg_team_calls, sg_team_solo;
 SG_HIDDEN unsigned long long sg_fp_caller = 0x1f80u;
+SG_HIDDEN int sg_step_pick = 1;
 """
 
 _STEPS = (
@@ -281,6 +282,15 @@ _FORK_CALL = """    const int sg_pick = sg_team_pick();
     return rc;"""
 
 
+# A step split into kernel units decides once per call (runtime.h, SG_FOLLOW_STEP): the
+# step unit picks the team and times the call; the kernel units follow its pick.
+_FOLLOW_STEP = "#define SG_FOLLOW_STEP 1"
+_STEP_PICK = """    int rc = 0;
+    sg_step_pick = sg_team_pick();
+    const double sg_start = sg_threads > 1 && sg_adaptive == 1 ? sg_clock() : 0.0;"""
+_STEP_RECORD = "    if (sg_start != 0.0) sg_team_record(sg_step_pick, sg_clock() - sg_start);"
+
+
 def render_c(
     program: L.Program,
     profile: bool = False,
@@ -415,12 +425,12 @@ def render_c_units(
             flush_denormals,
             tuning,
         )
-        lines = [*header, "", *fn]
-        units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header)))
+        lines = [_FOLLOW_STEP, *header, "", *fn]
+        units.append(CUnit(f"kernels{g}", "\n".join(lines) + "\n", len(lines) - len(header) - 1))
     step = [*header, *_profile_storage(program, profile), ""]
     step += [f"SG_HIDDEN int {c}{signature};" for c in calls]
     step.append(f"static int sg_body{signature} {{")
-    step.append("    int rc;")
-    step += [f"    if ((rc = {c}(io, arena))) return rc;" for c in calls]
-    step += ["    return 0;", "}", _STEPS]
+    step.append(_STEP_PICK)
+    step += [f"    if (!rc) rc = {c}(io, arena);" for c in calls]
+    step += [_STEP_RECORD, "    return rc;", "}", _STEPS]
     return [CUnit("step", "\n".join(step) + "\n", len(step) - len(header)), *units]

@@ -18,7 +18,8 @@ SG_HIDDEN extern unsigned sg_team_epoch;
    thread). Each timed function (a step's OpenMP region, or a fork-mode function whose
    statements open their own teams: layer loops, collectives) runs each call with the full
    team or with one thread, whichever is faster now. Its state is one struct sg_team per
-   translation unit (one timed function per unit).
+   translation unit (one timed function per unit); a step split into kernel units is one
+   timed function, its step unit's (SG_FOLLOW_STEP below).
 
    Probes come in pairs: two consecutive calls, one with each option, in alternating order
    (team first, then one thread first), so both options of a pair see the same load and an
@@ -206,10 +207,21 @@ static struct sg_team sg_team_state __attribute__((unused)); /* this unit's time
 /* fork mode: the team of this call's parallel statements (sg_threads or 1), set by the
    timed function before its statements and the layer bodies they call run */
 static int sg_team_now __attribute__((unused)) = 1;
+/* A step split into kernel units makes one decision per call: its step unit picks and times
+   the whole call, and each kernel unit (rendered with SG_FOLLOW_STEP) runs the team the
+   step picked. Units that decided alone could disagree, and then every call of each pays
+   a switch (the CNN step under two busy processes: 1.050 of its full team as two units,
+   1.025 as one, in one threads_ab.py run). Defined in the step unit. */
+SG_HIDDEN extern int sg_step_pick;
+#ifdef SG_FOLLOW_STEP
+static inline int sg_team_pick(void) { return sg_step_pick; }
+static inline void sg_team_record(int pick, double seconds) { (void)pick; (void)seconds; }
+#else
 static inline int sg_team_pick(void) { return sg_team_pick_in(&sg_team_state, sg_team_epoch); }
 static inline void sg_team_record(int pick, double seconds) {
     sg_team_record_in(&sg_team_state, pick, seconds);
 }
+#endif
 #include <time.h>
 static inline double sg_clock(void) {
     struct timespec ts;
