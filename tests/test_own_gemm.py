@@ -208,14 +208,23 @@ def _contract(m: int, n: int, k: int, ta: bool, tb: bool, dtype: DType = float32
     )  # fmt: skip
 
 
-def test_rule_takes_large_products_but_weight_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rule_takes_large_products_and_written_weight_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv(gemm_kernel.ENV, raising=False)
     assert gemm_kernel.takes(_contract(128, 1024, 1024, False, True))
     assert gemm_kernel.takes(_contract(128, 1024, 784, False, False))
-    assert not gemm_kernel.takes(_contract(1024, 1024, 128, True, False))  # weight gradient
+    assert gemm_kernel.takes(_contract(128, 512, 512, False, False))
+    gradient = _contract(784, 512, 128, True, False)  # c = a^T @ b, written (beta 0)
+    assert gemm_kernel.written_gradient(gradient) and gemm_kernel.takes(gradient)
+    assert gemm_kernel.takes(_contract(1024, 1024, 128, True, False))
+    assert not gemm_kernel.takes(replace(gradient, beta=1.0))  # an SGD update folded in
+    assert not gemm_kernel.takes(replace(gradient, m=2048))  # many rows
+    assert not gemm_kernel.takes(replace(gradient, k=64))  # a small batch
+    assert not gemm_kernel.takes(replace(gradient, n=256))  # few columns
     assert not gemm_kernel.takes(_contract(128, 10, 1024, False, True))  # thin
     assert not gemm_kernel.takes(_contract(2048, 1024, 512, False, False))  # many rows
-    assert not gemm_kernel.takes(_contract(128, 512, 512, False, False))  # few columns
+    assert not gemm_kernel.takes(_contract(128, 256, 512, False, False))  # few columns
     assert not gemm_kernel.takes(_contract(128, 1024, 128, False, True))  # short sum
     assert not gemm_kernel.takes(_contract(128, 1024, 1024, False, True, float64))
     monkeypatch.setenv(gemm_kernel.ENV, "own")
@@ -282,7 +291,8 @@ def test_compiled_training_step_with_own_products(
 
 
 def test_products_split_across_two_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Column blocks of one product run concurrently (each thread packs on its own stack)."""
+    """Column blocks of one product run concurrently (each thread packs on its own stack),
+    the forward product and the written weight gradient alike."""
     monkeypatch.setenv(gemm_kernel.ENV, "auto")
     monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", "2")
     monkeypatch.setenv("SHAPEGRAD_ADAPTIVE_THREADS", "0")  # always the full team
@@ -296,6 +306,8 @@ def test_products_split_across_two_threads(monkeypatch: pytest.MonkeyPatch) -> N
     step = sg.compile(sg.value_and_grad(loss), backend="c", name="own_gemm_two_threads")
     source = step.lower(w, x).source
     assert source is not None and "sg_sgemm(101, 111, 111, 128, (int)(p1 - p0)" in source
+    # the weight gradient x^T @ dz is written (beta 0): the own product, split by columns
+    assert "sg_sgemm(101, 112, 111, 300, (int)(p1 - p0), 128," in source
     value, g = step(w, x)
     z = x.astype(np.float64) @ w
     np.testing.assert_allclose(float(value), (np.maximum(z, 0.0) ** 2).sum(), rtol=1e-5)

@@ -18,13 +18,29 @@ GFLOP/s, OpenBLAS vs own; at 2 threads both split by columns as the C backend do
 * ``c = a @ b^T`` (backward products through a weight, ``dh = dz @ W^T``): 1 thread
   128x1024x1024 204 vs 218; 2 threads 410 vs 438. Taken.
 * ``c = a^T @ b`` (weight gradients, m = 512 to 1024, k = 128): 1 thread 235-246 vs
-  227-241, 2 threads 416-449 vs 414-437: the library.
+  227-241, 2 threads 416-449 vs 414-437 alone; but see below: written (beta 0), taken.
 * the same forms with more rows than one row block of the kernel (``MAX_ROWS``: the
   kernel packs ``op(b)`` again per block), fewer columns (``MIN_COLS``; at 2 threads each
   call gets half) or a short sum (``MIN_DEPTH``), 1 thread: 2048x128x512 224 vs 191,
   2048x128x384 b^T 217 vs 188, 2048x384x128 230 vs 232, 64x64x64 b^T 166 vs 132,
-  256x256x64 232 vs 216, 37x53x71 153 vs 94; and the MLP's products with 512 columns, 2
-  threads: 427-428 vs 413-422 (1 thread 227-230 vs 236-240): the library.
+  256x256x64 232 vs 216, 37x53x71 153 vs 94: the library.
+
+Inside a training step the products read cold operands and write cold results, and
+there the rule differs from the calls alone (2026-11-27, per-kernel timers of the
+compiled step, ``profile=True``; MLP 784-512-512-10, batch 128, same process, variants
+interleaved; AMD EPYC Zen 5, 2 cores, AVX-512):
+
+* ``c = a^T @ b`` written, not added to (``written_gradient``: a gradient that an Adam
+  update or a data-parallel all-reduce reads; beta 0): the library first zeroes c in a
+  pass of its own, then adds the product into it. 784x512x128 at 1 thread, 2 ranks of
+  a data-parallel step: 513-549 us vs 430-444 own (512x512x128: 335-355 vs 285-293); an
+  Adam step at 2 threads, 232-256 vs 218-231 (784x1024x128: 717 vs 568). Taken. With
+  beta 1 (an SGD update folded into the product) the library stays: 449-457 vs 468-557.
+* the MLP's products with 512 columns (``MIN_COLS``): 128x784x512 at 1 thread 464-587
+  vs 438-512, 2 threads 241-328 vs 232-272; 128x512x512 and its ``b^T`` form likewise.
+  Taken. Whole steps (``new/old``, median of per-round ratios): MLP SGD 0.908 at 2
+  threads, 0.960 at 1; MLP Adam 0.955; 784-1024-1024-10 Adam 0.979; the CNN and the
+  charlm GPT step unchanged (0.99-1.01).
 
 Convolutions (the CNN of ``train_step.py``, per image of a batch of 64, 1 thread, CPU
 time of the 64 calls, load 2-4, GFLOP/s OpenBLAS vs own; ``backends/c/sgemm.h``):
@@ -65,8 +81,14 @@ MODES: Final = ("auto", "blas", "own")
 # columns and MIN_DEPTH summed terms.
 MIN_ROWS: Final = 64
 MAX_ROWS: Final = 128
-MIN_COLS: Final = 1024
+MIN_COLS: Final = 512
 MIN_DEPTH: Final = 256
+# Weight gradients ``c = a^T @ b`` written, not added to (beta 0: the product a data-parallel
+# all-reduce or an Adam update reads): up to MAX_ROWS_GRADIENT rows (the op(b) panel is
+# packed again per row block) and at least MIN_DEPTH_GRADIENT summed terms (the batch).
+# The library zeroes c in a pass of its own before it adds the product (beta != 1).
+MAX_ROWS_GRADIENT: Final = 1024
+MIN_DEPTH_GRADIENT: Final = 128
 # Products reading op(b) in place (``reads_b_in_place``; a convolution's per-image forward
 # and input-gradient products, ``b`` an im2col or an output gradient of 28 x 28 = 784
 # columns): at least MIN_DEPTH_IN_PLACE summed terms (a shorter sum stores c more often
@@ -111,7 +133,21 @@ def takes(s: L.Contract) -> bool:
         return mode == "own"
     fits = MIN_ROWS <= s.m <= MAX_ROWS and s.n >= MIN_COLS and s.k >= MIN_DEPTH
     in_place = reads_b_in_place(s) and s.k >= MIN_DEPTH_IN_PLACE and s.m <= MAX_ROWS_IN_PLACE
-    return (fits and not s.trans_a) or in_place
+    return (fits and not s.trans_a) or in_place or written_gradient(s)
+
+
+def written_gradient(s: L.Contract) -> bool:
+    """Whether ``s`` is a weight gradient ``c = a^T @ b`` that the own product takes: c is
+    written (beta 0), not updated in place (an SGD update folded into the product, beta 1,
+    stays with the library), with enough rows, columns and summed terms."""
+    return (
+        s.trans_a
+        and not s.trans_b
+        and s.beta == 0.0
+        and MIN_ROWS <= s.m <= MAX_ROWS_GRADIENT
+        and s.n >= MIN_COLS
+        and s.k >= MIN_DEPTH_GRADIENT
+    )
 
 
 def takes_dot(s: L.Contract) -> bool:
@@ -150,10 +186,12 @@ def function(s: L.Contract) -> str:
 __all__ = [
     "ENV",
     "MAX_ROWS",
+    "MAX_ROWS_GRADIENT",
     "MAX_ROWS_IN_PLACE",
     "MIN_COLS",
     "MIN_DEPTH",
     "MIN_DEPTH_DOT",
+    "MIN_DEPTH_GRADIENT",
     "MIN_DEPTH_IN_PLACE",
     "MIN_ROWS",
     "MODES",
@@ -166,4 +204,5 @@ __all__ = [
     "takes",
     "takes_dot",
     "uses_own",
+    "written_gradient",
 ]
