@@ -34,8 +34,12 @@ interleaved; AMD EPYC Zen 5, 2 cores, AVX-512):
   update or a data-parallel all-reduce reads; beta 0): the library first zeroes c in a
   pass of its own, then adds the product into it. 784x512x128 at 1 thread, 2 ranks of
   a data-parallel step: 513-549 us vs 430-444 own (512x512x128: 335-355 vs 285-293); an
-  Adam step at 2 threads, 232-256 vs 218-231 (784x1024x128: 717 vs 568). Taken. With
-  beta 1 (an SGD update folded into the product) the library stays: 449-457 vs 468-557.
+  Adam step at 2 threads, 232-256 vs 218-234. Alone, caches flushed between calls
+  (``k = 128``, own / library): 256 to 768 columns 0.88-0.98 at 1 and 2 threads (m 512
+  to 1536 at 512 columns: 0.87-0.96); 1024 and 2048 columns 1.04-1.11 at 1 thread (c's
+  rows 4 KB apart), 0.69-1.13 at 2. Taken from 256 to 768 columns (``MIN_COLS_GRADIENT``,
+  ``MAX_COLS_GRADIENT``). With beta 1 (an SGD update folded into the product) the
+  library stays: 449-457 vs 468-557.
 * the MLP's products with 512 columns (``MIN_COLS``): 128x784x512 at 1 thread 464-587
   vs 438-512, 2 threads 241-328 vs 232-272; 128x512x512 and its ``b^T`` form likewise.
   Taken. Whole steps (``new/old``, median of per-round ratios): MLP SGD 0.908 at 2
@@ -84,10 +88,14 @@ MAX_ROWS: Final = 128
 MIN_COLS: Final = 512
 MIN_DEPTH: Final = 256
 # Weight gradients ``c = a^T @ b`` written, not added to (beta 0: the product a data-parallel
-# all-reduce or an Adam update reads): up to MAX_ROWS_GRADIENT rows (the op(b) panel is
-# packed again per row block) and at least MIN_DEPTH_GRADIENT summed terms (the batch).
-# The library zeroes c in a pass of its own before it adds the product (beta != 1).
-MAX_ROWS_GRADIENT: Final = 1024
+# all-reduce or an Adam update reads; the library zeroes c in a pass of its own first):
+# MIN_ROWS to MAX_ROWS_GRADIENT rows, MIN_COLS_GRADIENT to MAX_COLS_GRADIENT columns (from
+# 1024 on, c's rows are 4 KB apart, the 8 rows of the kernel's block store into the same
+# cache sets, and it lost at one thread) and at least MIN_DEPTH_GRADIENT summed terms
+# (the batch). The measured range; see the module docstring.
+MAX_ROWS_GRADIENT: Final = 1536
+MIN_COLS_GRADIENT: Final = 256
+MAX_COLS_GRADIENT: Final = 768
 MIN_DEPTH_GRADIENT: Final = 128
 # Products reading op(b) in place (``reads_b_in_place``; a convolution's per-image forward
 # and input-gradient products, ``b`` an im2col or an output gradient of 28 x 28 = 784
@@ -145,7 +153,7 @@ def written_gradient(s: L.Contract) -> bool:
         and not s.trans_b
         and s.beta == 0.0
         and MIN_ROWS <= s.m <= MAX_ROWS_GRADIENT
-        and s.n >= MIN_COLS
+        and MIN_COLS_GRADIENT <= s.n <= MAX_COLS_GRADIENT
         and s.k >= MIN_DEPTH_GRADIENT
     )
 
@@ -185,10 +193,12 @@ def function(s: L.Contract) -> str:
 
 __all__ = [
     "ENV",
+    "MAX_COLS_GRADIENT",
     "MAX_ROWS",
     "MAX_ROWS_GRADIENT",
     "MAX_ROWS_IN_PLACE",
     "MIN_COLS",
+    "MIN_COLS_GRADIENT",
     "MIN_DEPTH",
     "MIN_DEPTH_DOT",
     "MIN_DEPTH_GRADIENT",
