@@ -314,3 +314,29 @@ def test_products_split_across_two_threads(monkeypatch: pytest.MonkeyPatch) -> N
     np.testing.assert_allclose(float(value), (np.maximum(z, 0.0) ** 2).sum(), rtol=1e-5)
     want = x.T.astype(np.float64) @ (2.0 * np.maximum(z, 0.0))
     np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(301, 517, 133), (1536, 256, 128), (64, 768, 200)])
+def test_written_weight_gradients_of_odd_sizes(
+    m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A weight gradient the own product takes (beta 0, at the edges of the rule's range and
+    at odd sizes), cut across two threads, against float64 NumPy."""
+    monkeypatch.setenv(gemm_kernel.ENV, "auto")
+    monkeypatch.setenv("SHAPEGRAD_NUM_THREADS", "2")
+    monkeypatch.setenv("SHAPEGRAD_ADAPTIVE_THREADS", "0")
+    rng = np.random.default_rng(m + n + k)
+    w = (rng.standard_normal((m, n)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((k, m)).astype(np.float32)
+
+    def loss(w: sg.Tensor, x: sg.Tensor) -> sg.Tensor:
+        return (sg.tanh(x @ w) ** 2).sum()
+
+    grad = sg.compile(sg.grad(loss), backend="c", name=f"own_gemm_wgrad_{m}_{n}_{k}")
+    source = grad.lower(w, x).source
+    assert source is not None
+    assert gemm_kernel.written_gradient(_contract(m, n, k, True, False))
+    assert "sg_sgemm(101, 112, 111," in source
+    z = np.tanh(x.astype(np.float64) @ w)
+    want = x.T.astype(np.float64) @ (2.0 * z * (1.0 - z * z))
+    np.testing.assert_allclose(np.asarray(grad(w, x)), want, rtol=1e-4, atol=1e-4)
