@@ -42,9 +42,11 @@ interleaved; AMD EPYC Zen 5, 2 cores, AVX-512):
   library stays: 449-457 vs 468-557.
 * the MLP's products with 512 columns (``MIN_COLS``): 128x784x512 at 1 thread 464-587
   vs 438-512, 2 threads 241-328 vs 232-272; 128x512x512 and its ``b^T`` form likewise.
-  Taken. Whole steps (``new/old``, median of per-round ratios): MLP SGD 0.908 at 2
-  threads, 0.960 at 1; MLP Adam 0.955; 784-1024-1024-10 Adam 0.979; the CNN and the
-  charlm GPT step unchanged (0.99-1.01).
+  Taken. Whole steps (``new/old``, median of per-round ratios, in one process): MLP SGD
+  0.908 at 2 threads, 0.960 at 1; MLP Adam 0.955; 784-1024-1024-10 Adam 0.979; the CNN
+  and the charlm GPT step unchanged (0.99-1.01). ``compare_revisions.py`` (a fresh
+  process per cell, 5 rounds): MLP 0.90 and 0.97 at 2 threads, 0.96 at 1; w1024 and
+  the CNN 0.98-1.03 (their steps' products did not change).
 
 Convolutions (the CNN of ``train_step.py``, per image of a batch of 64, 1 thread, CPU
 time of the 64 calls, load 2-4, GFLOP/s OpenBLAS vs own; ``backends/c/sgemm.h``):
