@@ -41,15 +41,13 @@ WORKLOADS = {"mlp": ("mlp", 128), "w1024": ("mlp1024", 128), "cnn": ("cnn", 64)}
 
 
 def adam_step(loss: Callable[..., Any]) -> Callable[..., Any]:
-    """One Adam step (no bias correction: the products are what is measured)."""
+    """One step of ``sg.optim.Adam`` (its gradients are written, beta 0)."""
+    optimizer = sg.optim.Adam(lr=1e-3)
 
-    def step(state: list[list[Any]], x: Any, y: Any) -> Any:
-        params, m, v = state
+    def step(state: list[Any], x: Any, y: Any) -> Any:
+        params, opt_state = state
         value, grads = sg.value_and_grad(loss)(params, x, y)
-        m = [0.9 * mi + 0.1 * g for mi, g in zip(m, grads, strict=True)]
-        v = [0.999 * vi + 0.001 * g * g for vi, g in zip(v, grads, strict=True)]
-        new = [p - 1e-3 * mi / (sg.sqrt(vi) + 1e-8) for p, mi, vi in zip(params, m, v, strict=True)]
-        return [new, m, v], value
+        return list(optimizer.update(params, grads, opt_state)), value
 
     return step
 
@@ -62,14 +60,13 @@ def build(row: str, optimizer: str, mode: str) -> tuple[Callable[[], Any], Any]:
     os.environ["SHAPEGRAD_GEMM"] = mode  # read when the program is rendered (and keyed)
     try:
         if optimizer == "adam":
-            zeros = [np.zeros_like(p) for p in w["params"]]
-            state = [w["params"], zeros, [z.copy() for z in zeros]]
+            state = [w["params"], sg.optim.Adam(lr=1e-3).init([sg.tensor(p) for p in w["params"]])]
             fn = sg.compile(
                 adam_step(w["loss"]), backend="c", profile=True, donate_argnums=0,
                 name=f"{row}_adam",
             )  # fmt: skip
             exe = fn.lower(state, x, y).executable
-            bound = exe.bind([a.copy() for part in state for a in part])
+            bound = exe.bind([np.array(a) for a in sg.tree.flatten(state)[0]])
         else:
             fn = sg.compile(
                 train_step.sgd_step(w["loss"]), backend="c", profile=True, donate_argnums=0,

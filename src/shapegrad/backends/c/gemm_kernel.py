@@ -92,9 +92,9 @@ MIN_DEPTH: Final = 256
 # Weight gradients ``c = a^T @ b`` written, not added to (beta 0: the product a data-parallel
 # all-reduce or an Adam update reads; the library zeroes c in a pass of its own first):
 # MIN_ROWS to MAX_ROWS_GRADIENT rows, MIN_COLS_GRADIENT to MAX_COLS_GRADIENT columns (from
-# 1024 on, c's rows are 4 KB apart, the 8 rows of the kernel's block store into the same
-# cache sets, and it lost at one thread) and at least MIN_DEPTH_GRADIENT summed terms
-# (the batch). The measured range; see the module docstring.
+# 1024 on it lost at one thread; c's rows are then 4 KB apart or more, so the 8 rows a
+# block stores probably share cache sets: not verified) and at least MIN_DEPTH_GRADIENT
+# summed terms (the batch). The measured range; see the module docstring.
 MAX_ROWS_GRADIENT: Final = 1536
 MIN_COLS_GRADIENT: Final = 256
 MAX_COLS_GRADIENT: Final = 768
