@@ -4,7 +4,7 @@ The C function is built into a small harness library twice: with the backend's f
 (the AVX-512 product where the CPU has it) and with ``-march=x86-64-v3`` (no AVX-512: the
 fallback, which must be the library's ``cblas_sgemm``). Both are checked against a
 float64 NumPy product on odd shapes crossing every block edge (8-row panels, 48-column
-panels, 256-term k-blocks, 128-row blocks), all four transposes, padded leading
+panels, 256-term k-blocks, 128-row blocks; the next panel packed while the current one multiplies), all four transposes, padded leading
 dimensions, alpha and beta (beta 0 must not read c: it holds NaN). The bound is the
 classic one for a float32 dot product of k terms, ``k * eps * (|alpha| |op(a)| |op(b)| +
 |beta c|)``: far below any misplaced or missing term. Then a compiled training step with
@@ -81,6 +81,10 @@ SHAPES = [
     (130, 97, 520),  # a second 128-row block, three k-blocks
     (5, 200, 300),
     (200, 3, 40),
+    # the next panel packed by the current one's blocks: 21 panels with a 40-column tail,
+    # three k-blocks (the last of 88 terms); whole panels and k-blocks, 17 row panels
+    (20, 1000, 600),
+    (136, 144, 256),
 ]
 
 

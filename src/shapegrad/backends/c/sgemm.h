@@ -10,7 +10,7 @@
    weight gradient). Elsewhere sg_sgemm is the library's cblas_sgemm and sg_gemm_abt_dot
    the same library call, so AVX2 and other CPUs run what they ran before. Rounding: each k-block of KC terms is summed in order into the accumulator
    and added to c (as OpenBLAS does), so results match the library to float32 GEMM
-   tolerance, not bit for bit. Packing buffers live on the calling thread's stack (~176
+   tolerance, not bit for bit. Packing buffers live on the calling thread's stack (~225
    KiB): no allocation, no sharing between the team's threads. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -107,12 +107,51 @@ static void sg_gemm_pack_b(float *restrict dst, const float *restrict b, int tb,
                 dst[k * nr + c0 + q] = c0 + q < cols ? b[(j0 + c0 + q) * ldb + k0 + k] : 0.0f;
     }
 }
+/* The next panel of op(b) = b (not transposed), packed by the blocks that multiply the
+   current one, each a share of its rows between its multiplications: the loads of b,
+   usually from L3 or DRAM, then wait while the block's FMAs run instead of in a packing
+   pass of their own. (Where op(b) = b^T the same with a 16 x 16 register transpose per
+   unit read 5-15% slower alone: the block's accumulators spill around it.) */
+typedef struct {
+    float *dst;       /* the next panel's buffer */
+    const float *src; /* op(b)[0, 0] of the next panel in b */
+    int64_t ldb;
+    int cols;         /* the panel's columns, at most SG_GEMM_NR */
+    int kc;           /* its rows */
+    int r0, r1;       /* the rows this block packs */
+} sg_gemm_ahead;
+/* Rows are prefetched this many rows before they are packed: b's rows are usually on pages
+   of their own, where the hardware prefetchers stop, and a load that waits for DRAM would
+   stall the block (alone, b flushed from L3: 2.5x slower without). */
+#define SG_GEMM_AHEAD 8
+static inline __attribute__((always_inline)) void sg_gemm_prefetch_row(const sg_gemm_ahead *ahead,
+                                                                       int r) {
+    const char *src = (const char *)(ahead->src + r * ahead->ldb);
+#pragma GCC unroll 4
+    for (int v = 0; v < SG_GEMM_NV; ++v) _mm_prefetch(src + 64 * v, _MM_HINT_T0);
+    _mm_prefetch(src + 4 * SG_GEMM_NR - 4, _MM_HINT_T0); /* a row not 64-byte aligned */
+}
+static inline __attribute__((always_inline)) void sg_gemm_pack_row(const sg_gemm_ahead *ahead,
+                                                                   int r) {
+    if (r + SG_GEMM_AHEAD < ahead->kc) sg_gemm_prefetch_row(ahead, r + SG_GEMM_AHEAD);
+    const float *src = ahead->src + r * ahead->ldb;
+    float *dst = ahead->dst + r * SG_GEMM_NR;
+#pragma GCC unroll 4
+    for (int v = 0; v < SG_GEMM_NV; ++v) {
+        const int left = ahead->cols - 16 * v;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xffff
+                          : left > 0 ? (__mmask16)((1u << left) - 1u) : (__mmask16)0;
+        _mm512_store_ps(dst + 16 * v, _mm512_maskz_loadu_ps(m, src + 16 * v));
+    }
+}
 /* c[:rows, :cols] = alpha * (ap @ bp) + beta * c (c not read when beta == 0), for a block of
    16 * nv columns (nv a constant where it is inlined); row k of bp starts at bp + k * bs
-   (bs = SG_GEMM_NR for a packed panel, ldb for op(b) read in place). */
+   (bs = SG_GEMM_NR for a packed panel, ldb for op(b) read in place). With ahead (else NULL)
+   it also packs those rows of the next panel, one row per kc / (r1 - r0) multiplications. */
 static inline __attribute__((always_inline)) void sg_gemm_block(
     const int nv, const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
-    float *restrict c, int64_t ldc, int rows, int cols, float alpha, float beta) {
+    float *restrict c, int64_t ldc, int rows, int cols, float alpha, float beta,
+    const sg_gemm_ahead *ahead) {
     __m512 acc[SG_GEMM_MR][SG_GEMM_NV];
     /* c is read at the end when beta is not 0 (an update folded in, a later k-block): fetch
        it while the block multiplies. W -= lr * x^T @ dh alone, k 128, caches flushed between
@@ -129,18 +168,33 @@ static inline __attribute__((always_inline)) void sg_gemm_block(
     for (int r = 0; r < SG_GEMM_MR; ++r)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_setzero_ps();
+/* acc += the outer product of column k of the a panel and row k of the b panel */
+#define SG_GEMM_MULTIPLY(k)                                                                  \
+    do {                                                                                     \
+        __m512 bv[SG_GEMM_NV];                                                               \
+        _Pragma("GCC unroll 4") for (int v = 0; v < nv; ++v)                                 \
+            bv[v] = _mm512_loadu_ps(bp + (k) * bs + 16 * v);                                 \
+        _Pragma("GCC unroll 8") for (int r = 0; r < SG_GEMM_MR; ++r) {                       \
+            const __m512 av = _mm512_set1_ps(ap[(k) * SG_GEMM_MR + r]);                      \
+            _Pragma("GCC unroll 4") for (int v = 0; v < nv; ++v)                             \
+                acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);                           \
+        }                                                                                    \
+    } while (0)
+    int k = 0;
+    if (ahead) {
+        const int n_rows = ahead->r1 - ahead->r0;
+        if (ahead->r0 == 0)
+            for (int r = 0; r < SG_GEMM_AHEAD && r < ahead->kc; ++r) sg_gemm_prefetch_row(ahead, r);
+        for (int q = 0; q < n_rows; ++q) {
+            sg_gemm_pack_row(ahead, ahead->r0 + q);
+            const int k_end = (int)((int64_t)(q + 1) * kc / n_rows);
 #pragma GCC unroll 4
-    for (int k = 0; k < kc; ++k) {
-        __m512 bv[SG_GEMM_NV];
-#pragma GCC unroll 4
-        for (int v = 0; v < nv; ++v) bv[v] = _mm512_loadu_ps(bp + k * bs + 16 * v);
-#pragma GCC unroll 8
-        for (int r = 0; r < SG_GEMM_MR; ++r) {
-            const __m512 av = _mm512_set1_ps(ap[k * SG_GEMM_MR + r]);
-#pragma GCC unroll 4
-            for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+            for (; k < k_end; ++k) SG_GEMM_MULTIPLY(k);
         }
     }
+#pragma GCC unroll 4
+    for (; k < kc; ++k) SG_GEMM_MULTIPLY(k);
+#undef SG_GEMM_MULTIPLY
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 8
     for (int r = 0; r < SG_GEMM_MR; ++r) {
@@ -159,24 +213,24 @@ static inline __attribute__((always_inline)) void sg_gemm_block(
 }
 static void sg_gemm_block3(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
                            float *restrict c, int64_t ldc, int rows, int cols, float alpha,
-                           float beta) {
-    sg_gemm_block(3, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+                           float beta, const sg_gemm_ahead *ahead) {
+    sg_gemm_block(3, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta, ahead);
 }
 static void sg_gemm_block2(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
                            float *restrict c, int64_t ldc, int rows, int cols, float alpha,
-                           float beta) {
-    sg_gemm_block(2, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+                           float beta, const sg_gemm_ahead *ahead) {
+    sg_gemm_block(2, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta, ahead);
 }
 static void sg_gemm_block1(const float *restrict ap, const float *restrict bp, int64_t bs, int kc,
                            float *restrict c, int64_t ldc, int rows, int cols, float alpha,
-                           float beta) {
-    sg_gemm_block(1, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta);
+                           float beta, const sg_gemm_ahead *ahead) {
+    sg_gemm_block(1, ap, bp, bs, kc, c, ldc, rows, cols, alpha, beta, ahead);
 }
 /* the full-width block on a packed panel (kept for callers of the first version) */
 static inline void __attribute__((unused)) sg_gemm_micro(
     const float *restrict ap, const float *restrict bp, int kc, float *restrict c, int64_t ldc,
     int rows, int cols, float alpha, float beta) {
-    sg_gemm_block3(ap, bp, SG_GEMM_NR, kc, c, ldc, rows, cols, alpha, beta);
+    sg_gemm_block3(ap, bp, SG_GEMM_NR, kc, c, ldc, rows, cols, alpha, beta, 0);
 }
 /* Whether op(b) = b (not transposed) is read in place instead of packed: its rows are then
    ldb floats apart, and a panel's KC rows must spread over the L1 sets (an odd number of
@@ -302,7 +356,11 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
     const int ta = trans_a == 112, tb = trans_b == 112;
     const int in_place = sg_gemm_b_in_place(tb, ldb, n);
     float apack[SG_GEMM_MC * SG_GEMM_KC] __attribute__((aligned(64)));
-    float bpack[SG_GEMM_KC * SG_GEMM_NR] __attribute__((aligned(64)));
+    /* two panels of op(b): the one multiplied and the next, packed meanwhile; 1 KB apart
+       more than their size, so that the two are not 4 KB-aliased row for row */
+    float bpacks[2 * SG_GEMM_KC * SG_GEMM_NR + 256] __attribute__((aligned(64)));
+    float *const panel[2] = {bpacks, bpacks + SG_GEMM_KC * SG_GEMM_NR + 256};
+    int now = 0, ready = 0; /* ready: panel[now] was packed by the previous panel's blocks */
     for (int i0 = 0; i0 < m; i0 += SG_GEMM_MC) {
         const int mc = m - i0 < SG_GEMM_MC ? m - i0 : SG_GEMM_MC;
         const int panels = (mc + SG_GEMM_MR - 1) / SG_GEMM_MR;
@@ -317,23 +375,36 @@ static void __attribute__((unused)) sg_sgemm(int order, int trans_a, int trans_b
             for (int j0 = 0; j0 < n; j0 += SG_GEMM_NR) {
                 const int cols = n - j0 < SG_GEMM_NR ? n - j0 : SG_GEMM_NR;
                 const int nv = (cols + 15) / 16;
-                const float *bp = bpack;
+                const float *bp = panel[now];
                 int64_t bs = SG_GEMM_NR;
                 if (in_place && cols == SG_GEMM_NR) {
                     bp = b + (int64_t)k0 * ldb + j0;
                     bs = ldb;
-                } else {
-                    sg_gemm_pack_b(bpack, b, tb, ldb, j0, cols, k0, kc);
+                } else if (!ready) {
+                    sg_gemm_pack_b(panel[now], b, tb, ldb, j0, cols, k0, kc);
                 }
+                /* the next panel (the next columns, else the next k-block's first) is packed
+                   by this panel's blocks where op(b) = b and it is not read in place */
+                const int64_t j_next = j0 + SG_GEMM_NR < n ? j0 + SG_GEMM_NR : 0;
+                const int64_t k_next = j0 + SG_GEMM_NR < n ? k0 : k0 + SG_GEMM_KC;
+                const int cols_next = n - j_next < SG_GEMM_NR ? (int)(n - j_next) : SG_GEMM_NR;
+                const int kc_next = k - k_next < SG_GEMM_KC ? (int)(k - k_next) : SG_GEMM_KC;
+                ready = !tb && k_next < k && !(in_place && cols_next == SG_GEMM_NR);
+                sg_gemm_ahead ahead = {panel[now ^ 1], b, ldb, cols_next, kc_next, 0, 0};
+                if (ready) ahead.src = b + k_next * ldb + j_next;
                 for (int p = 0; p < panels; ++p) {
                     const int r0 = p * SG_GEMM_MR;
                     const int rows = mc - r0 < SG_GEMM_MR ? mc - r0 : SG_GEMM_MR;
                     const float *ap = apack + r0 * kc;
                     float *cp = c + (int64_t)(i0 + r0) * ldc + j0;
-                    if (nv == 3) sg_gemm_block3(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
-                    else if (nv == 2) sg_gemm_block2(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
-                    else sg_gemm_block1(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk);
+                    ahead.r0 = p * kc_next / panels;
+                    ahead.r1 = (p + 1) * kc_next / panels;
+                    const sg_gemm_ahead *next = ready ? &ahead : 0;
+                    if (nv == 3) sg_gemm_block3(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk, next);
+                    else if (nv == 2) sg_gemm_block2(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk, next);
+                    else sg_gemm_block1(ap, bp, bs, kc, cp, ldc, rows, cols, alpha, bk, next);
                 }
+                if (ready) now ^= 1;
             }
         }
     }
