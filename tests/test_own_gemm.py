@@ -226,7 +226,8 @@ def test_rule_takes_large_products_and_written_weight_gradients(
     assert not gemm_kernel.takes(replace(gradient, m=2048))  # many rows
     assert not gemm_kernel.takes(replace(gradient, k=64))  # a small batch
     assert not gemm_kernel.takes(replace(gradient, n=128))  # few columns
-    assert not gemm_kernel.takes(replace(gradient, n=1024))  # rows of c 4 KB apart
+    assert gemm_kernel.takes(replace(gradient, n=1024))  # w1024's, in a step
+    assert not gemm_kernel.takes(replace(gradient, n=2048))  # not measured inside a step
     assert not gemm_kernel.takes(_contract(128, 10, 1024, False, True))  # thin
     assert not gemm_kernel.takes(_contract(2048, 1024, 512, False, False))  # many rows
     assert not gemm_kernel.takes(_contract(128, 256, 512, False, False))  # few columns
@@ -320,7 +321,9 @@ def test_products_split_across_two_threads(monkeypatch: pytest.MonkeyPatch) -> N
     np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(301, 517, 133), (1536, 256, 128), (64, 768, 200)])
+@pytest.mark.parametrize(
+    ("m", "n", "k"), [(301, 517, 133), (1536, 256, 128), (64, 768, 200), (784, 1024, 128)]
+)
 def test_written_weight_gradients_of_odd_sizes(
     m: int, n: int, k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,7 +39,11 @@ interleaved; AMD EPYC Zen 5, 2 cores, AVX-512):
   to 1536 at 512 columns: 0.87-0.96); 1024 and 2048 columns 1.04-1.11 at 1 thread (c's
   rows 4 KB apart), 0.69-1.13 at 2. Taken from 256 to 768 columns (``MIN_COLS_GRADIENT``,
   ``MAX_COLS_GRADIENT``). With beta 1 (an SGD update folded into the product) the
-  library stays: 449-457 vs 468-557.
+  library stays: 449-457 vs 468-557. Since ``sgemm.h`` packs the next panel of ``b``
+  while the current one multiplies (2026-11-27), w1024's 1024-column gradients in its
+  Adam step (784 x 1024 and 1024 x 1024, k 128): whole step 0.973 at 2 threads, 0.988 at
+  1 (in-process A/B, 15 rounds). Taken up to 1024 columns. SGD's updates folded in
+  (beta 1) on the own product still lose there: w1024 step 1.025 at 2 threads, 1.040 at 1.
 * the MLP's products with 512 columns (``MIN_COLS``): 128x784x512 at 1 thread 464-587
   vs 438-512, 2 threads 241-328 vs 232-272; 128x512x512 and its ``b^T`` form likewise.
   Taken. Whole steps (``new/old``, median of per-round ratios, in one process): MLP SGD
@@ -91,13 +95,12 @@ MIN_COLS: Final = 512
 MIN_DEPTH: Final = 256
 # Weight gradients ``c = a^T @ b`` written, not added to (beta 0: the product a data-parallel
 # all-reduce or an Adam update reads; the library zeroes c in a pass of its own first):
-# MIN_ROWS to MAX_ROWS_GRADIENT rows, MIN_COLS_GRADIENT to MAX_COLS_GRADIENT columns (from
-# 1024 on it lost at one thread; c's rows are then 4 KB apart or more, so the 8 rows a
-# block stores probably share cache sets: not verified) and at least MIN_DEPTH_GRADIENT
+# MIN_ROWS to MAX_ROWS_GRADIENT rows, MIN_COLS_GRADIENT to MAX_COLS_GRADIENT columns (1024:
+# w1024's, measured inside Adam steps; wider ones were not) and at least MIN_DEPTH_GRADIENT
 # summed terms (the batch). The measured range; see the module docstring.
 MAX_ROWS_GRADIENT: Final = 1536
 MIN_COLS_GRADIENT: Final = 256
-MAX_COLS_GRADIENT: Final = 768
+MAX_COLS_GRADIENT: Final = 1024
 MIN_DEPTH_GRADIENT: Final = 128
 # Products reading op(b) in place (``reads_b_in_place``; a convolution's per-image forward
 # and input-gradient products, ``b`` an im2col or an output gradient of 28 x 28 = 784
