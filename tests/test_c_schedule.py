@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,6 +140,31 @@ def test_openmp_spinning_is_bounded_unless_the_user_chose(monkeypatch: pytest.Mo
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     configure_openmp_waiting()
     assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.parametrize("policy", [("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "INFINITY")])
+def test_a_process_whose_openmp_threads_spin_exits_cleanly(
+    policy: tuple[str, str], tmp_path: Path
+) -> None:
+    """Idle OpenMP threads that spin (the user's choice) while the interpreter exits: cffi
+    closes the compiled library at exit, and the OpenMP runtime must stay mapped under
+    the spinning threads (it was unmapped with the library: SIGSEGV after the last line)."""
+    script = tmp_path / "spin.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import shapegrad as sg\n"
+        "f = sg.compile(lambda a, b: (a @ b).sum(), backend='c', name='spin_exit')\n"
+        "a = np.ones((300, 300), np.float32)\n"
+        "print(float(f(a, a)))\n"
+    )
+    variable, value = policy
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update({variable: value, "SHAPEGRAD_NUM_THREADS": "2", "PYTHONFAULTHANDLER": "1"})
+    run = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)
+    assert float(run.stdout) == 300.0 * 300.0 * 300.0
 
 
 # --- the team plan as a function of the program, and the tuning record ----------------------

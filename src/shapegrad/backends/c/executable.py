@@ -25,6 +25,7 @@ An executable is not re-entrant (one arena): do not call it from two threads.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,6 +69,7 @@ def load_library(path: str, key: str) -> Any:
         return _LIBS[key]
     configure_openmp_waiting()
     lib = ffi().dlopen(path)
+    pin_openmp_runtime()
     found = ffi().string(lib.sg_key).decode()
     if found != key:
         raise OSError(f"{path}: key {found!r} does not match {key!r}")
@@ -106,6 +108,35 @@ def adaptive_threads() -> int:
     runs with the full team or one thread, whichever was faster over recent calls (see
     ``render.py``'s prelude). Set it to 0 to always use the full team (timing studies)."""
     return 0 if os.environ.get("SHAPEGRAD_ADAPTIVE_THREADS", "").strip() == "0" else 1
+
+
+# The OpenMP runtimes a compiled library may load (gcc's, LLVM's, Intel's), by soname.
+OPENMP_RUNTIMES = ("libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so")
+_PINNED: list[tuple[str, ctypes.CDLL]] = []
+
+
+def pin_openmp_runtime() -> None:
+    """Keep the OpenMP runtime a compiled library loaded mapped until the process ends.
+
+    At interpreter exit cffi closes the compiled libraries; when the last one goes, the
+    dynamic linker unmaps libgomp too, while its idle worker threads may still be running
+    its code: with ``OMP_WAIT_POLICY=active`` (or a large ``GOMP_SPINCOUNT``) they spin
+    in it, and the process died of SIGSEGV after its last line had run. Opening the
+    runtime again with ``RTLD_NOLOAD | RTLD_NODELETE`` (only if it is already loaded)
+    marks it never to be unloaded. Once per runtime; a runtime that is not loaded, or a
+    platform without these flags, is skipped."""
+    noload, nodelete = getattr(os, "RTLD_NOLOAD", 0), getattr(os, "RTLD_NODELETE", 0)
+    if not (noload and nodelete):
+        return
+    flags = noload | nodelete
+    pinned = {name for name, _ in _PINNED}
+    for name in OPENMP_RUNTIMES:
+        if name in pinned:
+            continue
+        try:
+            _PINNED.append((name, ctypes.CDLL(name, mode=flags | os.RTLD_LAZY)))
+        except OSError:  # not loaded in this process
+            continue
 
 
 def configure_openmp_waiting() -> None:
