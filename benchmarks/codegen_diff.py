@@ -29,27 +29,15 @@ CASES = ["moons10", "mlp", "w1024", "cnn", "gpt", "gpt_scan", "mlp_ftz", "cnn_pr
 
 def _gpt_step(loop: bool) -> tuple[Any, tuple[Any, ...]]:
     import numpy as np
+    from charlm_model import charlm_loss, charlm_params
 
     import shapegrad as sg
-    from shapegrad.nn.transformer import (
-        BlockStack,
-        block_init,
-    )
 
     vocab, d, blocks, heads, t, bsz = 94, 128, 2, 4, 64, 32
     rng = np.random.default_rng(2)
     ids = rng.integers(0, vocab, size=(bsz, t)).astype(np.int32)
     targets = rng.integers(0, vocab, size=(bsz, t)).astype(np.int32)
-    params = {
-        "tokens": sg.tensor((rng.normal(size=(vocab, d)) * 0.02).astype(np.float32)),
-        "positions": sg.tensor((rng.normal(size=(t, d)) * 0.01).astype(np.float32)),
-        "blocks": BlockStack.init(block_init(0.02), seed=0, layers=blocks, d=d, f=4 * d),
-        "ln_w": sg.ones(d),
-        "ln_b": sg.zeros(d),
-    }
-
-    from charlm_model import charlm_loss
-
+    params = charlm_params(rng, vocab, d, t, blocks)
     loss = charlm_loss(blocks, heads, vocab, loop)
 
     from shapegrad.tree import tree_map

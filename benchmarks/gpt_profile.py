@@ -69,9 +69,9 @@ def main() -> None:
 
     CExecutable.__init__ = record  # type: ignore[method-assign]
 
+    from charlm_model import charlm_params
+
     from shapegrad.nn.transformer import (
-        BlockStack,
-        block_init,
         embed,
         transformer_block,
         transformer_stack,
@@ -81,13 +81,7 @@ def main() -> None:
     rng = np.random.default_rng(2)
     xs = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
     ys = rng.integers(0, vocab, size=(k, bsz, t)).astype(np.int32)
-    params = {
-        "tokens": sg.tensor((rng.normal(size=(vocab, d)) * 0.02).astype(np.float32)),
-        "positions": sg.tensor((rng.normal(size=(t, d)) * 0.01).astype(np.float32)),
-        "blocks": BlockStack.init(block_init(0.02), seed=0, layers=blocks, d=d, f=4 * d),
-        "ln_w": sg.ones(d),
-        "ln_b": sg.zeros(d),
-    }
+    params = charlm_params(rng, vocab, d, t, blocks)
 
     def loss(p: dict[str, Any], ids: sg.Tensor, targets: sg.Tensor) -> sg.Tensor:
         h = embed(p["tokens"], p["positions"], ids)

@@ -90,21 +90,13 @@ def mlp_step(row: str, tag: str, profile: bool) -> tuple[Callable[[], Any], Any,
 
 def gpt_step() -> Callable[[], Any]:
     """Two charlm steps (``depth.py``'s model, unrolled, AdamW) per call."""
-    from charlm_model import charlm_loss
-
-    from shapegrad.nn.transformer import BlockStack, block_init
+    from charlm_model import charlm_loss, charlm_params
 
     vocab, d, blocks, heads, t, bsz = 94, 128, 2, 4, 64, 32
     rng = np.random.default_rng(2)
     xs = rng.integers(0, vocab, size=(2, bsz, t)).astype(np.int32)
     ys = rng.integers(0, vocab, size=(2, bsz, t)).astype(np.int32)
-    params = {
-        "tokens": sg.tensor((rng.normal(size=(vocab, d)) * 0.02).astype(np.float32)),
-        "positions": sg.tensor((rng.normal(size=(t, d)) * 0.01).astype(np.float32)),
-        "blocks": BlockStack.init(block_init(0.02), seed=0, layers=blocks, d=d, f=4 * d),
-        "ln_w": sg.ones(d),
-        "ln_b": sg.zeros(d),
-    }
+    params = charlm_params(rng, vocab, d, t, blocks)
     trainer = sg.ScalarTrainer(
         charlm_loss(blocks, heads, vocab, False), params, mode="compiled", backend="c",
         optimizer=sg.optim.AdamW(lr=1e-3),
