@@ -52,31 +52,39 @@ def adam_step(loss: Callable[..., Any]) -> Callable[..., Any]:
     return step
 
 
-def build(row: str, optimizer: str, mode: str) -> tuple[Callable[[], Any], Any]:
-    """(one step, its executable) compiled with ``SHAPEGRAD_GEMM=mode``."""
-    name, batch = WORKLOADS[row]
-    w = train_step.workload(name, batch, 1)
+def compiled_step(
+    row: str, optimizer: str, name: str, profile: bool
+) -> tuple[Callable[[], Any], Any]:
+    """(one step, its executable) of ``row`` (``WORKLOADS``) with ``optimizer`` (``sgd``:
+    the update folded into the weight gradient; ``adam``: the gradients written), bound
+    to a copy of the workload's parameters. ``sgemm_ab.py`` builds its steps here too."""
+    workload, batch = WORKLOADS[row]
+    w = train_step.workload(workload, batch, 1)
     x, y = w["xs"][0], w["ys"][0]
+    if optimizer == "adam":
+        state = [w["params"], sg.optim.Adam(lr=1e-3).init([sg.tensor(p) for p in w["params"]])]
+        fn = sg.compile(
+            adam_step(w["loss"]), backend="c", profile=profile, donate_argnums=0, name=name
+        )
+        exe = fn.lower(state, x, y).executable
+        bound = exe.bind([np.array(a) for a in sg.tree.flatten(state)[0]])
+    else:
+        fn = sg.compile(
+            train_step.sgd_step(w["loss"]), backend="c", profile=profile, donate_argnums=0,
+            name=name,
+        )  # fmt: skip
+        exe = fn.lower(w["params"], x, y).executable
+        bound = exe.bind([p.copy() for p in w["params"]])
+    return (lambda: bound(x, y)), exe
+
+
+def build(row: str, optimizer: str, mode: str) -> tuple[Callable[[], Any], Any]:
+    """(one step, its executable) compiled with ``SHAPEGRAD_GEMM=mode`` and the timers."""
     os.environ["SHAPEGRAD_GEMM"] = mode  # read when the program is rendered (and keyed)
     try:
-        if optimizer == "adam":
-            state = [w["params"], sg.optim.Adam(lr=1e-3).init([sg.tensor(p) for p in w["params"]])]
-            fn = sg.compile(
-                adam_step(w["loss"]), backend="c", profile=True, donate_argnums=0,
-                name=f"{row}_adam",
-            )  # fmt: skip
-            exe = fn.lower(state, x, y).executable
-            bound = exe.bind([np.array(a) for a in sg.tree.flatten(state)[0]])
-        else:
-            fn = sg.compile(
-                train_step.sgd_step(w["loss"]), backend="c", profile=True, donate_argnums=0,
-                name=f"{row}_sgd",
-            )  # fmt: skip
-            exe = fn.lower(w["params"], x, y).executable
-            bound = exe.bind([p.copy() for p in w["params"]])
+        return compiled_step(row, optimizer, f"{row}_{optimizer}", profile=True)
     finally:
         del os.environ["SHAPEGRAD_GEMM"]
-    return (lambda: bound(x, y)), exe
 
 
 def products(exe: Any) -> dict[str, str]:

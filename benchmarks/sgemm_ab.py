@@ -38,8 +38,9 @@ import shapegrad as sg
 from shapegrad.backends.c import gemm_kernel
 
 HEADER = "src/shapegrad/backends/c/sgemm.h"
-SGD_ROWS = {"mlp": ("mlp", 128, 40), "w1024": ("mlp1024", 128, 15), "cnn": ("cnn", 64, 5)}
-ADAM_ROWS = {"mlp_adam": ("mlp", 128, 40), "w1024_adam": ("mlp1024", 128, 15)}
+# row -> (gemm_in_step.py's workload, calls per round)
+SGD_ROWS = {"mlp": ("mlp", 40), "w1024": ("w1024", 15), "cnn": ("cnn", 5)}
+ADAM_ROWS = {"mlp_adam": ("mlp", 40), "w1024_adam": ("w1024", 15)}
 
 
 def base_source(base: str) -> str:
@@ -67,25 +68,11 @@ def with_header(source: str, build: Callable[[], Any]) -> Any:
 def mlp_step(row: str, tag: str, profile: bool) -> tuple[Callable[[], Any], Any, int]:
     """(one call, its executable, calls per round) of an SGD or Adam row."""
     adam = row in ADAM_ROWS
-    name, batch, calls = (ADAM_ROWS if adam else SGD_ROWS)[row]
-    w = train_step.workload(name, batch, 1)
-    x, y = w["xs"][0], w["ys"][0]
-    if adam:
-        state = [w["params"], sg.optim.Adam(lr=1e-3).init([sg.tensor(p) for p in w["params"]])]
-        fn = sg.compile(
-            gemm_in_step.adam_step(w["loss"]), backend="c", donate_argnums=0,
-            name=f"{row}_{tag}", profile=profile,
-        )  # fmt: skip
-        exe = fn.lower(state, x, y).executable
-        bound = exe.bind([np.array(a) for a in sg.tree.flatten(state)[0]])
-    else:
-        fn = sg.compile(
-            train_step.sgd_step(w["loss"]), backend="c", donate_argnums=0,
-            name=f"{row}_{tag}", profile=profile,
-        )  # fmt: skip
-        exe = fn.lower(w["params"], x, y).executable
-        bound = exe.bind([p.copy() for p in w["params"]])
-    return (lambda: bound(x, y)), exe, calls
+    workload, calls = (ADAM_ROWS if adam else SGD_ROWS)[row]
+    step, exe = gemm_in_step.compiled_step(
+        workload, "adam" if adam else "sgd", f"{row}_{tag}", profile
+    )
+    return step, exe, calls
 
 
 def gpt_step() -> Callable[[], Any]:

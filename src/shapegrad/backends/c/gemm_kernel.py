@@ -37,8 +37,8 @@ interleaved; AMD EPYC Zen 5, 2 cores, AVX-512):
   Adam step at 2 threads, 232-256 vs 218-234. Alone, caches flushed between calls
   (``k = 128``, own / library): 256 to 768 columns 0.88-0.98 at 1 and 2 threads (m 512
   to 1536 at 512 columns: 0.87-0.96); 1024 and 2048 columns 1.04-1.11 at 1 thread (c's
-  rows 4 KB apart), 0.69-1.13 at 2. Taken from 256 to 768 columns (``MIN_COLS_GRADIENT``,
-  ``MAX_COLS_GRADIENT``). With beta 1 (an SGD update folded into the product) the
+  rows 4 KB apart), 0.69-1.13 at 2. Taken from 256 to 768 columns at first
+  (``MIN_COLS_GRADIENT``, ``MAX_COLS_GRADIENT``). With beta 1 (an SGD update folded into the product) the
   library stays: 449-457 vs 468-557. Since ``sgemm.h`` packs the next panel of ``b``
   while the current one multiplies (2026-11-27), w1024's 1024-column gradients in its
   Adam step (784 x 1024 and 1024 x 1024, k 128): whole step 0.973 at 2 threads, 0.988 at
